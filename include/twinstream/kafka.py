@@ -1,0 +1,206 @@
+"""Kafka client configuration and idempotent topic administration.
+
+Every Kafka client in Twinstream is configured here, so each non-default setting is chosen
+(and explained) once. Topic administration is idempotent: creating a topic that exists is a
+no-op, and a config that drifted from the settings is put back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
+
+from twinstream.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def client_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """Settings shared by every client: where the cluster is and how fast to notice trouble."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        # The stack binds to loopback only; resolving "localhost" to ::1 first would stall.
+        "broker.address.family": "v4",
+    }
+    config.update(overrides)
+    return config
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """A producer that never loses or reorders an acknowledged record."""
+    return client_config(
+        settings,
+        **{
+            # A write counts only once every in-sync replica has it (min.insync.replicas=2
+            # on the topics), so losing one broker loses no acknowledged record.
+            "acks": "all",
+            # Retries cannot duplicate or reorder records within a partition.
+            "enable.idempotence": True,
+            # Small batches within 5 ms: latency matters more than throughput here.
+            "linger.ms": 5,
+            **overrides,
+        },
+    )
+
+
+def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
+    """A consumer that sees only committed transactional output."""
+    return client_config(
+        settings,
+        **{
+            "group.id": group_id,
+            # Aborted transactions and in-flight ones must never reach a reader.
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            # Twinstream readers track positions themselves (msg_id), not in the group.
+            "enable.auto.commit": False,
+            **overrides,
+        },
+    )
+
+
+def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    return client_config(settings, **overrides)
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    """The three topics of a pipeline, as the settings describe them."""
+
+    def spec(name: str, retention_ms: int) -> TopicSpec:
+        return TopicSpec(
+            name=name,
+            # One partition: msg_id is the inbound offset, and a single partition gives a
+            # total order that every engine sees identically.
+            partitions=1,
+            replication_factor=settings.replication_factor,
+            configs={
+                "min.insync.replicas": str(settings.min_insync_replicas),
+                # An out-of-sync replica must never become leader: it would drop records.
+                "unclean.leader.election.enable": "false",
+                "retention.ms": str(retention_ms),
+            },
+        )
+
+    return [
+        spec(settings.inbound_topic, settings.inbound_retention_ms),
+        spec(settings.outbound_topic, settings.outbound_retention_ms),
+        spec(settings.dlq_topic, settings.dlq_retention_ms),
+    ]
+
+
+class TopicShapeError(RuntimeError):
+    """An existing topic's partitions or replication differ and cannot be fixed in place."""
+
+
+@dataclass(frozen=True)
+class TopicChange:
+    topic: str
+    action: str  # "created" | "unchanged" | "updated"
+    details: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        suffix = f" ({', '.join(self.details)})" if self.details else ""
+        return f"{self.topic}: {self.action}{suffix}"
+
+
+def ensure_topics(
+    admin: AdminClient, specs: Iterable[TopicSpec], timeout_s: float = 30.0
+) -> list[TopicChange]:
+    """Create missing topics and put drifted configs back; report what was done per topic."""
+    specs = list(specs)
+    existing = admin.list_topics(timeout=timeout_s).topics
+    changes: dict[str, TopicChange] = {}
+
+    missing = [s for s in specs if s.name not in existing]
+    if missing:
+        futures = admin.create_topics(
+            [
+                NewTopic(
+                    s.name,
+                    num_partitions=s.partitions,
+                    replication_factor=s.replication_factor,
+                    config=dict(s.configs),
+                )
+                for s in missing
+            ],
+            operation_timeout=timeout_s,
+            request_timeout=timeout_s,
+        )
+        for name, future in futures.items():
+            try:
+                future.result()
+                changes[name] = TopicChange(name, "created")
+            except KafkaException as exc:
+                # Another `up` (or a compose init container) may have won the race.
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+        existing = admin.list_topics(timeout=timeout_s).topics
+
+    for spec in specs:
+        if spec.name in changes:
+            continue
+        meta = existing[spec.name]
+        partitions = len(meta.partitions)
+        replicas = len(next(iter(meta.partitions.values())).replicas) if partitions else 0
+        if partitions != spec.partitions or replicas != spec.replication_factor:
+            raise TopicShapeError(
+                f"topic {spec.name} has {partitions} partition(s) x RF {replicas}, "
+                f"configuration wants {spec.partitions} x RF {spec.replication_factor}; "
+                "Kafka cannot change this in place: delete the topic (losing its data) "
+                "or change the configuration"
+            )
+        current = describe_topic_configs(admin, spec.name, timeout_s)
+        drift = {k: v for k, v in spec.configs.items() if current.get(k) != v}
+        if not drift:
+            changes[spec.name] = TopicChange(spec.name, "unchanged")
+            continue
+        alter_topic_configs(admin, spec.name, drift, timeout_s)
+        changes[spec.name] = TopicChange(
+            spec.name,
+            "updated",
+            tuple(f"{k} {current.get(k)} -> {v}" for k, v in sorted(drift.items())),
+        )
+    return [changes[s.name] for s in specs]
+
+
+def describe_topic_configs(
+    admin: AdminClient, topic: str, timeout_s: float = 30.0
+) -> dict[str, str]:
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result()
+    return {name: entry.value for name, entry in entries.items()}
+
+
+def alter_topic_configs(
+    admin: AdminClient, topic: str, configs: Mapping[str, str], timeout_s: float = 30.0
+) -> None:
+    """Set only the named configs (incremental: the topic's other overrides stay)."""
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+            for name, value in configs.items()
+        ],
+    )
+    admin.incremental_alter_configs([resource], request_timeout=timeout_s)[resource].result()
+    log.info("topic %s: set %s", topic, dict(configs))

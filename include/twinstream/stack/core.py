@@ -1,0 +1,399 @@
+"""The Docker-free local stack: ``up``, ``status`` and ``down``.
+
+``up`` renders every config from the settings, starts supervisord (which starts and restarts
+ZooKeeper, the Kafka brokers and Airflow), waits until each service answers its health
+probe, creates the topics, and prints where everything is. Running it again changes nothing.
+``down`` stops everything by pid and checks that no process of the stack is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from confluent_kafka.admin import AdminClient
+
+from twinstream.config import Settings
+from twinstream.kafka import TopicChange, admin_config, ensure_topics, topic_specs
+from twinstream.stack import health, render
+from twinstream.stack.layout import Layout
+from twinstream.stack.supervisor import ProcessInfo, Supervisor
+
+Echo = Callable[[str], None]
+REQUIRED_JARS = {
+    "zookeeper": "zookeeper-3",
+    "kafka": "kafka_2.13-",
+    "spark-kafka": "spark-sql-kafka",
+}
+
+
+class StackError(RuntimeError):
+    """The stack could not be brought to the requested state; the message says why."""
+
+
+@dataclass
+class UpReport:
+    started_supervisor: bool = False
+    config_changes: list[str] = field(default_factory=list)
+    formatted_nodes: list[int] = field(default_factory=list)
+    started_programs: list[str] = field(default_factory=list)
+    topics: list[TopicChange] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(
+            self.started_supervisor
+            or self.config_changes
+            or self.formatted_nodes
+            or self.started_programs
+            or any(t.action != "unchanged" for t in self.topics)
+        )
+
+
+def check_jars(settings: Settings) -> None:
+    for folder, prefix in REQUIRED_JARS.items():
+        directory = settings.jars_dir / folder
+        if not any(p.name.startswith(prefix) for p in directory.glob("*.jar")):
+            raise StackError(
+                f"no {prefix}*.jar in {directory}: the Maven step of `make install` has not run "
+                "(run `make install`, or `make up`, which includes it)"
+            )
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return True
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _render_files(settings: Settings, layout: Layout) -> list[str]:
+    files = {
+        layout.zookeeper_dir / "zoo.cfg": render.zoo_cfg(settings, layout),
+        layout.zookeeper_dir / "logback.xml": render.zookeeper_logback(),
+        layout.kafka_dir / "log4j2.properties": render.kafka_log4j2(),
+    }
+    for node_id in render.node_ids(settings):
+        path = layout.kafka_node_dir(node_id) / "server.properties"
+        files[path] = render.kafka_server_properties(settings, layout, node_id)
+    return [
+        str(p.relative_to(layout.root)) for p, text in files.items() if write_if_changed(p, text)
+    ]
+
+
+def _format_kafka_storage(settings: Settings, layout: Layout, echo: Echo) -> list[int]:
+    if not layout.kafka_cluster_id.exists():
+        write_if_changed(layout.kafka_cluster_id, render.new_cluster_id())
+    cluster_id = layout.kafka_cluster_id.read_text().strip()
+    formatted = []
+    for node_id in render.node_ids(settings):
+        if (layout.kafka_node_dir(node_id) / "data" / "meta.properties").exists():
+            continue
+        echo(f"  formatting KRaft storage of kafka-{node_id} (cluster {cluster_id})")
+        result = subprocess.run(
+            render.kafka_format_command(settings, layout, node_id, cluster_id),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise StackError(
+                f"formatting kafka-{node_id} storage failed:\n{result.stdout}{result.stderr}"
+            )
+        formatted.append(node_id)
+    return formatted
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    if not path.exists():
+        return f"(no log at {path})"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_until_healthy(
+    settings: Settings,
+    layout: Layout,
+    supervisor: Supervisor,
+    echo: Echo,
+    names: Iterable[str],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Poll each service's probe until all pass; print progress; fail fast on FATAL."""
+    pending = list(names)
+    start = clock()
+    deadline = start + settings.startup_timeout_s
+    last_report = start
+    details: dict[str, str] = {}
+    while pending:
+        registered = (
+            health.kafka_brokers(settings) if any(n.startswith("kafka-") for n in pending) else {}
+        )
+        states = {p.name: p for p in supervisor.processes()}
+        for name in list(pending):
+            info = states.get(name)
+            if info is not None and info.state == "FATAL":
+                raise StackError(
+                    f"{name} keeps failing to start (supervisord gave up). Last lines of "
+                    f"{layout.log_file(name)}:\n{_tail(layout.log_file(name))}"
+                )
+            if name == "zookeeper":
+                ok, detail = health.zookeeper(settings)
+            elif name.startswith("kafka-"):
+                ok, detail = health.kafka_node(settings, int(name.split("-")[1]), registered)
+            else:
+                ok, detail = health.airflow(settings, since=info.start if info else 0.0)
+            details[name] = detail
+            if ok:
+                pending.remove(name)
+                echo(f"  {name:<10} healthy after {clock() - start:5.1f}s: {detail}")
+        now = clock()
+        if not pending:
+            break
+        if now > deadline:
+            lines = "\n".join(
+                f"  {n}: {details[n]}; last log lines:\n{_tail(layout.log_file(n), 8)}"
+                for n in pending
+            )
+            raise StackError(
+                f"not healthy within {settings.startup_timeout_s:.0f}s "
+                f"(TWINSTREAM_STARTUP_TIMEOUT_S):\n{lines}"
+            )
+        if now - last_report >= 10:
+            last_report = now
+            echo(
+                f"  ... {now - start:5.0f}s, waiting for "
+                + "; ".join(f"{n}: {details[n]}" for n in pending)
+            )
+        sleep(1.0)
+
+
+def up(settings: Settings, echo: Echo = print) -> UpReport:
+    layout = Layout.of(settings)
+    layout.check()
+    check_jars(settings)
+    report = UpReport()
+    supervisor = Supervisor(layout)
+    running = supervisor.is_running()
+
+    if not running:
+        busy = [
+            p
+            for p in (
+                settings.zk_port,
+                settings.airflow_port,
+                *settings.kafka_ports,
+                *settings.kafka_controller_ports,
+            )
+            if port_in_use(settings.bind_host, p)
+        ]
+        if busy:
+            raise StackError(
+                f"ports {busy} on {settings.bind_host} are taken by another process and this stack "
+                f"(state in {layout.root}) is not running: stop that process or choose other ports "
+                "(TWINSTREAM_ZK_PORT, TWINSTREAM_KAFKA_PORTS, TWINSTREAM_KAFKA_CONTROLLER_PORTS, "
+                "TWINSTREAM_AIRFLOW_PORT)"
+            )
+
+    for directory in (layout.logs, layout.supervisor_dir, layout.airflow_home):
+        directory.mkdir(parents=True, exist_ok=True)
+    report.config_changes = _render_files(settings, layout)
+    report.formatted_nodes = _format_kafka_storage(settings, layout, echo)
+
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    conf_text = render.supervisord_conf(settings, layout, path)
+    conf_changed = write_if_changed(layout.supervisor_conf, conf_text)
+    if conf_changed:
+        report.config_changes.append(str(layout.supervisor_conf.relative_to(layout.root)))
+
+    if running:
+        echo(f"supervisord already running (pid {supervisor.pid()})")
+        if conf_changed:
+            added, changed, removed = supervisor.reload()
+            echo(f"  configuration changed: added {added}, restarted {changed}, removed {removed}")
+    else:
+        echo(f"starting supervisord ({layout.supervisor_conf})")
+        supervisor.start_daemon()
+        report.started_supervisor = True
+        _wait_for_supervisor(supervisor)
+
+    for info in supervisor.processes():
+        if info.state in ("STOPPED", "EXITED", "FATAL", "BACKOFF"):
+            echo(f"  starting {info.name} (was {info.state})")
+            supervisor.start(info.name)
+            report.started_programs.append(info.name)
+
+    echo("waiting for services to become healthy")
+    brokers = [f"kafka-{n}" for n in render.node_ids(settings)]
+    wait_until_healthy(settings, layout, supervisor, echo, ["zookeeper", *brokers])
+    admin = AdminClient(admin_config(settings))
+    report.topics = ensure_topics(admin, topic_specs(settings))
+    for change in report.topics:
+        echo(f"  topic {change}")
+    wait_until_healthy(settings, layout, supervisor, echo, ["airflow"])
+    echo("")
+    echo(summary(settings, supervisor.processes()))
+    echo("" if report.changed else "nothing changed: the stack was already up as configured")
+    return report
+
+
+def _wait_for_supervisor(supervisor: Supervisor, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not supervisor.is_running():
+        if time.monotonic() > deadline:
+            raise StackError(
+                f"supervisord did not answer on {supervisor.layout.supervisor_socket} within "
+                f"{timeout_s:.0f}s; see {supervisor.layout.log_file('supervisord')}"
+            )
+        time.sleep(0.2)
+
+
+def summary(settings: Settings, processes: list[ProcessInfo]) -> str:
+    layout = Layout.of(settings)
+    where = {
+        "zookeeper": f"{settings.zk_hosts} (tickTime {settings.zk_tick_ms} ms)",
+        "airflow": f"{settings.airflow_url}  admin password: {layout.airflow_password_file}",
+    }
+    ports = zip(settings.kafka_ports, settings.kafka_controller_ports, strict=True)
+    for node_id, (port, controller) in enumerate(ports, start=1):
+        where[f"kafka-{node_id}"] = f"{settings.bind_host}:{port} (controller :{controller})"
+    rows = [f"{'service':<10} {'state':<9} {'pid':>7}  where / log"]
+    for p in processes:
+        rows.append(f"{p.name:<10} {p.state:<9} {p.pid or '-':>7}  {where.get(p.name, '')}")
+        rows.append(f"{'':<28}log {layout.log_file(p.name)}")
+    rows.append(f"kafka bootstrap: {settings.bootstrap_servers}")
+    rows.append(
+        f"topics: {settings.inbound_topic}, {settings.outbound_topic}, {settings.dlq_topic}"
+    )
+    rows.append(f"state: {layout.root}   stop with: make down")
+    return "\n".join(rows)
+
+
+def status(settings: Settings, echo: Echo = print) -> int:
+    """Print each service, its pid and health. Exit code: 0 healthy, 1 degraded, 3 down."""
+    layout = Layout.of(settings)
+    supervisor = Supervisor(layout)
+    if not supervisor.is_running():
+        echo(f"the stack is not running (state in {layout.root}); start it with: make up")
+        return 3
+    processes = supervisor.processes()
+    registered = health.kafka_brokers(settings)
+    rows = [
+        f"supervisord pid {supervisor.pid()}",
+        f"{'service':<10} {'state':<9} {'pid':>7}  health",
+    ]
+    all_ok = True
+    for p in processes:
+        if p.name == "zookeeper":
+            ok, detail = health.zookeeper(settings)
+        elif p.name.startswith("kafka-"):
+            ok, detail = health.kafka_node(settings, int(p.name.split("-")[1]), registered)
+        elif p.name == "airflow":
+            ok, detail = health.airflow(settings, since=p.start)
+        else:
+            ok, detail = p.state == "RUNNING", p.description
+        all_ok = all_ok and ok and p.state == "RUNNING"
+        rows.append(
+            f"{p.name:<10} {p.state:<9} {p.pid or '-':>7}  {'ok  ' if ok else 'FAIL'} {detail}"
+        )
+    echo("\n".join(rows))
+    return 0 if all_ok else 1
+
+
+def _process_tree(pids: Iterable[int]) -> dict[int, str]:
+    tree: dict[int, str] = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            tree[pid] = proc.name()
+            for child in proc.children(recursive=True):
+                tree[child.pid] = child.name()
+        except psutil.NoSuchProcess:
+            continue
+    return tree
+
+
+def stack_pids(settings: Settings) -> dict[int, str]:
+    """Every pid of the running stack: supervisord, its programs and their descendants."""
+    supervisor = Supervisor(Layout.of(settings))
+    if not supervisor.is_running():
+        return {}
+    return _process_tree([supervisor.pid()])
+
+
+def down(settings: Settings, echo: Echo = print, timeout_s: float = 120.0) -> list[int]:
+    """Stop the whole stack by pid. Returns the pids that were stopped."""
+    layout = Layout.of(settings)
+    supervisor = Supervisor(layout)
+    if not supervisor.is_running():
+        stale = _stale_supervisord(layout)
+        if stale is None:
+            echo(f"the stack is not running (state in {layout.root})")
+            return []
+        echo(f"supervisord pid {stale} is not answering; stopping it and its children by pid")
+        tree = _process_tree([stale])
+        os.kill(stale, signal.SIGTERM)
+    else:
+        tree = _process_tree([supervisor.pid()])
+        echo(
+            f"stopping {len(tree)} processes: "
+            + ", ".join(f"{n}({p})" for p, n in sorted(tree.items()))
+        )
+        supervisor.shutdown()
+    deadline = time.monotonic() + timeout_s
+    last_report = time.monotonic()
+    while alive := [pid for pid in tree if psutil.pid_exists(pid) and _not_zombie(pid)]:
+        if time.monotonic() > deadline:
+            echo(
+                f"  {len(alive)} processes ignored SIGTERM for {timeout_s:.0f}s; "
+                f"sending SIGKILL: {alive}"
+            )
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            continue
+        if time.monotonic() - last_report >= 5:
+            last_report = time.monotonic()
+            echo(f"  ... waiting for {len(alive)} processes to exit: {alive}")
+        time.sleep(0.2)
+    layout.supervisor_socket.unlink(missing_ok=True)
+    echo(f"stopped; no process of the stack is left (state kept in {layout.root})")
+    return sorted(tree)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stale_supervisord(layout: Layout) -> int | None:
+    """A supervisord from this state dir whose socket no longer answers."""
+    try:
+        pid = int(layout.supervisor_pidfile.read_text().strip())
+        proc = psutil.Process(pid)
+    except (OSError, ValueError, psutil.NoSuchProcess):
+        return None
+    if "supervisord" in " ".join(proc.cmdline()) and str(layout.supervisor_conf) in proc.cmdline():
+        return pid
+    return None

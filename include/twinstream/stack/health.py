@@ -1,0 +1,89 @@
+"""Health probes of the stack's services. Each returns (healthy, one-line detail)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from datetime import datetime
+
+import httpx
+from confluent_kafka.admin import AdminClient
+
+from twinstream.config import Settings
+from twinstream.kafka import admin_config
+
+Probe = Callable[[], tuple[bool, str]]
+
+
+def four_letter_word(host: str, port: int, word: bytes, timeout_s: float = 2.0) -> bytes:
+    with socket.create_connection((host, port), timeout=timeout_s) as conn:
+        conn.sendall(word)
+        chunks = []
+        while chunk := conn.recv(4096):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def zookeeper(settings: Settings) -> tuple[bool, str]:
+    """ruok only says the JVM listens; srvr's Mode line says the server actually serves."""
+    try:
+        answer = four_letter_word(settings.bind_host, settings.zk_port, b"ruok")
+        if answer != b"imok":
+            return False, f"ruok answered {answer!r}"
+        stats = four_letter_word(settings.bind_host, settings.zk_port, b"srvr").decode()
+    except OSError as exc:
+        return False, f"no answer on {settings.zk_hosts}: {exc}"
+    for line in stats.splitlines():
+        if line.startswith("Mode:"):
+            return True, f"serving, mode {line.split(':', 1)[1].strip()}"
+    return False, f"not serving: {stats.strip()[:120]}"
+
+
+def kafka_brokers(settings: Settings, timeout_s: float = 3.0) -> dict[int, str]:
+    """Broker ids registered in the cluster metadata, with their host:port."""
+    admin = AdminClient(
+        admin_config(
+            settings,
+            **{
+                "socket.connection.setup.timeout.ms": 2000,
+                # Refused connections are the expected answer while brokers start; the probe
+                # reports them itself instead of librdkafka printing one line per attempt.
+                "log_level": 0,
+            },
+        )
+    )
+    try:
+        brokers = admin.list_topics(timeout=timeout_s).brokers
+    except Exception:
+        return {}
+    return {b.id: f"{b.host}:{b.port}" for b in brokers.values()}
+
+
+def kafka_node(settings: Settings, node_id: int, registered: dict[int, str]) -> tuple[bool, str]:
+    if node_id in registered:
+        return True, f"broker {node_id} registered at {registered[node_id]}"
+    return False, f"broker {node_id} not in cluster metadata ({len(registered)} registered)"
+
+
+def airflow(settings: Settings, since: float = 0.0, timeout_s: float = 3.0) -> tuple[bool, str]:
+    """Airflow's unauthenticated health endpoint: every component must report healthy with
+    a heartbeat newer than `since` (epoch seconds), so heartbeats a previous run left in the
+    database do not count."""
+    url = f"{settings.airflow_url}/api/v2/monitor/health"
+    try:
+        response = httpx.get(url, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return False, f"no answer at {url}: {type(exc).__name__}"
+    if response.status_code != 200:
+        return False, f"{url} answered {response.status_code}"
+    waiting = []
+    for name, part in sorted(response.json().items()):
+        if not isinstance(part, dict):
+            continue
+        beats = [v for k, v in part.items() if k.endswith("heartbeat") and v]
+        fresh = all(datetime.fromisoformat(v).timestamp() >= since for v in beats)
+        if part.get("status") != "healthy" or not fresh:
+            waiting.append(name)
+    if waiting:
+        return False, f"waiting for {', '.join(waiting)}"
+    return True, f"healthy at {settings.airflow_url}"

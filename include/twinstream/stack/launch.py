@@ -1,0 +1,67 @@
+"""Entry point supervisord runs for programs that need more than a command line.
+
+``python -m twinstream.stack.launch airflow`` builds Airflow's environment from the
+TWINSTREAM_* settings (connections as AIRFLOW_CONN_* JSON, ports, folders) and replaces
+itself with ``airflow standalone``, so supervisord supervises Airflow's own pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from twinstream.config import Settings, load_settings
+from twinstream.kafka import client_config
+from twinstream.stack.layout import Layout
+
+
+def airflow_environment(settings: Settings, base: Mapping[str, str]) -> dict[str, str]:
+    layout = Layout.of(settings)
+    venv_bin = str(Path(sys.executable).parent)
+    env = dict(base)
+    env.update(
+        {
+            # `airflow standalone` starts its components by calling `airflow` from PATH.
+            "PATH": os.pathsep.join([venv_bin, base.get("PATH", "/usr/bin:/bin")]),
+            "AIRFLOW_HOME": str(layout.airflow_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(settings.dags_dir),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(settings.plugins_dir),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            # LocalExecutor forks one worker per parallelism slot (32 by default): far more
+            # than two cores can use, at ~100 MB each.
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            # SQLite wants an absolute path (four slashes).
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{layout.airflow_home}/airflow.db",
+            "AIRFLOW__API__HOST": settings.bind_host,
+            "AIRFLOW__API__PORT": str(settings.airflow_port),
+            # Task processes report back to the api-server; its default assumes port 8080.
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.airflow_url}/execution/",
+            "AIRFLOW__API__BASE_URL": settings.airflow_url,
+            "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
+                {"conn_type": "kafka", "extra": client_config(settings)}
+            ),
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+            # Spark's Python workers must run the virtualenv's interpreter, not the system's.
+            "PYSPARK_PYTHON": sys.executable,
+        }
+    )
+    return env
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["airflow"]:
+        sys.exit(f"usage: python -m twinstream.stack.launch airflow (got {args})")
+    settings = load_settings()
+    env = airflow_environment(settings, os.environ)
+    Layout.of(settings).airflow_home.mkdir(parents=True, exist_ok=True)
+    airflow = str(Path(sys.executable).parent / "airflow")
+    # Replace this process so that supervisord's pid is Airflow's own.
+    os.execve(airflow, [airflow, "standalone"], env)  # noqa: S606 - fixed argv, no shell
+
+
+if __name__ == "__main__":
+    main()

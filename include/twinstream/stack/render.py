@@ -1,0 +1,301 @@
+"""Pure renderers for every configuration file of the local stack.
+
+Nothing here touches the disk or the network, so the whole configuration is unit-tested and
+`up` can tell whether anything changed by comparing text.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from twinstream.config import Settings
+from twinstream.stack.layout import Layout
+
+ZOOKEEPER_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+KAFKA_MAIN = "kafka.Kafka"
+KAFKA_STORAGE_TOOL = "kafka.tools.StorageTool"
+
+
+@dataclass(frozen=True)
+class Program:
+    """One supervisord program: a long-running process of the stack."""
+
+    name: str
+    command: Sequence[str]
+    priority: int
+    environment: Mapping[str, str] = field(default_factory=dict)
+    # Seconds a process must stay up to count as started; a crash before that is a failed
+    # start, which supervisord retries `startretries` times before giving up (FATAL).
+    startsecs: int = 5
+    stopwaitsecs: int = 30
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def node_ids(settings: Settings) -> list[int]:
+    return list(range(1, len(settings.kafka_ports) + 1))
+
+
+def zoo_cfg(settings: Settings, layout: Layout) -> str:
+    return "\n".join(
+        [
+            f"tickTime={settings.zk_tick_ms}",
+            "initLimit=10",
+            "syncLimit=5",
+            f"dataDir={layout.zookeeper_dir / 'data'}",
+            f"clientPort={settings.zk_port}",
+            f"clientPortAddress={settings.bind_host}",
+            # The Jetty admin server would claim port 8080, which is Airflow's.
+            "admin.enableServer=false",
+            # ruok/srvr are the health probes of `up` and `status`.
+            "4lw.commands.whitelist=ruok,srvr,mntr",
+            # Keep snapshots and logs from filling a developer's disk.
+            "autopurge.snapRetainCount=3",
+            "autopurge.purgeInterval=1",
+            "",
+        ]
+    )
+
+
+def zookeeper_logback() -> str:
+    # ZooKeeper logs through SLF4J; without a config logback would log DEBUG to stdout.
+    return """<configuration>
+  <appender name="STDOUT" class="ch.qos.logback.core.ConsoleAppender">
+    <encoder><pattern>%d{ISO8601} %-5level [%thread] %logger{36} - %msg%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="STDOUT"/></root>
+</configuration>
+"""
+
+
+def kafka_server_properties(settings: Settings, layout: Layout, node_id: int) -> str:
+    host = settings.bind_host
+    port = settings.kafka_ports[node_id - 1]
+    controller_port = settings.kafka_controller_ports[node_id - 1]
+    voters = ",".join(
+        f"{n}@{host}:{settings.kafka_controller_ports[n - 1]}" for n in node_ids(settings)
+    )
+    rf = settings.replication_factor
+    min_isr = settings.min_insync_replicas
+    lines = [
+        # Every node is broker and controller: three JVMs instead of six on a 2-core machine.
+        "process.roles=broker,controller",
+        f"node.id={node_id}",
+        f"controller.quorum.voters={voters}",
+        f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
+        f"advertised.listeners=PLAINTEXT://{host}:{port}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        f"log.dirs={layout.kafka_node_dir(node_id) / 'data'}",
+        "num.partitions=1",
+        f"default.replication.factor={rf}",
+        f"min.insync.replicas={min_isr}",
+        # Internal topics get the same durability as ours: transactions (the engines' fence)
+        # and consumer offsets must survive the loss of one broker.
+        f"offsets.topic.replication.factor={rf}",
+        f"transaction.state.log.replication.factor={rf}",
+        f"transaction.state.log.min.isr={min_isr}",
+        "unclean.leader.election.enable=false",
+        # Topics are created by `up` with explicit configs; a typo must not create one.
+        "auto.create.topics.enable=false",
+        # Consumers of a fresh group start at once instead of waiting 3 s for peers.
+        "group.initial.rebalance.delay.ms=0",
+        # A stopped broker is noticed in about 3 s rather than 9.
+        "broker.session.timeout.ms=3000",
+        "broker.heartbeat.interval.ms=500",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def kafka_log4j2() -> str:
+    return "\n".join(
+        [
+            "status = warn",
+            "appender.out.type = Console",
+            "appender.out.name = STDOUT",
+            "appender.out.layout.type = PatternLayout",
+            "appender.out.layout.pattern = [%d] %p %m (%c)%n",
+            "rootLogger.level = INFO",
+            "rootLogger.appenderRef.out.ref = STDOUT",
+            # Per-partition state changes drown everything else at INFO.
+            "logger.state.name = state.change.logger",
+            "logger.state.level = WARN",
+            "",
+        ]
+    )
+
+
+def java_command(
+    main: str, classpath: Path, heap: str, args: Sequence[str], props: Mapping[str, str]
+) -> list[str]:
+    return [
+        "java",
+        f"-Xms{heap}",
+        f"-Xmx{heap}",
+        # Small heaps on a shared 2-core machine: keep GC threads from competing.
+        "-XX:+UseG1GC",
+        "-XX:ParallelGCThreads=1",
+        "-XX:ConcGCThreads=1",
+        "-Djava.awt.headless=true",
+        *(f"-D{k}={v}" for k, v in props.items()),
+        "-cp",
+        f"{classpath}/*",
+        main,
+        *args,
+    ]
+
+
+def kafka_format_command(
+    settings: Settings, layout: Layout, node_id: int, cluster_id: str
+) -> list[str]:
+    return java_command(
+        KAFKA_STORAGE_TOOL,
+        settings.jars_dir / "kafka",
+        "256m",
+        [
+            "format",
+            "-t",
+            cluster_id,
+            "-c",
+            str(layout.kafka_node_dir(node_id) / "server.properties"),
+        ],
+        {"log4j2.configurationFile": str(layout.kafka_dir / "log4j2.properties")},
+    )
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """The settings as TWINSTREAM_* variables, so child processes see exactly these values."""
+    env: dict[str, str] = {}
+    for name, value in settings.model_dump().items():
+        text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+        env[f"TWINSTREAM_{name.upper()}"] = text
+    return env
+
+
+def programs(settings: Settings, layout: Layout) -> list[Program]:
+    env = settings_environment(settings)
+    result = [
+        Program(
+            name="zookeeper",
+            command=java_command(
+                ZOOKEEPER_MAIN,
+                settings.jars_dir / "zookeeper",
+                settings.zk_heap,
+                [str(layout.zookeeper_dir / "zoo.cfg")],
+                {"logback.configurationFile": str(layout.zookeeper_dir / "logback.xml")},
+            ),
+            priority=10,
+            environment=env,
+        )
+    ]
+    for node_id in node_ids(settings):
+        result.append(
+            Program(
+                name=f"kafka-{node_id}",
+                command=java_command(
+                    KAFKA_MAIN,
+                    settings.jars_dir / "kafka",
+                    settings.kafka_heap,
+                    [str(layout.kafka_node_dir(node_id) / "server.properties")],
+                    {"log4j2.configurationFile": str(layout.kafka_dir / "log4j2.properties")},
+                ),
+                priority=20,
+                environment=env,
+                # A controller flushes and hands over leadership on SIGTERM; give it time.
+                stopwaitsecs=60,
+            )
+        )
+    result.append(
+        Program(
+            name="airflow",
+            command=[sys.executable, "-m", "twinstream.stack.launch", "airflow"],
+            priority=30,
+            environment=env,
+            startsecs=10,
+            stopwaitsecs=60,
+        )
+    )
+    return result
+
+
+def _env_line(environment: Mapping[str, str]) -> str:
+    def quote(value: str) -> str:
+        if any(c in value for c in "\"'%\n"):
+            raise ValueError(f"cannot pass {value!r} through supervisord's environment=")
+        return f'"{value}"'
+
+    return ",".join(f"{k}={quote(v)}" for k, v in sorted(environment.items()))
+
+
+def supervisord_conf(settings: Settings, layout: Layout, path: str) -> str:
+    """supervisord.conf for every program; `path` is the PATH the programs run with."""
+    sections = [
+        "; Generated by `twinstream-stack up` from the TWINSTREAM_* settings. Do not edit:",
+        "; the next `up` overwrites it.",
+        "[unix_http_server]",
+        f"file={layout.supervisor_socket}",
+        "chmod=0700",
+        "",
+        "[supervisord]",
+        f"logfile={layout.log_file('supervisord')}",
+        f"pidfile={layout.supervisor_pidfile}",
+        f"childlogdir={layout.logs}",
+        f"directory={layout.root}",
+        "logfile_maxbytes=20MB",
+        "logfile_backups=3",
+        "loglevel=info",
+        f'environment=PATH="{path}"',
+        "",
+        "[rpcinterface:supervisor]",
+        "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
+        "",
+        "[supervisorctl]",
+        f"serverurl=unix://{layout.supervisor_socket}",
+        "",
+    ]
+    for program in programs(settings, layout):
+        sections += [
+            f"[program:{program.name}]",
+            # supervisord expands %(name)s in values, so a literal % is doubled.
+            f"command={shlex.join(program.command).replace('%', '%%')}",
+            f"priority={program.priority}",
+            f"directory={layout.root}",
+            "autostart=true",
+            # Restart like Kubernetes would: whatever the exit code.
+            "autorestart=true",
+            f"startsecs={program.startsecs}",
+            "startretries=5",
+            f"stopwaitsecs={program.stopwaitsecs}",
+            # Signals go to the whole process group, so children (Airflow's scheduler,
+            # api-server, ...) stop with their parent instead of being orphaned.
+            "stopasgroup=true",
+            "killasgroup=true",
+            "redirect_stderr=true",
+            f"stdout_logfile={layout.log_file(program.name)}",
+            "stdout_logfile_maxbytes=50MB",
+            "stdout_logfile_backups=2",
+            f"environment={_env_line(program.environment)}",
+            "",
+        ]
+    brokers = [p.name for p in programs(settings, layout) if p.name.startswith("kafka-")]
+    sections += [
+        # One group, so that shutdown stops the brokers together: stopped one after another,
+        # the last broker has no controller quorum left to confirm its controlled shutdown
+        # and hangs until SIGKILL.
+        "[group:kafka]",
+        f"programs={','.join(brokers)}",
+        "priority=20",
+        "",
+    ]
+    return "\n".join(sections)
