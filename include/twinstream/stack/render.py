@@ -56,8 +56,8 @@ def zoo_cfg(settings: Settings, layout: Layout) -> str:
             f"clientPortAddress={settings.bind_host}",
             # The Jetty admin server would claim port 8080, which is Airflow's.
             "admin.enableServer=false",
-            # ruok/srvr are the health probes of `up` and `status`.
-            "4lw.commands.whitelist=ruok,srvr,mntr",
+            # ruok/srvr are the health probes of `up` and `status`; conf shows tickTime.
+            "4lw.commands.whitelist=ruok,srvr,mntr,conf",
             # Keep snapshots and logs from filling a developer's disk.
             "autopurge.snapRetainCount=3",
             "autopurge.purgeInterval=1",
@@ -231,7 +231,7 @@ def programs(settings: Settings, layout: Layout) -> list[Program]:
 
 def _env_line(environment: Mapping[str, str]) -> str:
     def quote(value: str) -> str:
-        if any(c in value for c in "\"'%\n"):
+        if any(c in value for c in "\"'\n"):
             raise ValueError(f"cannot pass {value!r} through supervisord's environment=")
         return f'"{value}"'
 
@@ -267,8 +267,7 @@ def supervisord_conf(settings: Settings, layout: Layout, path: str) -> str:
     for program in programs(settings, layout):
         sections += [
             f"[program:{program.name}]",
-            # supervisord expands %(name)s in values, so a literal % is doubled.
-            f"command={shlex.join(program.command).replace('%', '%%')}",
+            f"command={shlex.join(program.command)}",
             f"priority={program.priority}",
             f"directory={layout.root}",
             "autostart=true",
@@ -298,4 +297,12 @@ def supervisord_conf(settings: Settings, layout: Layout, path: str) -> str:
         "priority=20",
         "",
     ]
-    return "\n".join(sections)
+    text = "\n".join(sections)
+    if "%" in text:
+        # supervisord expands %(name)s in values, program values twice over, so no escaping
+        # survives reliably: refuse instead of starting a process with a mangled path.
+        raise ValueError(
+            "a path or setting contains '%', which supervisord would expand; "
+            "choose a TWINSTREAM_STATE_DIR (and repository path) without '%'"
+        )
+    return text

@@ -1,0 +1,69 @@
+"""
+### platform_health
+
+**Purpose.** Every 10 minutes, prove that the services under the Twinstream engines are
+whole: ZooKeeper serves (the engines' election), every configured Kafka broker is
+registered, and the inbound, outbound and dead-letter topics have the shape the failover
+protocol relies on (1 partition, replication factor and `min.insync.replicas` as
+configured, unclean leader election off). Retention is checked by `check_kafka_retention`.
+
+**Connections.** None from Airflow's store: the checks read the `TWINSTREAM_*` settings
+(ports, topics) that the local stack and compose pass to every Airflow process.
+
+**Recovery.** A failed task names the service and what is wrong. Locally, `make status`
+shows each process and `make up` restarts what is down and restores drifted topic
+configs; in compose, `docker compose ps` and `docker compose up -d`. The DAG keeps no
+state: clearing the failed run re-checks.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import dag, task
+
+DEFAULT_ARGS = {
+    "owner": "twinstream",
+    "retries": 2,
+    "retry_delay": timedelta(seconds=30),
+}
+
+
+@dag(
+    dag_id="platform_health",
+    schedule=timedelta(minutes=10),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["twinstream", "platform"],
+    doc_md=__doc__,
+)
+def platform_health() -> None:
+    @task
+    def zookeeper_serving() -> str:
+        from twinstream.config import load_settings
+        from twinstream.platform_health import check_zookeeper
+
+        return check_zookeeper(load_settings())
+
+    @task
+    def kafka_brokers_registered() -> list[int]:
+        from twinstream.config import load_settings
+        from twinstream.platform_health import check_brokers
+
+        return check_brokers(load_settings())
+
+    @task
+    def topics_as_configured() -> list[str]:
+        from twinstream.config import load_settings
+        from twinstream.platform_health import check_topics
+
+        return check_topics(load_settings())
+
+    brokers = kafka_brokers_registered()
+    zookeeper_serving()
+    brokers >> topics_as_configured()
+
+
+platform_health()

@@ -1,0 +1,75 @@
+from pathlib import Path
+
+import pytest
+
+from twinstream.config import DAY_MS, REPO_ROOT, SettingsError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("TWINSTREAM_"):
+            monkeypatch.delenv(key)
+
+
+def test_defaults_match_the_documented_platform():
+    s = load_settings()
+    assert s.zk_port == 2181
+    assert s.zk_tick_ms == 500
+    assert s.kafka_ports == [9092, 9093, 9094]
+    assert s.airflow_port == 8080
+    assert (s.inbound_topic, s.outbound_topic, s.dlq_topic) == (
+        "hostmetrics.in",
+        "hostmetrics.out",
+        "hostmetrics.dlq",
+    )
+    assert s.replication_factor == 3
+    assert s.min_insync_replicas == 2
+    assert s.inbound_retention_ms == 7 * DAY_MS
+    assert s.state_dir == REPO_ROOT / ".twinstream"
+    assert s.bootstrap_servers == "127.0.0.1:9092,127.0.0.1:9093,127.0.0.1:9094"
+
+
+def test_environment_overrides_including_comma_separated_lists(monkeypatch, tmp_path):
+    monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("TWINSTREAM_KAFKA_PORTS", "19092, 19093")
+    monkeypatch.setenv("TWINSTREAM_KAFKA_CONTROLLER_PORTS", "19192,19193")
+    monkeypatch.setenv("TWINSTREAM_REPLICATION_FACTOR", "2")
+    monkeypatch.setenv("TWINSTREAM_INBOUND_RETENTION_MS", "3600000")
+    s = load_settings()
+    assert s.state_dir == Path(tmp_path)
+    assert s.kafka_ports == [19092, 19093]
+    assert s.bootstrap_servers == "127.0.0.1:19092,127.0.0.1:19093"
+    assert s.inbound_retention_ms == 3_600_000
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TWINSTREAM_ZK_PORT": "70000"}, "TWINSTREAM_ZK_PORT"),
+        ({"TWINSTREAM_ZK_PORT": "nine"}, "TWINSTREAM_ZK_PORT"),
+        ({"TWINSTREAM_AIRFLOW_PORT": "9092"}, "ports are used twice: [9092]"),
+        ({"TWINSTREAM_KAFKA_CONTROLLER_PORTS": "9192"}, "every node runs one broker"),
+        ({"TWINSTREAM_REPLICATION_FACTOR": "4"}, "needs at least that many brokers"),
+        ({"TWINSTREAM_MIN_INSYNC_REPLICAS": "3", "TWINSTREAM_REPLICATION_FACTOR": "2"}, "exceeds"),
+        ({"TWINSTREAM_OUTBOUND_TOPIC": "hostmetrics.in"}, "must differ"),
+        ({"TWINSTREAM_PIPELINE": "Bad Name"}, "TWINSTREAM_PIPELINE"),
+        ({"TWINSTREAM_INBOUND_RETENTION_MS": "10"}, "TWINSTREAM_INBOUND_RETENTION_MS"),
+    ],
+)
+def test_bad_configuration_is_refused_with_the_variable_named(monkeypatch, env, message):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SettingsError, match="invalid Twinstream configuration") as err:
+        load_settings()
+    assert message in str(err.value)
+
+
+def test_single_broker_dev_setup_is_recognised(monkeypatch):
+    monkeypatch.setenv("TWINSTREAM_KAFKA_PORTS", "9092")
+    monkeypatch.setenv("TWINSTREAM_KAFKA_CONTROLLER_PORTS", "9192")
+    monkeypatch.setenv("TWINSTREAM_REPLICATION_FACTOR", "1")
+    monkeypatch.setenv("TWINSTREAM_MIN_INSYNC_REPLICAS", "1")
+    assert load_settings().single_broker_dev

@@ -1,0 +1,125 @@
+"""ensure_topics against a fake AdminClient: create, leave alone, repair, refuse."""
+
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from twinstream.config import load_settings
+from twinstream.kafka import (
+    TopicShapeError,
+    consumer_config,
+    ensure_topics,
+    producer_config,
+    topic_specs,
+)
+
+
+def _done(value=None, exc=None):
+    future = Future()
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(value)
+    return future
+
+
+class FakeAdmin:
+    def __init__(self, topics=None, race=False):
+        # name -> (partitions, rf, configs)
+        self.topics = dict(topics or {})
+        self.race = race
+        self.created = []
+        self.altered = []
+
+    def list_topics(self, timeout=None):
+        meta = {}
+        for name, (partitions, rf, _) in self.topics.items():
+            parts = {i: SimpleNamespace(replicas=list(range(rf))) for i in range(partitions)}
+            meta[name] = SimpleNamespace(partitions=parts)
+        return SimpleNamespace(topics=meta)
+
+    def create_topics(self, new_topics, **_):
+        result = {}
+        for t in new_topics:
+            self.topics[t.topic] = (t.num_partitions, t.replication_factor, dict(t.config))
+            if self.race:
+                err = KafkaException(KafkaError(KafkaError.TOPIC_ALREADY_EXISTS))
+                result[t.topic] = _done(exc=err)
+            else:
+                self.created.append(t.topic)
+                result[t.topic] = _done()
+        return result
+
+    def describe_configs(self, resources, **_):
+        (resource,) = resources
+        configs = self.topics[resource.name][2]
+        entries = {k: SimpleNamespace(value=v) for k, v in configs.items()}
+        return {resource: _done(entries)}
+
+    def incremental_alter_configs(self, resources, **_):
+        (resource,) = resources
+        for entry in resource.incremental_configs:
+            self.topics[resource.name][2][entry.name] = entry.value
+            self.altered.append((resource.name, entry.name, entry.value))
+        return {resource: _done()}
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return load_settings(state_dir=tmp_path, inbound_retention_ms=3_600_000)
+
+
+def test_missing_topics_are_created_with_the_configured_shape(settings):
+    admin = FakeAdmin()
+    changes = ensure_topics(admin, topic_specs(settings))
+    assert [c.action for c in changes] == ["created"] * 3
+    partitions, rf, configs = admin.topics["hostmetrics.in"]
+    assert (partitions, rf) == (1, 3)
+    assert configs == {
+        "min.insync.replicas": "2",
+        "unclean.leader.election.enable": "false",
+        "retention.ms": "3600000",
+    }
+
+
+def test_a_second_run_changes_nothing(settings):
+    admin = FakeAdmin()
+    ensure_topics(admin, topic_specs(settings))
+    changes = ensure_topics(admin, topic_specs(settings))
+    assert [c.action for c in changes] == ["unchanged"] * 3
+    assert admin.altered == []
+
+
+def test_drifted_configs_are_put_back_and_reported(settings):
+    admin = FakeAdmin()
+    ensure_topics(admin, topic_specs(settings))
+    admin.topics["hostmetrics.out"][2]["unclean.leader.election.enable"] = "true"
+    changes = ensure_topics(admin, topic_specs(settings))
+    assert [c.action for c in changes] == ["unchanged", "updated", "unchanged"]
+    assert "unclean.leader.election.enable true -> false" in str(changes[1])
+    assert admin.altered == [("hostmetrics.out", "unclean.leader.election.enable", "false")]
+
+
+def test_topic_created_concurrently_by_someone_else_is_tolerated(settings):
+    admin = FakeAdmin(race=True)
+    changes = ensure_topics(admin, topic_specs(settings))
+    assert [c.action for c in changes] == ["unchanged"] * 3
+
+
+def test_wrong_partition_count_is_refused_not_silently_accepted(settings):
+    admin = FakeAdmin({"hostmetrics.in": (3, 3, {})})
+    with pytest.raises(TopicShapeError, match=r"3 partition\(s\) x RF 3.*wants 1 x RF 3"):
+        ensure_topics(admin, topic_specs(settings))
+
+
+def test_client_configs_are_durable_and_transaction_aware(settings):
+    producer = producer_config(settings)
+    assert producer["acks"] == "all"
+    assert producer["enable.idempotence"] is True
+    assert producer["bootstrap.servers"] == settings.bootstrap_servers
+    consumer = consumer_config(settings, "g")
+    assert consumer["isolation.level"] == "read_committed"
+    assert consumer["enable.auto.commit"] is False
+    assert producer_config(settings, acks="1")["acks"] == "1"

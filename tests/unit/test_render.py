@@ -1,0 +1,106 @@
+import re
+import shlex
+
+import pytest
+
+from supervisor.options import ServerOptions
+
+from twinstream.config import load_settings
+from twinstream.stack import render
+from twinstream.stack.layout import Layout
+
+
+def _settings(tmp_path, **overrides):
+    return load_settings(state_dir=tmp_path, jars_dir=tmp_path / "jars", **overrides)
+
+
+def _props(text):
+    return dict(
+        line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#")
+    )
+
+
+def _parse_supervisord_conf(tmp_path, s, path="/venv/bin:/usr/bin"):
+    layout = Layout.of(s)
+    for directory in (layout.logs, layout.supervisor_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    conf = tmp_path / "supervisord.conf"
+    conf.write_text(render.supervisord_conf(s, layout, path))
+    options = ServerOptions()
+    options.configfile = str(conf)
+    options.process_config(do_usage=False)
+    return options
+
+
+def test_zookeeper_uses_tick_500_on_loopback_without_admin_server(tmp_path):
+    s = _settings(tmp_path)
+    cfg = _props(render.zoo_cfg(s, Layout.of(s)))
+    assert cfg["tickTime"] == "500"
+    assert cfg["clientPort"] == "2181"
+    assert cfg["clientPortAddress"] == "127.0.0.1"
+    assert cfg["admin.enableServer"] == "false"
+    assert {"ruok", "srvr"} <= set(cfg["4lw.commands.whitelist"].split(","))
+
+
+def test_kafka_node_is_a_kraft_broker_and_controller_with_durable_defaults(tmp_path):
+    s = _settings(tmp_path)
+    props = _props(render.kafka_server_properties(s, Layout.of(s), 2))
+    assert props["process.roles"] == "broker,controller"
+    assert props["node.id"] == "2"
+    assert props["controller.quorum.voters"] == (
+        "1@127.0.0.1:9192,2@127.0.0.1:9193,3@127.0.0.1:9194"
+    )
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:9093,CONTROLLER://127.0.0.1:9193"
+    assert props["log.dirs"] == str(tmp_path / "kafka" / "node-2" / "data")
+    assert props["min.insync.replicas"] == "2"
+    assert props["transaction.state.log.replication.factor"] == "3"
+    assert props["transaction.state.log.min.isr"] == "2"
+    assert props["unclean.leader.election.enable"] == "false"
+    assert props["auto.create.topics.enable"] == "false"
+
+
+def test_cluster_id_is_22_url_safe_characters():
+    ids = {render.new_cluster_id() for _ in range(50)}
+    assert len(ids) == 50
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{22}", i) for i in ids)
+
+
+def test_settings_round_trip_through_the_environment(tmp_path, monkeypatch):
+    s = _settings(tmp_path, kafka_ports=[1001, 1002, 1003], inbound_retention_ms=123456)
+    for key, value in render.settings_environment(s).items():
+        monkeypatch.setenv(key, value)
+    assert load_settings() == s
+
+
+def test_supervisord_conf_parses_and_supervises_every_service(tmp_path):
+    options = _parse_supervisord_conf(tmp_path, _settings(tmp_path))
+    groups = {g.name: g for g in options.process_group_configs}
+    assert set(groups) == {"zookeeper", "kafka", "airflow"}
+    programs = {p.name: p for g in groups.values() for p in g.process_configs}
+    assert set(programs) == {"zookeeper", "kafka-1", "kafka-2", "kafka-3", "airflow"}
+    for program in programs.values():
+        assert program.autorestart is not False
+        assert program.stopasgroup and program.killasgroup
+        assert program.environment["TWINSTREAM_STATE_DIR"] == str(tmp_path)
+    assert programs["kafka-3"].environment["TWINSTREAM_KAFKA_PORTS"] == "9092,9093,9094"
+    argv = shlex.split(programs["kafka-1"].command)
+    assert argv[0] == "java"
+    assert argv[argv.index("-cp") + 1] == f"{tmp_path / 'jars' / 'kafka'}/*"
+    assert argv[-2:] == [render.KAFKA_MAIN, str(tmp_path / "kafka/node-1/server.properties")]
+    assert shlex.split(programs["airflow"].command)[-2:] == ["twinstream.stack.launch", "airflow"]
+
+
+def test_a_percent_sign_in_a_path_is_refused_with_a_reason(tmp_path):
+    s = _settings(tmp_path / "odd%(here)sdir")
+    with pytest.raises(ValueError, match="contains '%'"):
+        render.supervisord_conf(s, Layout.of(s), "/usr/bin")
+
+
+def test_a_quote_in_a_setting_is_refused_not_mangled(tmp_path):
+    s = _settings(tmp_path / 'say"hi')
+    try:
+        render.supervisord_conf(s, Layout.of(s), "/usr/bin")
+    except ValueError as err:
+        assert "environment=" in str(err)
+    else:
+        raise AssertionError("a double quote must not reach supervisord.conf")
