@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     kafka_ports: PortList = [9092, 9093, 9094]
     kafka_controller_ports: PortList = [9192, 9193, 9194]
     airflow_port: Port = 8080
+    # Where clients find Kafka and ZooKeeper when they are not the local stack's own ports
+    # on bind_host (compose: kafka-1:19092,..., zookeeper:2181). Empty: derived from ports.
+    kafka_bootstrap: str = ""
+    zk_connect: str = Field(default="", pattern=r"^$|^[A-Za-z0-9_.\-]+:\d{1,5}$")
 
     pipeline: str = Field(default="hostmetrics", pattern=r"^[a-z][a-z0-9_-]{0,62}$")
     inbound_topic: str = "hostmetrics.in"
@@ -97,11 +101,18 @@ class Settings(BaseSettings):
 
     @property
     def bootstrap_servers(self) -> str:
+        if self.kafka_bootstrap:
+            return self.kafka_bootstrap
         return ",".join(f"{self.bind_host}:{port}" for port in self.kafka_ports)
 
     @property
     def zk_hosts(self) -> str:
-        return f"{self.bind_host}:{self.zk_port}"
+        return self.zk_connect or f"{self.bind_host}:{self.zk_port}"
+
+    @property
+    def zk_address(self) -> tuple[str, int]:
+        host, port = self.zk_hosts.rsplit(":", 1)
+        return host, int(port)
 
     @property
     def airflow_url(self) -> str:

@@ -73,3 +73,15 @@ def test_single_broker_dev_setup_is_recognised(monkeypatch):
     monkeypatch.setenv("TWINSTREAM_REPLICATION_FACTOR", "1")
     monkeypatch.setenv("TWINSTREAM_MIN_INSYNC_REPLICAS", "1")
     assert load_settings().single_broker_dev
+
+
+def test_compose_style_service_addresses_override_the_local_ports(monkeypatch):
+    monkeypatch.setenv("TWINSTREAM_KAFKA_BOOTSTRAP", "kafka-1:19092,kafka-2:19092")
+    monkeypatch.setenv("TWINSTREAM_ZK_CONNECT", "zookeeper:2181")
+    s = load_settings()
+    assert s.bootstrap_servers == "kafka-1:19092,kafka-2:19092"
+    assert s.zk_hosts == "zookeeper:2181"
+    assert s.zk_address == ("zookeeper", 2181)
+    monkeypatch.setenv("TWINSTREAM_ZK_CONNECT", "zookeeper")
+    with pytest.raises(SettingsError, match="TWINSTREAM_ZK_CONNECT"):
+        load_settings()

@@ -16,8 +16,9 @@ def _pins():
     for line in (REPO_ROOT / "requirements.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            name, version = re.fullmatch(r"([A-Za-z0-9_.\-\[\]]+)==(\S+)", line).groups()
-            pins[name] = version
+            match = re.fullmatch(r"([A-Za-z0-9_.\-\[\]]+)==(\S+)", line)
+            assert match, f"requirements.txt: {line!r} is not an exact pin"
+            pins[match[1]] = match[2]
     return pins
 
 

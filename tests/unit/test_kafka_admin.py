@@ -2,6 +2,7 @@
 
 from concurrent.futures import Future
 from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -17,7 +18,7 @@ from twinstream.kafka import (
 
 
 def _done(value=None, exc=None):
-    future = Future()
+    future: Future[object] = Future()
     if exc is not None:
         future.set_exception(exc)
     else:
@@ -73,7 +74,7 @@ def settings(tmp_path):
 
 def test_missing_topics_are_created_with_the_configured_shape(settings):
     admin = FakeAdmin()
-    changes = ensure_topics(admin, topic_specs(settings))
+    changes = ensure_topics(cast(Any, admin), topic_specs(settings))
     assert [c.action for c in changes] == ["created"] * 3
     partitions, rf, configs = admin.topics["hostmetrics.in"]
     assert (partitions, rf) == (1, 3)
@@ -86,17 +87,17 @@ def test_missing_topics_are_created_with_the_configured_shape(settings):
 
 def test_a_second_run_changes_nothing(settings):
     admin = FakeAdmin()
-    ensure_topics(admin, topic_specs(settings))
-    changes = ensure_topics(admin, topic_specs(settings))
+    ensure_topics(cast(Any, admin), topic_specs(settings))
+    changes = ensure_topics(cast(Any, admin), topic_specs(settings))
     assert [c.action for c in changes] == ["unchanged"] * 3
     assert admin.altered == []
 
 
 def test_drifted_configs_are_put_back_and_reported(settings):
     admin = FakeAdmin()
-    ensure_topics(admin, topic_specs(settings))
+    ensure_topics(cast(Any, admin), topic_specs(settings))
     admin.topics["hostmetrics.out"][2]["unclean.leader.election.enable"] = "true"
-    changes = ensure_topics(admin, topic_specs(settings))
+    changes = ensure_topics(cast(Any, admin), topic_specs(settings))
     assert [c.action for c in changes] == ["unchanged", "updated", "unchanged"]
     assert "unclean.leader.election.enable true -> false" in str(changes[1])
     assert admin.altered == [("hostmetrics.out", "unclean.leader.election.enable", "false")]
@@ -104,14 +105,14 @@ def test_drifted_configs_are_put_back_and_reported(settings):
 
 def test_topic_created_concurrently_by_someone_else_is_tolerated(settings):
     admin = FakeAdmin(race=True)
-    changes = ensure_topics(admin, topic_specs(settings))
+    changes = ensure_topics(cast(Any, admin), topic_specs(settings))
     assert [c.action for c in changes] == ["unchanged"] * 3
 
 
 def test_wrong_partition_count_is_refused_not_silently_accepted(settings):
     admin = FakeAdmin({"hostmetrics.in": (3, 3, {})})
     with pytest.raises(TopicShapeError, match=r"3 partition\(s\) x RF 3.*wants 1 x RF 3"):
-        ensure_topics(admin, topic_specs(settings))
+        ensure_topics(cast(Any, admin), topic_specs(settings))
 
 
 def test_client_configs_are_durable_and_transaction_aware(settings):

@@ -2,7 +2,6 @@ import re
 import shlex
 
 import pytest
-
 from supervisor.options import ServerOptions
 
 from twinstream.config import load_settings
@@ -80,7 +79,8 @@ def test_supervisord_conf_parses_and_supervises_every_service(tmp_path):
     assert set(programs) == {"zookeeper", "kafka-1", "kafka-2", "kafka-3", "airflow"}
     for program in programs.values():
         assert program.autorestart is not False
-        assert program.stopasgroup and program.killasgroup
+        assert program.stopasgroup
+        assert program.killasgroup
         assert program.environment["TWINSTREAM_STATE_DIR"] == str(tmp_path)
     assert programs["kafka-3"].environment["TWINSTREAM_KAFKA_PORTS"] == "9092,9093,9094"
     argv = shlex.split(programs["kafka-1"].command)
@@ -98,9 +98,5 @@ def test_a_percent_sign_in_a_path_is_refused_with_a_reason(tmp_path):
 
 def test_a_quote_in_a_setting_is_refused_not_mangled(tmp_path):
     s = _settings(tmp_path / 'say"hi')
-    try:
+    with pytest.raises(ValueError, match="environment="):
         render.supervisord_conf(s, Layout.of(s), "/usr/bin")
-    except ValueError as err:
-        assert "environment=" in str(err)
-    else:
-        raise AssertionError("a double quote must not reach supervisord.conf")

@@ -27,10 +27,10 @@ def four_letter_word(host: str, port: int, word: bytes, timeout_s: float = 2.0) 
 def zookeeper(settings: Settings) -> tuple[bool, str]:
     """ruok only says the JVM listens; srvr's Mode line says the server actually serves."""
     try:
-        answer = four_letter_word(settings.bind_host, settings.zk_port, b"ruok")
+        answer = four_letter_word(*settings.zk_address, b"ruok")
         if answer != b"imok":
             return False, f"ruok answered {answer!r}"
-        stats = four_letter_word(settings.bind_host, settings.zk_port, b"srvr").decode()
+        stats = four_letter_word(*settings.zk_address, b"srvr").decode()
     except OSError as exc:
         return False, f"no answer on {settings.zk_hosts}: {exc}"
     for line in stats.splitlines():

@@ -1,0 +1,39 @@
+"""SparkSession construction shared by the engines, the audit job and tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from twinstream.config import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def kafka_jars(settings: Settings) -> list[str]:
+    """Spark's Kafka connector and what it adds to pyspark's own jars (fetched by Maven)."""
+    folder = settings.jars_dir / "spark-kafka"
+    jars = sorted(str(p) for p in folder.glob("*.jar"))
+    if not any("spark-sql-kafka" in j for j in jars):
+        raise FileNotFoundError(
+            f"no spark-sql-kafka jar in {folder}: run `make install` (its Maven step)"
+        )
+    return jars
+
+
+def session(settings: Settings, app_name: str, master: str = "local[2]") -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    # Python workers must run this interpreter (the virtualenv's), not the system python.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.jars", ",".join(kafka_jars(settings)))
+        # Two cores: more shuffle partitions only add scheduling overhead.
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )

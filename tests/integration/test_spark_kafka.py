@@ -1,0 +1,67 @@
+"""pyspark 4.3.0 reads and writes the stack's Kafka through the connector Maven fetched
+(4.2.0 with token provider 4.0.0: Central serves no newer ones)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from twinstream.kafka import TopicSpec, admin_config, ensure_topics
+from twinstream.spark import kafka_jars, session
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def spark(stack, settings):
+    spark = session(settings, "twinstream-connector-test")
+    yield spark
+    spark.stop()
+
+
+def test_connector_jars_are_the_fetched_ones(settings):
+    names = [j.rsplit("/", 1)[1] for j in kafka_jars(settings)]
+    assert any(n.startswith("spark-sql-kafka-0-10_2.13-") for n in names)
+    assert any(n.startswith("spark-token-provider-kafka-0-10_2.13-") for n in names)
+    assert any(n.startswith("kafka-clients-") for n in names)
+
+
+def test_structured_streaming_reads_and_writes_kafka(spark, settings, tmp_path):
+    source, sink = f"spark-src-{uuid.uuid4().hex[:8]}", f"spark-sink-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(admin_config(settings))
+    ensure_topics(admin, [TopicSpec(source, 1, 3), TopicSpec(sink, 1, 3)])
+    rows = spark.createDataFrame([(str(i), f"value-{i}") for i in range(500)], ["key", "value"])
+    rows.write.format("kafka").option("kafka.bootstrap.servers", settings.bootstrap_servers).option(
+        "topic", source
+    ).save()
+
+    query = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .option("subscribe", source)
+        .option("startingOffsets", "earliest")
+        .load()
+        .selectExpr("CAST(offset AS STRING) AS key", "value")
+        .writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .option("topic", sink)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .queryName("connector_test")
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180), "the availableNow query did not finish in 180 s"
+    assert query.exception() is None
+
+    back = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .option("subscribe", sink)
+        .load()
+        .selectExpr("CAST(key AS STRING) AS offset", "CAST(value AS STRING) AS value")
+        .collect()
+    )
+    assert sorted(int(r.offset) for r in back) == list(range(500))
+    assert {r.value for r in back} == {f"value-{i}" for i in range(500)}

