@@ -128,6 +128,21 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def probe(
+    settings: Settings, name: str, info: ProcessInfo | None, registered: dict[int, str]
+) -> tuple[bool, str]:
+    """The health probe of one program; `registered` is the Kafka metadata's broker list."""
+    if name == "zookeeper":
+        return health.zookeeper(settings)
+    if name.startswith("kafka-"):
+        return health.kafka_node(settings, int(name.split("-")[1]), registered)
+    if name == "airflow":
+        return health.airflow(settings, since=info.start if info else 0.0)
+    if info is None:
+        return False, "not configured"
+    return info.state == "RUNNING", info.description
+
+
 def wait_until_healthy(
     settings: Settings,
     layout: Layout,
@@ -155,12 +170,7 @@ def wait_until_healthy(
                     f"{name} keeps failing to start (supervisord gave up). Last lines of "
                     f"{layout.log_file(name)}:\n{_tail(layout.log_file(name))}"
                 )
-            if name == "zookeeper":
-                ok, detail = health.zookeeper(settings)
-            elif name.startswith("kafka-"):
-                ok, detail = health.kafka_node(settings, int(name.split("-")[1]), registered)
-            else:
-                ok, detail = health.airflow(settings, since=info.start if info else 0.0)
+            ok, detail = probe(settings, name, info, registered)
             details[name] = detail
             if ok:
                 pending.remove(name)
@@ -302,14 +312,7 @@ def status(settings: Settings, echo: Echo = print) -> int:
     ]
     all_ok = True
     for p in processes:
-        if p.name == "zookeeper":
-            ok, detail = health.zookeeper(settings)
-        elif p.name.startswith("kafka-"):
-            ok, detail = health.kafka_node(settings, int(p.name.split("-")[1]), registered)
-        elif p.name == "airflow":
-            ok, detail = health.airflow(settings, since=p.start)
-        else:
-            ok, detail = p.state == "RUNNING", p.description
+        ok, detail = probe(settings, p.name, p, registered)
         all_ok = all_ok and ok and p.state == "RUNNING"
         rows.append(
             f"{p.name:<10} {p.state:<9} {p.pid or '-':>7}  {'ok  ' if ok else 'FAIL'} {detail}"
