@@ -18,6 +18,7 @@ DAY_MS = 24 * 60 * 60 * 1000
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 PortList = Annotated[list[Port], NoDecode]
+NameList = Annotated[list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")]], NoDecode]
 
 
 class SettingsError(ValueError):
@@ -58,12 +59,37 @@ class Settings(BaseSettings):
     replication_factor: int = Field(default=3, ge=1)
     min_insync_replicas: int = Field(default=2, ge=1)
 
+    # The engines: ids and admin API ports, pairwise. `engine_admin_host` is where their admin
+    # APIs are reached; "{id}" is replaced by the engine id (compose: "engine-{id}").
+    engine_ids: NameList = ["a", "b"]
+    engine_admin_ports: PortList = [8701, 8702]
+    engine_admin_host: str = ""
+    # Bearer token of the engines' admin API and the ZooKeeper digest password. Empty: read
+    # from admin-token / zk-password in state_dir, which the local stack generates.
+    admin_token: str = Field(default="", repr=False)
+    zk_user: str = Field(default="twinstream", pattern=r"^[A-Za-z0-9_-]+$")
+    zk_password: str = Field(default="", repr=False)
+    # The largest session timeout request ZooKeeper clamps to 2 x tickTime (1 s at 500 ms).
+    zk_session_timeout_s: float = Field(default=0.2, gt=0)
+    num_buffered_msgs: int = Field(default=10_000, ge=1)
+    window_retention_ms: int = Field(default=60 * 60 * 1000, ge=1000)
+    max_record_bytes: int = Field(default=64 * 1024, ge=64)
+    trigger_interval_ms: int = Field(default=250, ge=0)
+    # Bounds a catch-up batch, so a standby that replays a backlog still reaches takeover
+    # readiness batch by batch rather than in one long batch.
+    max_offsets_per_trigger: int = Field(default=20_000, ge=1)
+    # A standby whose lag (inbound high watermark - next msg_id) is at most this is in sync.
+    in_sync_lag: int = Field(default=1000, ge=0)
+    engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")
+
     zk_heap: str = Field(default="256m", pattern=r"^\d+[kmg]$")
     kafka_heap: str = Field(default="512m", pattern=r"^\d+[kmg]$")
     # How long `up` waits for every service to become healthy before it gives up.
     startup_timeout_s: float = Field(default=420.0, gt=0)
 
-    @field_validator("kafka_ports", "kafka_controller_ports", mode="before")
+    @field_validator(
+        "kafka_ports", "kafka_controller_ports", "engine_ids", "engine_admin_ports", mode="before"
+    )
     @classmethod
     def _split_ports(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -80,7 +106,20 @@ class Settings(BaseSettings):
                 f"kafka_controller_ports has {len(self.kafka_controller_ports)} entries but "
                 f"kafka_ports has {brokers}: every node runs one broker and one controller"
             )
-        ports = [self.zk_port, self.airflow_port, *self.kafka_ports, *self.kafka_controller_ports]
+        if len(self.engine_admin_ports) != len(self.engine_ids):
+            raise ValueError(
+                f"engine_admin_ports has {len(self.engine_admin_ports)} entries but engine_ids "
+                f"has {len(self.engine_ids)}: every engine needs its admin port"
+            )
+        if len(set(self.engine_ids)) != len(self.engine_ids):
+            raise ValueError(f"engine_ids repeat a name: {self.engine_ids}")
+        ports = [
+            self.zk_port,
+            self.airflow_port,
+            *self.kafka_ports,
+            *self.kafka_controller_ports,
+            *self.engine_admin_ports,
+        ]
         clashes = sorted({p for p in ports if ports.count(p) > 1})
         if clashes:
             raise ValueError(f"ports are used twice: {clashes}")
@@ -117,6 +156,47 @@ class Settings(BaseSettings):
     @property
     def airflow_url(self) -> str:
         return f"http://{self.bind_host}:{self.airflow_port}"
+
+    @property
+    def transactional_id(self) -> str:
+        """Shared by every engine of the pipeline: a new active's init fences the old one."""
+        return f"twinstream-{self.pipeline}"
+
+    @property
+    def election_path(self) -> str:
+        return f"/twinstream/{self.pipeline}/election"
+
+    @property
+    def epoch_path(self) -> str:
+        return f"/twinstream/{self.pipeline}/epoch"
+
+    def engine_admin_port(self, engine_id: str) -> int:
+        try:
+            return self.engine_admin_ports[self.engine_ids.index(engine_id)]
+        except ValueError:
+            raise SettingsError(
+                f"unknown engine {engine_id!r}; TWINSTREAM_ENGINE_IDS={','.join(self.engine_ids)}"
+            ) from None
+
+    def engine_admin_url(self, engine_id: str) -> str:
+        host = self.engine_admin_host.replace("{id}", engine_id) or self.bind_host
+        return f"http://{host}:{self.engine_admin_port(engine_id)}"
+
+    def engine_dir(self, engine_id: str) -> Path:
+        return self.state_dir / "engines" / engine_id
+
+    def secret(self, name: str) -> str:
+        """admin_token or zk_password: the setting, else the file the local stack wrote."""
+        value: str = getattr(self, name)
+        if value:
+            return value
+        path = self.state_dir / name.replace("_", "-")
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            raise SettingsError(
+                f"no {name}: set TWINSTREAM_{name.upper()} or run `make up`, which writes {path}"
+            ) from None
 
     @property
     def single_broker_dev(self) -> bool:

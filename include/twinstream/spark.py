@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from twinstream.config import Settings
@@ -23,17 +24,24 @@ def kafka_jars(settings: Settings) -> list[str]:
     return jars
 
 
-def session(settings: Settings, app_name: str, master: str = "local[2]") -> SparkSession:
+def session(
+    settings: Settings,
+    app_name: str,
+    master: str = "local[2]",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
     from pyspark.sql import SparkSession
 
     # Python workers must run this interpreter (the virtualenv's), not the system python.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return (
+    builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.jars", ",".join(kafka_jars(settings)))
         # Two cores: more shuffle partitions only add scheduling overhead.
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
-        .getOrCreate()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

@@ -1,0 +1,145 @@
+"""Leader election of a pipeline's engines through ZooKeeper, in kazoo's recipe style.
+
+Guarantee: at most one engine at a time runs `on_elected` while its session is connected;
+the lowest ephemeral sequential node under the election path wins, every other contender
+watches its predecessor, so a dead active's successor learns of it when the session
+expires (about 1 s with tickTime 500). While the session is SUSPENDED the engine must not
+commit (`on_connection(False)`); on LOST its node is gone, so it steps down and enters the
+election again with a new node. Kafka fencing (the shared transactional id) covers the
+window in which an old active has not yet heard that its session is gone.
+
+Each win increments a counter znode: the epoch, written into every published record.
+Every znode carries a digest ACL: clients without the pipeline's credentials can neither
+read nor delete them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException
+from kazoo.security import make_digest_acl
+
+from twinstream.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def zk_client(settings: Settings, **overrides: Any) -> KazooClient:
+    password = settings.secret("zk_password")
+    return KazooClient(
+        hosts=settings.zk_hosts,
+        # Asks for the smallest session ZooKeeper grants (2 x tickTime): fast detection.
+        timeout=settings.zk_session_timeout_s,
+        auth_data=[("digest", f"{settings.zk_user}:{password}")],
+        default_acl=[make_digest_acl(settings.zk_user, password, all=True)],
+        # Keep reconnecting forever: an engine outlives ZooKeeper restarts.
+        connection_retry={"max_tries": -1, "delay": 0.2, "max_delay": 2.0},
+        **overrides,
+    )
+
+
+class Election:
+    def __init__(
+        self,
+        client: KazooClient,
+        path: str,
+        epoch_path: str,
+        identifier: str,
+        on_elected: Callable[[int], None],
+        on_step_down: Callable[[str], None],
+        on_connection: Callable[[bool], None],
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._client = client
+        self._path = path
+        self._epoch_path = epoch_path
+        self._identifier = identifier
+        self._on_elected = on_elected
+        self._on_step_down = on_step_down
+        self._on_connection = on_connection
+        self._sleep = sleep
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self._resign = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._election: Any = None
+        self.zk_state = "CLOSED"
+        client.add_listener(self._listener)
+
+    # Listeners run on kazoo's event thread and must not block: only flags and callbacks
+    # that take the gate's lock briefly.
+    def _listener(self, state: str) -> None:
+        self.zk_state = str(state)
+        if state == KazooState.SUSPENDED:
+            log.warning("election %s: ZooKeeper SUSPENDED; commits held", self._identifier)
+            self._on_connection(False)
+        elif state == KazooState.CONNECTED:
+            log.info("election %s: ZooKeeper CONNECTED", self._identifier)
+            self._on_connection(True)
+        elif state == KazooState.LOST:
+            log.warning("election %s: ZooKeeper session LOST; stepping down", self._identifier)
+            self._lost.set()
+            self._on_step_down("ZooKeeper session lost")
+
+    def start(self) -> None:
+        self._stop.clear()
+        if self._client.state != KazooState.CONNECTED:
+            self._client.start(timeout=30)
+        self.zk_state = str(self._client.state)
+        self._thread = threading.Thread(target=self._run, name=f"election-{self._identifier}")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def contenders(self) -> list[str]:
+        return list(self._client.Election(self._path).contenders())
+
+    def resign(self) -> None:
+        """Give up leadership (or the place in the queue) and rejoin as a contender."""
+        self._resign.set()
+
+    def stop(self) -> None:
+        """Leave the election for good (the pipeline stopped)."""
+        self._stop.set()
+        self._resign.set()
+        if self._election is not None:
+            self._election.cancel()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._lost.clear()
+            self._resign.clear()
+            try:
+                self._election = self._client.Election(self._path, self._identifier)
+                self._election.run(self._lead)
+            except KazooException as exc:
+                log.warning("election %s: %s; entering again", self._identifier, exc)
+            except Exception:
+                log.exception("election %s failed; entering again", self._identifier)
+            if not self._stop.is_set():
+                self._sleep(0.2)
+
+    def _lead(self) -> None:
+        if self._stop.is_set():
+            return
+        counter = self._client.Counter(self._epoch_path)
+        counter += 1
+        epoch = int(counter.value)
+        log.warning("election %s: won, epoch %s", self._identifier, epoch)
+        try:
+            self._on_elected(epoch)
+        except Exception:
+            log.exception("election %s: takeover failed; resigning", self._identifier)
+            self._on_step_down("takeover failed")
+            return
+        while not (self._stop.is_set() or self._lost.is_set() or self._resign.is_set()):
+            self._sleep(0.05)
+        if not self._lost.is_set():
+            self._on_step_down("resigned" if not self._stop.is_set() else "stopped")

@@ -1,0 +1,273 @@
+"""The gate between an engine's results and the outbound topics.
+
+Guarantee: every output row is published at most once, in msg_id order, and only by the
+engine that currently holds both the ZooKeeper election and the pipeline's Kafka
+transactional id. Rows are published exactly once as long as some engine that computed them
+still holds them in its buffer when it becomes active; when no engine does, the missing
+msg_id range is reported (log at ERROR, metric, admin API), never skipped silently.
+
+How: every engine, active or not, appends each batch's rows to a ring buffer of the last
+`num_buffered_msgs` rows. The active publishes the buffered rows whose msg_id is above the
+last published one, in one Kafka transaction per batch. A new active first fences (init
+transactions on the shared transactional id aborts the old active's open transaction and
+makes its later commits fail), then reads the last committed msg_id from the outbound and
+dead-letter topics, then publishes what its buffer holds after it. A batch Spark replays
+after a restart repeats msg_ids the buffer already has, and they are dropped on arrival.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from twinstream.hostmetrics import Output
+
+log = logging.getLogger(__name__)
+
+
+class Fenced(Exception):
+    """Another engine has initialised the shared transactional id: this one may never
+    commit again with its producer."""
+
+
+class TransientPublishError(Exception):
+    """The transaction was aborted for a reason that may pass (broker restart, timeout)."""
+
+
+class Publisher(Protocol):
+    """A transactional producer whose init has fenced every earlier holder of the id."""
+
+    def publish(self, rows: Sequence[Output], epoch: int) -> None:
+        """Write `rows` in one transaction; raise Fenced or TransientPublishError."""
+
+    def close(self) -> None: ...
+
+
+class Metrics(Protocol):
+    def published(self, rows: int) -> None: ...
+    def processed(self, rows: int) -> None: ...
+    def takeover(self) -> None: ...
+    def uncovered(self, first: int, last: int) -> None: ...
+    def role(self, role: str) -> None: ...
+
+
+class NoMetrics:
+    def published(self, rows: int) -> None: ...
+    def processed(self, rows: int) -> None: ...
+    def takeover(self) -> None: ...
+    def uncovered(self, first: int, last: int) -> None: ...
+    def role(self, role: str) -> None: ...
+
+
+@dataclass
+class GateStatus:
+    role: str
+    epoch: int
+    zk_connected: bool
+    last_msg_id_processed: int | None
+    last_msg_id_published: int | None
+    buffer_fill: int
+    buffer_size: int
+    uncovered_ranges: list[tuple[int, int]] = field(default_factory=list)
+
+
+class Gate:
+    def __init__(
+        self,
+        engine_id: str,
+        pipeline: str,
+        buffer_size: int,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.engine_id = engine_id
+        self.pipeline = pipeline
+        self._buffer: deque[Output] = deque(maxlen=buffer_size)
+        self._lock = threading.RLock()
+        self._metrics = metrics or NoMetrics()
+        self._role = "none"
+        self._epoch = 0
+        self._zk_connected = False
+        self._publisher: Publisher | None = None
+        self._last_processed: int | None = None
+        self._last_published: int | None = None
+        self._uncovered: list[tuple[int, int]] = []
+
+    # -- what the streaming query calls -------------------------------------------------
+
+    def on_batch(self, batch_id: int, rows: Sequence[Output]) -> int:
+        """Take one batch's rows (any order). Returns how many were published now."""
+        with self._lock:
+            newest = self._buffer[-1].msg_id if self._buffer else -1
+            fresh = sorted((r for r in rows if r.msg_id > newest), key=lambda r: r.msg_id)
+            if len(fresh) < len(rows):
+                log.info(
+                    "engine %s pipeline %s: batch %s repeats %s rows already buffered "
+                    "(replay after restart); dropped",
+                    self.engine_id,
+                    self.pipeline,
+                    batch_id,
+                    len(rows) - len(fresh),
+                )
+            self._buffer.extend(fresh)
+            if fresh:
+                self._last_processed = fresh[-1].msg_id
+            self._metrics.processed(len(fresh))
+            return self._publish_pending(batch_id)
+
+    # -- what the election and ZooKeeper state listener call ----------------------------
+
+    def joined(self) -> None:
+        """Entered the election (as a standby until it wins)."""
+        with self._lock:
+            if self._role == "none":
+                self._set_role("standby")
+
+    def take_over(
+        self,
+        epoch: int,
+        fence: Callable[[], Publisher],
+        last_committed: Callable[[], int | None],
+    ) -> int:
+        """Become the active: fence, find the last published msg_id, publish what the
+        buffer holds after it. Returns the number of rows published at takeover."""
+        with self._lock:
+            publisher = fence()
+            try:
+                last = last_committed()
+            except Exception:
+                publisher.close()
+                raise
+            self._publisher = publisher
+            self._epoch = epoch
+            self._last_published = last
+            self._zk_connected = True
+            self._set_role("active")
+            self._metrics.takeover()
+            log.warning(
+                "engine %s pipeline %s: ACTIVE at epoch %s; last published msg_id %s, "
+                "processed up to msg_id %s, buffer holds %s..%s",
+                self.engine_id,
+                self.pipeline,
+                epoch,
+                last,
+                self._last_processed,
+                self._buffer[0].msg_id if self._buffer else None,
+                self._buffer[-1].msg_id if self._buffer else None,
+            )
+            return self._publish_pending(None)
+
+    def step_down(self, reason: str, rejoin: bool = True) -> None:
+        with self._lock:
+            was = self._role
+            if self._publisher is not None:
+                self._publisher.close()
+                self._publisher = None
+            self._set_role("standby" if rejoin else "none")
+            if was == "active":
+                log.warning(
+                    "engine %s pipeline %s: stepped down from active (%s); last published "
+                    "msg_id %s",
+                    self.engine_id,
+                    self.pipeline,
+                    reason,
+                    self._last_published,
+                )
+
+    def zk_connected(self, connected: bool) -> None:
+        """SUSPENDED stops commits until the session is back (or LOST, then step_down)."""
+        with self._lock:
+            self._zk_connected = connected
+            if connected and self._role == "active":
+                self._publish_pending(None)
+
+    # -- status -------------------------------------------------------------------------
+
+    def status(self) -> GateStatus:
+        with self._lock:
+            return GateStatus(
+                role=self._role,
+                epoch=self._epoch,
+                zk_connected=self._zk_connected,
+                last_msg_id_processed=self._last_processed,
+                last_msg_id_published=self._last_published,
+                buffer_fill=len(self._buffer),
+                buffer_size=self._buffer.maxlen or 0,
+                uncovered_ranges=list(self._uncovered),
+            )
+
+    def buffered(self) -> list[Output]:
+        with self._lock:
+            return list(self._buffer)
+
+    @property
+    def role(self) -> str:
+        return self._role
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _set_role(self, role: str) -> None:
+        self._role = role
+        self._metrics.role(role)
+
+    def _publish_pending(self, batch_id: int | None) -> int:
+        if self._role != "active" or self._publisher is None:
+            return 0
+        if not self._zk_connected:
+            log.warning(
+                "engine %s pipeline %s: ZooKeeper session suspended; holding batch %s",
+                self.engine_id,
+                self.pipeline,
+                batch_id,
+            )
+            return 0
+        last = self._last_published
+        rows = [r for r in self._buffer if last is None or r.msg_id > last]
+        if not rows:
+            return 0
+        expected = 0 if last is None else last + 1
+        if rows[0].msg_id > expected:
+            self._report_uncovered(expected, rows[0].msg_id - 1)
+        try:
+            self._publisher.publish(rows, self._epoch)
+        except Fenced:
+            log.error(
+                "engine %s pipeline %s: fenced by a newer active while publishing msg_id "
+                "%s..%s; nothing of it was committed",
+                self.engine_id,
+                self.pipeline,
+                rows[0].msg_id,
+                rows[-1].msg_id,
+            )
+            self.step_down("fenced by a newer active")
+            return 0
+        except TransientPublishError as exc:
+            log.warning(
+                "engine %s pipeline %s: transaction for msg_id %s..%s aborted (%s); "
+                "retrying with the next batch",
+                self.engine_id,
+                self.pipeline,
+                rows[0].msg_id,
+                rows[-1].msg_id,
+                exc,
+            )
+            return 0
+        self._last_published = rows[-1].msg_id
+        self._metrics.published(len(rows))
+        return len(rows)
+
+    def _report_uncovered(self, first: int, last: int) -> None:
+        self._uncovered.append((first, last))
+        self._metrics.uncovered(first, last)
+        log.error(
+            "engine %s pipeline %s: UNCOVERED msg_id %s..%s (%s messages): no engine's "
+            "buffer holds them; they are missing from the outbound topics",
+            self.engine_id,
+            self.pipeline,
+            first,
+            last,
+            last - first + 1,
+        )

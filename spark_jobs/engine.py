@@ -1,0 +1,77 @@
+"""Start one Twinstream engine: `python spark_jobs/engine.py --engine-id a`.
+
+Configuration comes from the TWINSTREAM_* environment (see twinstream.config). The engine
+serves its admin API, starts the streaming query from its own checkpoint, joins the
+election, and runs until SIGTERM or SIGINT, when it leaves the election first so that a
+standby takes over at once, then stops its query.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+import uvicorn
+
+from twinstream.admin_api import create_app
+from twinstream.config import SettingsError, load_settings
+from twinstream.engine import Engine, EngineControl
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--engine-id", required=True, help="one of TWINSTREAM_ENGINE_IDS")
+    parser.add_argument(
+        "--no-start", action="store_true", help="serve the admin API with the pipeline stopped"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s engine={args.engine_id} %(name)s: %(message)s",
+    )
+    for noisy in ("py4j", "kazoo.client", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        settings = load_settings()
+        port = settings.engine_admin_port(args.engine_id)
+        token = settings.secret("admin_token")
+        engine = Engine(settings, args.engine_id)
+    except SettingsError as exc:
+        print(f"engine {args.engine_id}: {exc}", file=sys.stderr)
+        return 2
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(EngineControl(engine), token),
+            host=settings.bind_host,
+            port=port,
+            log_level="warning",
+        )
+    )
+    api = threading.Thread(target=server.run, name="admin-api", daemon=True)
+    api.start()
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logging.getLogger(__name__).warning("signal %s: shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    if not args.no_start:
+        engine.start_pipeline()
+    while not stop.wait(1.0):
+        engine.check_query()
+    engine.close()
+    server.should_exit = True
+    api.join(timeout=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
