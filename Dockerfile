@@ -1,7 +1,26 @@
-# The Airflow image of docker-compose.yaml (twinstream/airflow:dev): the official Airflow image
-# plus a Java runtime for spark-submit, the exact pins of requirements.txt/constraints.txt and
-# the twinstream package. docker-compose.yaml mounts the repo's dags/, plugins/, include/ and
-# spark_jobs/ on top, so code changes need no rebuild; dependency changes do.
+# The image of docker-compose.yaml (twinstream/airflow:dev), run by the Airflow services and by
+# the two engines: the official Airflow image plus a Java runtime for Spark, Spark's Kafka
+# connector jars, the exact pins of requirements.txt/constraints.txt and the twinstream package.
+# docker-compose.yaml mounts the repo's dags/, plugins/, include/ and spark_jobs/ on top, so
+# code changes need no rebuild; dependency changes (Python or java/*.xml) do.
+
+# ---------------------------------------------------------------------------------------------
+# Stage 1: the jars, fetched from Maven Central by the same command as `make install`
+# (java/pom.xml; java/settings.xml routes every repository to Central). Writes /jars/kafka,
+# /jars/zookeeper and /jars/spark-kafka; only spark-kafka is needed at runtime (the brokers and
+# ZooKeeper run from their own images).
+# ---------------------------------------------------------------------------------------------
+FROM maven:3.9-eclipse-temurin-17 AS jars
+WORKDIR /build
+COPY java/ ./java/
+RUN set -eux; \
+    mvn -B -s java/settings.xml -f java/pom.xml package -Dtwinstream.jars=/jars; \
+    # twinstream.spark.kafka_jars refuses a folder without the connector: fail here instead.
+    ls /jars/spark-kafka/spark-sql-kafka-*.jar
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2: the image itself.
+# ---------------------------------------------------------------------------------------------
 FROM apache/airflow:3.3.2-python3.11
 
 # Spark (spark-submit, local[N]) needs a JVM. Java 17, as on the Docker-free stack; override
@@ -41,6 +60,11 @@ RUN set -eux; \
     test -n "${pyspark_pin}"; \
     pip install --no-cache-dir --force-reinstall --no-deps "pyspark==${pyspark_pin}"; \
     python -c "import pyspark, sys; v = pyspark.__version__; sys.exit(0 if v == '${pyspark_pin}' else f'pyspark is {v}, want ${pyspark_pin}')"
+
+# Spark's Kafka connector and what it adds to pyspark (twinstream.spark.kafka_jars reads
+# <TWINSTREAM_JARS_DIR>/spark-kafka/*.jar). Read-only for the airflow user, on purpose.
+COPY --from=jars /jars/spark-kafka /opt/twinstream/jars/spark-kafka
+ENV TWINSTREAM_JARS_DIR=/opt/twinstream/jars
 
 # The package itself (include/twinstream), installed for entry points and for use without the
 # bind mounts. With the mounts, PYTHONPATH=/opt/airflow/include takes precedence over it.

@@ -6,18 +6,19 @@ exits 0, so the binary is called directly. A missing binary is a missing install
 fails (never skips) these tests.
 """
 
+import fnmatch
 import importlib.util
 import json
 import os
 import re
 import subprocess
 import tomllib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 
-from twinstream.config import Settings
+from twinstream.config import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yaml"
@@ -30,9 +31,21 @@ AIRFLOW_LONG_RUNNING = [
     "airflow-triggerer",
 ]
 AIRFLOW_SERVICES = ["airflow-init", *AIRFLOW_LONG_RUNNING]
+ENGINE_IDS = ["a", "b"]
+ENGINES = [f"engine-{engine_id}" for engine_id in ENGINE_IDS]
 ONE_SHOT = ["kafka-init", "airflow-init"]
-LONG_RUNNING = ["zookeeper", *BROKERS, "postgres", *AIRFLOW_LONG_RUNNING]
+LONG_RUNNING = ["zookeeper", *BROKERS, "postgres", *AIRFLOW_LONG_RUNNING, *ENGINES]
 KAFKA_IMAGE = "apache/kafka:4.3.1"
+IMAGE = "twinstream/airflow:dev"
+DOCKERFILE = REPO / "Dockerfile"
+# What every engine and every Airflow service must agree on, value for value.
+SHARED_ENGINE_SETTINGS = [
+    "TWINSTREAM_ENGINE_IDS",
+    "TWINSTREAM_ENGINE_ADMIN_PORTS",
+    "TWINSTREAM_ENGINE_ADMIN_HOST",
+    "TWINSTREAM_ADMIN_TOKEN",
+    "TWINSTREAM_ZK_PASSWORD",
+]
 
 # Variables that would change what `config` renders: the tests check the file's own defaults.
 _OVERRIDE_PREFIXES = ("TWINSTREAM_", "COMPOSE_", "AIRFLOW_", "POSTGRES_")
@@ -124,7 +137,7 @@ def test_file_uses_the_compose_spec_without_version():
 
 
 def test_every_platform_service_is_defined(services):
-    expected = {"zookeeper", *BROKERS, "kafka-init", "postgres", *AIRFLOW_SERVICES}
+    expected = {"zookeeper", *BROKERS, "kafka-init", "postgres", *AIRFLOW_SERVICES, *ENGINES}
     assert expected <= set(services), sorted(expected - set(services))
 
 
@@ -245,7 +258,7 @@ def test_topic_settings_follow_the_environment(compose_binary):
         "TWINSTREAM_DLQ_TOPIC": "metrics.bad",
     }
     services = rendered_config(compose_binary, env=overrides)["services"]
-    for name in ["kafka-init", *AIRFLOW_SERVICES]:
+    for name in ["kafka-init", *AIRFLOW_SERVICES, *ENGINES]:
         env = services[name]["environment"]
         for key, value in overrides.items():
             assert env[key] == value, (name, key)
@@ -297,7 +310,7 @@ def test_airflow_service_waits_for_init(services, name):
 def test_airflow_service_runs_our_image_and_mounts_the_repo(services, name):
     service = services[name]
     env = service["environment"]
-    assert service["image"] == "twinstream/airflow:dev"
+    assert service["image"] == IMAGE
     assert Path(service["build"]["context"]) == REPO
     binds = {v["source"]: v["target"] for v in service["volumes"] if v["type"] == "bind"}
     assert binds[str(REPO / "dags")] == env["AIRFLOW__CORE__DAGS_FOLDER"]
@@ -337,9 +350,26 @@ def test_api_server_health_endpoint_and_port(services):
     assert [(p["published"], p["target"]) for p in api["ports"]] == [("8080", 8080)]
 
 
+def dockerfile_stages() -> list[tuple[str, str]]:
+    """(image, stage name or "") of every FROM, in order."""
+    stages = re.findall(
+        r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?\s*$",
+        DOCKERFILE.read_text(),
+        flags=re.MULTILINE | re.IGNORECASE,
+    )
+    return [(image, name) for image, name in stages]
+
+
+def dockerfile_env() -> dict[str, str]:
+    """ENV key=value lines of the final stage."""
+    final_stage = re.split(r"^FROM\s", DOCKERFILE.read_text(), flags=re.MULTILINE)[-1]
+    return dict(re.findall(r"^ENV\s+(\w+)=(\S+)\s*$", final_stage, flags=re.MULTILINE))
+
+
 def test_dockerfile_base_matches_the_pins():
-    dockerfile = (REPO / "Dockerfile").read_text()
-    (base,) = re.findall(r"^FROM\s+(\S+)", dockerfile, flags=re.MULTILINE)
+    dockerfile = DOCKERFILE.read_text()
+    base, final_name = dockerfile_stages()[-1]
+    assert final_name == "", "the final stage is the image; it needs no name"
     pin = re.search(
         r"^apache-airflow==(\S+)", (REPO / "requirements.txt").read_text(), flags=re.MULTILINE
     )
@@ -353,13 +383,213 @@ def test_dockerfile_base_matches_the_pins():
     assert "requirements.txt -c constraints.txt" in dockerfile
 
 
-def test_dockerignore_keeps_local_state_out_of_the_build_context():
-    ignored = {
-        line.strip().rstrip("/")
+def test_dockerfile_fetches_the_jars_with_maven_in_a_first_stage():
+    dockerfile = DOCKERFILE.read_text()
+    stages = dockerfile_stages()
+    assert len(stages) == 2, stages
+    assert stages[0] == ("maven:3.9-eclipse-temurin-17", "jars")
+    jars_stage = re.split(r"^FROM\s", dockerfile, flags=re.MULTILINE)[1]
+    assert re.search(r"^COPY\s+java/\s", jars_stage, flags=re.MULTILINE)
+    # The Makefile's command (same settings.xml, same POM), into /jars.
+    make_mvn = re.search(r"^MVN := (.+)$", (REPO / "Makefile").read_text(), flags=re.MULTILINE)
+    assert make_mvn, "the Makefile no longer defines MVN"
+    assert f"{make_mvn.group(1).strip()} package -Dtwinstream.jars=/jars" in jars_stage
+    modules = re.findall(r"<module>([^<]+)</module>", (REPO / "java" / "pom.xml").read_text())
+    assert "spark-kafka" in modules
+
+
+def test_image_carries_the_spark_kafka_jars_where_settings_look():
+    dockerfile = DOCKERFILE.read_text()
+    copies = re.findall(
+        r"^COPY\s+--from=jars\s+(?:--\S+\s+)*(\S+)\s+(\S+)\s*$", dockerfile, flags=re.MULTILINE
+    )
+    assert copies == [("/jars/spark-kafka", "/opt/twinstream/jars/spark-kafka")]
+    env = dockerfile_env()
+    assert env["TWINSTREAM_JARS_DIR"] == "/opt/twinstream/jars"
+    # twinstream.spark.kafka_jars reads <jars_dir>/spark-kafka: the copy's destination.
+    settings = load_settings(jars_dir=env["TWINSTREAM_JARS_DIR"])
+    assert str(PurePosixPath(settings.jars_dir) / "spark-kafka") == copies[0][1]
+
+
+def _dockerignore_patterns() -> list[str]:
+    return [
+        line.strip()
         for line in (REPO / ".dockerignore").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    }
+        if line.strip() and not line.strip().startswith("#")
+    ]
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    """Roughly Docker's rule: a path is left out if it or a parent folder matches a pattern.
+    fnmatch's `*` also crosses "/", so this errs on the side of "ignored"."""
+    parts = PurePosixPath(path).parts
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(
+        fnmatch.fnmatchcase(candidate, pattern.strip("/"))
+        for pattern in patterns
+        if not pattern.startswith("!")
+        for candidate in candidates
+    )
+
+
+def test_dockerignore_keeps_local_state_out_of_the_build_context():
+    patterns = _dockerignore_patterns()
+    ignored = {pattern.rstrip("/") for pattern in patterns}
     assert {".twinstream", ".venv", ".git"} <= ignored
+    assert _ignored(".twinstream/jars/spark-kafka/kafka-clients.jar", patterns)
+
+
+def test_dockerignore_keeps_what_the_dockerfile_copies():
+    patterns = _dockerignore_patterns()
+    needed = [
+        "requirements.txt",
+        "constraints.txt",
+        "pyproject.toml",
+        "include/twinstream/config.py",
+        *(str(p.relative_to(REPO)) for p in sorted((REPO / "java").rglob("*.xml"))),
+    ]
+    assert "java/pom.xml" in needed
+    assert "java/spark-kafka/pom.xml" in needed
+    for path in needed:
+        assert (REPO / path).is_file(), path
+        assert not _ignored(path, patterns), f".dockerignore leaves {path} out of the build"
+
+
+# -- the engines ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_twinstream_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("TWINSTREAM_"):
+            monkeypatch.delenv(key)
+
+
+def _engine_port(index: int) -> int:
+    return int(Settings.model_fields["engine_admin_ports"].default[index])
+
+
+@pytest.mark.parametrize(("index", "engine_id"), list(enumerate(ENGINE_IDS)))
+def test_engine_service_runs_the_engine_in_our_image(services, index, engine_id):
+    engine = services[f"engine-{engine_id}"]
+    assert engine["image"] == IMAGE
+    assert Path(engine["build"]["context"]) == REPO
+    assert engine["restart"] == "unless-stopped"
+    binds = {v["source"]: v["target"] for v in engine["volumes"] if v["type"] == "bind"}
+    assert binds == {
+        str(REPO / "include"): engine["environment"]["PYTHONPATH"],
+        str(REPO / "spark_jobs"): "/opt/airflow/spark_jobs",
+    }
+    assert all(v.get("read_only") for v in engine["volumes"] if v["type"] == "bind")
+    script = f"{binds[str(REPO / 'spark_jobs')]}/engine.py"
+    assert engine["command"] == ["python", script, "--engine-id", engine_id]
+    assert (REPO / "spark_jobs" / "engine.py").is_file()
+    # Time to leave the election, then stop the query, before Docker's SIGKILL.
+    assert engine["stop_grace_period"] in {"1m0s", "60s"}
+
+
+@pytest.mark.parametrize(("index", "engine_id"), list(enumerate(ENGINE_IDS)))
+def test_engine_health_and_host_port_are_its_admin_port(services, index, engine_id):
+    engine = services[f"engine-{engine_id}"]
+    port = _engine_port(index)
+    assert engine["healthcheck"]["test"] == [
+        "CMD",
+        "curl",
+        "-fsS",
+        f"http://localhost:{port}/healthz",
+    ]
+    assert [(p["published"], p["target"], p.get("host_ip")) for p in engine["ports"]] == [
+        (str(port), port, "127.0.0.1")
+    ]
+    # The admin API must answer on the container interface, not on its loopback only.
+    assert engine["environment"]["TWINSTREAM_BIND_HOST"] == "0.0.0.0"
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_engine_waits_for_zookeeper_and_the_topics(services, name):
+    depends_on = services[name]["depends_on"]
+    assert depends_on["zookeeper"]["condition"] == "service_healthy"
+    assert depends_on["kafka-init"]["condition"] == "service_completed_successfully"
+
+
+def test_engines_have_their_own_state_and_share_the_snapshots(config, services):
+    state_volumes = []
+    for name in ENGINES:
+        env = services[name]["environment"]
+        named = {
+            v["target"]: v["source"] for v in services[name]["volumes"] if v["type"] == "volume"
+        }
+        assert env["TWINSTREAM_STATE_DIR"] == "/opt/twinstream/state"
+        state_volumes.append(named[env["TWINSTREAM_STATE_DIR"]])
+        assert named["/opt/twinstream/snapshots"] == "snapshots"
+    assert state_volumes == [f"{name}-state" for name in ENGINES]
+    assert set(state_volumes) <= set(config["volumes"])
+    # Airflow sees the same snapshots, never an engine's state.
+    for name in AIRFLOW_SERVICES:
+        sources = {v["source"] for v in services[name]["volumes"] if v["type"] == "volume"}
+        assert "snapshots" in sources
+        assert not sources & set(state_volumes), name
+
+
+def test_engines_and_airflow_agree_on_the_engines(services):
+    for key in SHARED_ENGINE_SETTINGS:
+        values = {
+            name: services[name]["environment"].get(key) for name in [*ENGINES, *AIRFLOW_SERVICES]
+        }
+        assert None not in values.values(), (key, values)
+        assert len(set(values.values())) == 1, (key, values)
+    env = services[ENGINES[0]]["environment"]
+    assert env["TWINSTREAM_ENGINE_ADMIN_HOST"] == "engine-{id}"
+    assert env["TWINSTREAM_ADMIN_TOKEN"]
+    assert env["TWINSTREAM_ZK_PASSWORD"]
+    assert env["TWINSTREAM_ADMIN_TOKEN"] != env["TWINSTREAM_ZK_PASSWORD"]
+
+
+def test_engine_secrets_follow_the_environment(compose_binary):
+    overrides = {"TWINSTREAM_ADMIN_TOKEN": "tok-123", "TWINSTREAM_ZK_PASSWORD": "pw-456"}
+    services = rendered_config(compose_binary, env=overrides)["services"]
+    for name in [*ENGINES, *AIRFLOW_SERVICES]:
+        env = services[name]["environment"]
+        for key, value in overrides.items():
+            assert env[key] == value, (name, key)
+
+
+def test_engine_ids_and_ports_are_the_settings_defaults(services, no_twinstream_env):
+    defaults = load_settings()
+    assert defaults.engine_ids == ENGINE_IDS
+    for name in [*ENGINES, *AIRFLOW_SERVICES]:
+        env = services[name]["environment"]
+        assert env["TWINSTREAM_ENGINE_IDS"] == ",".join(defaults.engine_ids), name
+        assert env["TWINSTREAM_ENGINE_ADMIN_PORTS"] == ",".join(
+            str(port) for port in defaults.engine_admin_ports
+        ), name
+
+
+@pytest.mark.parametrize("name", [*ENGINES, "airflow-scheduler"])
+def test_settings_inside_a_container_find_every_engine(
+    services, name, monkeypatch, no_twinstream_env
+):
+    """Settings built from the service's own environment (plus the image's ENV) reach each
+    engine by its service name and port, and Kafka and ZooKeeper by theirs."""
+    for key, value in {**dockerfile_env(), **services[name]["environment"]}.items():
+        if key.startswith("TWINSTREAM_"):
+            monkeypatch.setenv(key, value)
+    settings = load_settings()
+    for index, engine_id in enumerate(settings.engine_ids):
+        engine = f"engine-{engine_id}"
+        assert engine in services
+        port = _engine_port(index)
+        assert settings.engine_admin_url(engine_id) == f"http://{engine}:{port}"
+        assert str(port) in services[engine]["healthcheck"]["test"][-1]
+    assert settings.bootstrap_servers == ",".join(f"{b}:19092" for b in BROKERS)
+    assert settings.zk_address == ("zookeeper", 2181)
+    assert settings.secret("admin_token") == services[name]["environment"]["TWINSTREAM_ADMIN_TOKEN"]
+    assert settings.secret("zk_password") == services[name]["environment"]["TWINSTREAM_ZK_PASSWORD"]
+    assert str(settings.jars_dir) == "/opt/twinstream/jars"
+    if name in ENGINES:
+        engine_id = name.removeprefix("engine-")
+        checkpoint = PurePosixPath(settings.engine_dir(engine_id)) / "checkpoint"
+        assert checkpoint.is_relative_to("/opt/twinstream/state")
 
 
 # -- the validation can fail --------------------------------------------------------------

@@ -74,9 +74,17 @@ def test_settings_round_trip_through_the_environment(tmp_path, monkeypatch):
 def test_supervisord_conf_parses_and_supervises_every_service(tmp_path):
     options = _parse_supervisord_conf(tmp_path, _settings(tmp_path))
     groups = {g.name: g for g in options.process_group_configs}
-    assert set(groups) == {"zookeeper", "kafka", "airflow"}
+    assert set(groups) == {"zookeeper", "kafka", "airflow", "engine-a", "engine-b"}
     programs = {p.name: p for g in groups.values() for p in g.process_configs}
-    assert set(programs) == {"zookeeper", "kafka-1", "kafka-2", "kafka-3", "airflow"}
+    assert set(programs) == {
+        "zookeeper",
+        "kafka-1",
+        "kafka-2",
+        "kafka-3",
+        "airflow",
+        "engine-a",
+        "engine-b",
+    }
     for program in programs.values():
         assert program.autorestart is not False
         assert program.stopasgroup
@@ -100,3 +108,15 @@ def test_a_quote_in_a_setting_is_refused_not_mangled(tmp_path):
     s = _settings(tmp_path / 'say"hi')
     with pytest.raises(ValueError, match="environment="):
         render.supervisord_conf(s, Layout.of(s), "/usr/bin")
+
+
+def test_each_engine_runs_under_supervision_with_its_id(tmp_path):
+    options = _parse_supervisord_conf(tmp_path, _settings(tmp_path))
+    programs = {p.name: p for g in options.process_group_configs for p in g.process_configs}
+    for engine_id in ("a", "b"):
+        engine = programs[f"engine-{engine_id}"]
+        argv = shlex.split(engine.command)
+        assert argv[1].endswith("spark_jobs/engine.py")
+        assert argv[-2:] == ["--engine-id", engine_id]
+        assert engine.autorestart is not False
+        assert engine.environment["PYSPARK_PYTHON"] == argv[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -138,6 +139,9 @@ def probe(
         return health.kafka_node(settings, int(name.split("-")[1]), registered)
     if name == "airflow":
         return health.airflow(settings, since=info.start if info else 0.0)
+    if name.startswith("engine-"):
+        ok, detail, _role = health.engine(settings, name.removeprefix("engine-"))
+        return ok, detail
     if info is None:
         return False, "not configured"
     return info.state == "RUNNING", info.description
@@ -212,6 +216,7 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
                 settings.airflow_port,
                 *settings.kafka_ports,
                 *settings.kafka_controller_ports,
+                *settings.engine_admin_ports,
             )
             if port_in_use(settings.bind_host, p)
         ]
@@ -220,12 +225,15 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
                 f"ports {busy} on {settings.bind_host} are taken by another process and this stack "
                 f"(state in {layout.root}) is not running: stop that process or choose other ports "
                 "(TWINSTREAM_ZK_PORT, TWINSTREAM_KAFKA_PORTS, TWINSTREAM_KAFKA_CONTROLLER_PORTS, "
-                "TWINSTREAM_AIRFLOW_PORT)"
+                "TWINSTREAM_AIRFLOW_PORT, TWINSTREAM_ENGINE_ADMIN_PORTS)"
             )
 
     for directory in (layout.logs, layout.supervisor_dir, layout.airflow_home):
         directory.mkdir(parents=True, exist_ok=True)
     report.config_changes = _render_files(settings, layout)
+    for secret in ("admin-token", "zk-password"):
+        if ensure_secret(layout.root / secret):
+            report.config_changes.append(secret)
     report.formatted_nodes = _format_kafka_storage(settings, layout, echo)
 
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
@@ -258,11 +266,43 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
     report.topics = ensure_topics(admin, topic_specs(settings))
     for change in report.topics:
         echo(f"  topic {change}")
-    wait_until_healthy(settings, layout, supervisor, echo, ["airflow"])
+    engines = [f"engine-{e}" for e in settings.engine_ids]
+    wait_until_healthy(settings, layout, supervisor, echo, ["airflow", *engines])
+    if engines:
+        wait_for_one_active(settings, echo)
     echo("")
     echo(summary(settings, supervisor.processes()))
     echo("" if report.changed else "nothing changed: the stack was already up as configured")
     return report
+
+
+def ensure_secret(path: Path) -> bool:
+    """Write a random secret (owner-only) unless one exists. Returns True when written."""
+    if path.exists():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(32) + "\n")
+    return True
+
+
+def engine_roles(settings: Settings) -> dict[str, str]:
+    return {e: health.engine(settings, e)[2] for e in settings.engine_ids}
+
+
+def wait_for_one_active(settings: Settings, echo: Echo, timeout_s: float = 60.0) -> str:
+    """The election settles on exactly one active engine; returns its id."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        roles = engine_roles(settings)
+        active = [e for e, role in roles.items() if role == "active"]
+        if len(active) == 1:
+            echo(f"  election settled: engine {active[0]} active, roles {roles}")
+            return active[0]
+        if time.monotonic() > deadline:
+            raise StackError(f"no single active engine after {timeout_s:.0f}s: roles {roles}")
+        time.sleep(0.5)
 
 
 def _wait_for_supervisor(supervisor: Supervisor, timeout_s: float = 30.0) -> None:
@@ -282,6 +322,10 @@ def summary(settings: Settings, processes: list[ProcessInfo]) -> str:
         "zookeeper": f"{settings.zk_hosts} (tickTime {settings.zk_tick_ms} ms)",
         "airflow": f"{settings.airflow_url}  admin password: {layout.airflow_password_file}",
     }
+    for engine_id in settings.engine_ids:
+        where[f"engine-{engine_id}"] = (
+            f"{settings.engine_admin_url(engine_id)}/docs  token: {layout.root / 'admin-token'}"
+        )
     ports = zip(settings.kafka_ports, settings.kafka_controller_ports, strict=True)
     for node_id, (port, controller) in enumerate(ports, start=1):
         where[f"kafka-{node_id}"] = f"{settings.bind_host}:{port} (controller :{controller})"

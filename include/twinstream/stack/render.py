@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from twinstream.config import Settings
+from twinstream.config import REPO_ROOT, Settings
 from twinstream.stack.layout import Layout
 
 ZOOKEEPER_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -213,6 +213,24 @@ def programs(settings: Settings, layout: Layout) -> list[Program]:
                 priority=20,
                 environment=env,
                 # A controller flushes and hands over leadership on SIGTERM; give it time.
+                stopwaitsecs=60,
+            )
+        )
+    for engine_id in settings.engine_ids:
+        result.append(
+            Program(
+                name=f"engine-{engine_id}",
+                command=[
+                    sys.executable,
+                    str(REPO_ROOT / "spark_jobs" / "engine.py"),
+                    "--engine-id",
+                    engine_id,
+                ],
+                priority=40,
+                # Spark's Python workers must run the virtualenv's interpreter.
+                environment={**env, "PYSPARK_PYTHON": sys.executable},
+                startsecs=10,
+                # SIGTERM: leave the election (a standby takes over), then stop the query.
                 stopwaitsecs=60,
             )
         )

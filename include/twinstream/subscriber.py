@@ -1,0 +1,80 @@
+"""Reading the outbound and dead-letter topics as a subscriber does: read_committed."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from twinstream.config import Settings
+from twinstream.kafka import consumer_config
+from twinstream.outbound import MSG_ID_HEADER, header
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    offset: int
+    key: str | None
+    value: str
+    msg_id: int | None
+    engine_id: str | None
+    epoch: int | None
+    timestamp_ms: int
+
+
+def read_committed(
+    settings: Settings,
+    topic: str,
+    start_offset: int = 0,
+    idle_timeout_s: float = 5.0,
+    max_records: int | None = None,
+    follow: bool = False,
+) -> Iterator[Record]:
+    """Committed records of a one-partition topic from `start_offset`. Stops at the end of
+    the partition (or, with `follow`, after `idle_timeout_s` without a record)."""
+    consumer = Consumer(
+        consumer_config(
+            settings, f"twinstream-subscribe-{uuid.uuid4()}", **{"enable.partition.eof": True}
+        )
+    )
+    seen = 0
+    try:
+        consumer.assign([TopicPartition(topic, 0, start_offset)])
+        idle_since = time.monotonic()
+        while max_records is None or seen < max_records:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                if time.monotonic() - idle_since > idle_timeout_s:
+                    return
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    if not follow:
+                        return
+                    continue
+                raise KafkaException(error)
+            idle_since = time.monotonic()
+            headers = msg.headers()
+            msg_id, engine, epoch = (
+                header(headers, h) for h in (MSG_ID_HEADER, "engine_id", "epoch")
+            )
+            key = msg.key()
+            value = msg.value()
+            seen += 1
+            yield Record(
+                topic=topic,
+                offset=msg.offset() or 0,
+                key=key.decode() if isinstance(key, bytes) else key,
+                value=value.decode() if isinstance(value, bytes) else str(value),
+                msg_id=int(msg_id) if msg_id is not None else None,
+                engine_id=engine,
+                epoch=int(epoch) if epoch is not None else None,
+                timestamp_ms=msg.timestamp()[1],
+            )
+    finally:
+        consumer.close()
