@@ -32,7 +32,7 @@ def synthetic(
 ) -> Iterator[bytes]:
     """`count` records; event time advances 10 ms per record from `start`. With
     `broken_every=N`, every Nth record is broken, cycling through BROKEN_KINDS."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - reproducible test data, not secrets
     start = start or datetime(2026, 1, 1, tzinfo=UTC)
     broken = 0
     for i in range(count):
@@ -110,7 +110,10 @@ class Progress:
     def line(self, total: int | None, now: float) -> str:
         rate = self.acked / max(now - self.started, 1e-9)
         of = f"/{total}" if total is not None else ""
-        return f"published {self.acked}{of} acked ({self.sent} sent, {self.failed} failed), {rate:,.0f}/s"
+        return (
+            f"published {self.acked}{of} acked ({self.sent} sent, {self.failed} failed), "
+            f"{rate:,.0f}/s"
+        )
 
 
 def publish(

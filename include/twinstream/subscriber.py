@@ -19,11 +19,15 @@ class Record:
     topic: str
     offset: int
     key: str | None
-    value: str
+    raw: bytes
     msg_id: int | None
     engine_id: str | None
     epoch: int | None
     timestamp_ms: int
+
+    @property
+    def value(self) -> str:
+        return self.raw.decode("utf-8", errors="replace")
 
 
 def read_committed(
@@ -70,7 +74,7 @@ def read_committed(
                 topic=topic,
                 offset=msg.offset() or 0,
                 key=key.decode() if isinstance(key, bytes) else key,
-                value=value.decode() if isinstance(value, bytes) else str(value),
+                raw=value if isinstance(value, bytes) else b"",
                 msg_id=int(msg_id) if msg_id is not None else None,
                 engine_id=engine,
                 epoch=int(epoch) if epoch is not None else None,

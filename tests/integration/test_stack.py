@@ -181,6 +181,36 @@ def test_airflow_answers_and_loads_the_dags_without_import_errors(stack, setting
     assert errors.json()["total_entries"] == 0, errors.json()
 
 
+def test_after_up_one_engine_is_active_and_the_other_standby(stack, settings):
+    roles = core.engine_roles(settings)
+    assert sorted(roles.values()) == ["active", "standby"], roles
+    supervisor = Supervisor(Layout.of(settings))
+    for engine_id in settings.engine_ids:
+        assert supervisor.process(f"engine-{engine_id}").state == "RUNNING"
+
+
+def test_the_engines_admin_api_rejects_a_missing_or_wrong_token(stack, settings):
+    token = (Layout.of(settings).root / "admin-token").read_text().strip()
+    assert oct((Layout.of(settings).root / "admin-token").stat().st_mode & 0o777) == "0o600"
+    for engine_id in settings.engine_ids:
+        url = settings.engine_admin_url(engine_id)
+        assert httpx.get(f"{url}/healthz", timeout=5).json() == {"ok": True}
+        for method, path in [
+            ("GET", "/server"),
+            ("GET", "/pipeline"),
+            ("GET", "/metrics"),
+            ("POST", "/pipeline/stop"),
+            ("POST", "/pipeline/start"),
+        ]:
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                response = httpx.request(method, f"{url}{path}", headers=headers, timeout=5)
+                assert response.status_code == 401, (engine_id, method, path, headers)
+                assert "bearer token" in response.json()["reason"]
+        good = httpx.get(f"{url}/server", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        assert good.json()["engine_id"] == engine_id
+        assert "/pipeline/stop" in httpx.get(f"{url}/openapi.json", timeout=5).json()["paths"]
+
+
 def test_a_second_up_changes_nothing(stack, settings):
     pids_before = {p.name: p.pid for p in Supervisor(Layout.of(settings)).processes()}
     report = core.up(settings, echo=lambda _line: None)

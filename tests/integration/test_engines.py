@@ -1,0 +1,240 @@
+"""Hot-standby engines on real ZooKeeper, Kafka and Spark: failover with no gap and no
+duplicate, zombie fencing, buffer coverage, bad input, a ZooKeeper restart.
+
+Each test runs a pipeline of its own (topics, election path, transactional id) with engine
+processes it starts and stops by pid.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.engines import Pipeline, audit, ranges, wait_for
+from twinstream.publisher import BROKEN_KINDS
+from twinstream.stack import core, health
+from twinstream.stack.layout import Layout
+from twinstream.stack.supervisor import Supervisor
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quiet_stack_engines(stack, settings) -> Iterator[None]:
+    """The stack's own engines idle on another pipeline; stopping them leaves the two
+    cores to the engines under test. They are started again for the tests after these."""
+    supervisor = Supervisor(Layout.of(settings))
+    for engine_id in settings.engine_ids:
+        supervisor.stop(f"engine-{engine_id}")
+    yield
+    for engine_id in settings.engine_ids:
+        supervisor.start(f"engine-{engine_id}")
+    core.wait_for_one_active(settings, echo=lambda _line: None, timeout_s=120)
+
+
+@pytest.fixture
+def pipeline(stack_env, tmp_path) -> Iterator[Pipeline]:
+    p = Pipeline(stack_env, tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop_all()
+
+
+def _published(engine) -> int:
+    value = engine.get("/pipeline")["last_msg_id_published"]
+    return -1 if value is None else int(value)
+
+
+def _processed(engine) -> int:
+    value = engine.get("/pipeline")["last_msg_id_processed"]
+    return -1 if value is None else int(value)
+
+
+def _start_pair(pipeline: Pipeline, active_env=None, standby_env=None):
+    """Start `a`, wait until it is active, then start `b` as its standby."""
+    a = pipeline.start("a", **(active_env or {}))
+    pipeline.wait_running(a)
+    wait_for(lambda: a.role() == "active", 30, "engine a active")
+    b = pipeline.start("b", **(standby_env or {}))
+    pipeline.wait_running(b)
+    assert b.role() == "standby"
+    return a, b
+
+
+def _assert_exactly_once_and_as_reference(pipeline: Pipeline, total: int):
+    outputs = pipeline.outputs()
+    result = audit(outputs, total)
+    assert ranges(result.missing) == []
+    assert ranges(result.duplicated) == []
+    expected = pipeline.reference()
+    assert len(expected) == total
+    for record in outputs:
+        assert record.msg_id is not None, f"{record.topic}@{record.offset} has no msg_id header"
+        want = expected[record.msg_id]
+        topic = (
+            pipeline.settings.outbound_topic if want.kind == "out" else pipeline.settings.dlq_topic
+        )
+        assert (record.topic, record.key, record.value) == (topic, want.key, want.value)
+    return outputs
+
+
+def test_kill_9_of_the_active_under_load_loses_and_repeats_nothing(pipeline):
+    a, b = _start_pair(pipeline)
+    total = 15_000
+    load = pipeline.load(total, rate=1000, broken_every=97)
+    wait_for(lambda: _published(a) >= 4000, 60, "the active publishing under load")
+    a.kill9()
+    killed = time.monotonic()
+    wait_for(lambda: b.role() == "active", 15, "the standby taking over")
+    takeover_s = time.monotonic() - killed
+    pipeline.join_load(load)
+    pipeline.wait_published(total - 1)
+
+    outputs = _assert_exactly_once_and_as_reference(pipeline, total)
+    by_engine = {r.engine_id for r in outputs}
+    assert by_engine == {"a", "b"}, "both engines must have published: before and after the kill"
+    assert takeover_s < 5, f"takeover took {takeover_s:.1f}s"
+
+
+def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline):
+    a, b = _start_pair(pipeline)
+    total = 12_000
+    load = pipeline.load(total, rate=1000)
+    wait_for(lambda: _published(a) >= 3000, 60, "the active publishing under load")
+    a.proc.send_signal(signal.SIGSTOP)
+    try:
+        # Longer than the 1 s session: the standby only wins once a's session has expired.
+        wait_for(lambda: b.role() == "active", 20, "the standby taking over from the zombie")
+        new_epoch = b.get("/server")["epoch"]
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: a.role() == "standby", 30, "the ex-active stepping down")
+    pipeline.join_load(load)
+    pipeline.wait_published(total - 1)
+
+    outputs = pipeline.outputs()
+    result = audit(outputs, total)
+    assert ranges(result.missing) == []
+    assert ranges(result.duplicated) == []
+    for topic in (pipeline.settings.outbound_topic, pipeline.settings.dlq_topic):
+        in_order = sorted((r for r in outputs if r.topic == topic), key=lambda r: r.offset)
+        first_new = next(
+            (i for i, r in enumerate(in_order) if r.epoch is not None and r.epoch >= new_epoch),
+            len(in_order),
+        )
+        late = [r.msg_id for r in in_order[first_new:] if r.engine_id == "a"]
+        assert late == [], f"the fenced ex-active committed msg_ids {late[:5]} into {topic}"
+    assert a.get("/server")["epoch"] < new_epoch or a.role() != "active"
+
+
+@pytest.mark.parametrize(
+    ("case", "active_env", "standby_env"),
+    [
+        # The standby computes far more often than the active publishes: it is ahead.
+        (
+            "ahead",
+            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "3000"},
+            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100"},
+        ),
+        # The standby lags the active: it publishes nothing it has not yet recomputed.
+        (
+            "behind",
+            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100"},
+            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "4000"},
+        ),
+    ],
+)
+def test_takeover_by_a_standby_ahead_or_behind_is_gapless(pipeline, case, active_env, standby_env):
+    a, b = _start_pair(pipeline, active_env, standby_env)
+    total = 12_000
+    load = pipeline.load(total, rate=1000)
+    wait_for(lambda: _published(a) >= 2000, 60, "the active publishing under load")
+    if case == "ahead":
+        wait_for(lambda: _processed(b) > _published(a) + 200, 60, "the standby ahead of the active")
+    else:
+        wait_for(lambda: _processed(b) < _published(a) - 200, 60, "the standby behind the active")
+    a.kill9()
+    wait_for(lambda: b.role() == "active", 15, "the standby taking over")
+    pipeline.join_load(load)
+    pipeline.wait_published(total - 1)
+    _assert_exactly_once_and_as_reference(pipeline, total)
+    assert b.get("/pipeline")["uncovered_ranges"] == []
+
+
+def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline):
+    a, b = _start_pair(
+        pipeline,
+        {"TWINSTREAM_TRIGGER_INTERVAL_MS": "4000"},
+        {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100", "TWINSTREAM_NUM_BUFFERED_MSGS": "30"},
+    )
+    total = 10_000
+    load = pipeline.load(total, rate=1000)
+    wait_for(lambda: _published(a) >= 2000, 60, "the active publishing under load")
+    wait_for(lambda: _processed(b) > _published(a) + 300, 60, "the standby far ahead of the active")
+    a.kill9()
+    wait_for(lambda: b.role() == "active", 15, "the standby taking over")
+    pipeline.join_load(load)
+    pipeline.wait_published(total - 1)
+
+    outputs = pipeline.outputs()
+    last_old = max(r.msg_id for r in outputs if r.engine_id == "a")
+    first_new = min(r.msg_id for r in outputs if r.engine_id == "b")
+    result = audit(outputs, total)
+    assert ranges(result.duplicated) == []
+    assert ranges(result.missing) == [(last_old + 1, first_new - 1)]
+    assert first_new - 1 - last_old > 30 - 1
+    reported = b.get("/pipeline")["uncovered_ranges"]
+    assert reported == [[last_old + 1, first_new - 1]]
+    metrics = b.get_text("/metrics")
+    labels = f'engine="b",pipeline="{pipeline.name}"'
+    uncovered = float(first_new - 1 - last_old)
+    assert f"twinstream_uncovered_msgs_total{{{labels}}} {uncovered}" in metrics
+    assert "UNCOVERED msg_id" in b.log_path.read_text()
+
+
+def test_bad_input_of_every_kind_goes_to_the_dead_letter_topic_without_a_restart(pipeline):
+    a, b = _start_pair(pipeline)
+    pids = {a.pid, b.pid}
+    total = 5_000
+    # Every 20th record broken, cycling through the five kinds: 1 in 100 of each.
+    pipeline.join_load(pipeline.load(total, rate=1000, broken_every=20))
+    pipeline.wait_published(total - 1)
+
+    outputs = _assert_exactly_once_and_as_reference(pipeline, total)
+    dead = {r.msg_id: r for r in outputs if r.topic == pipeline.settings.dlq_topic}
+    expected_dead = {
+        i: BROKEN_KINDS[((i + 1) // 20 - 1) % len(BROKEN_KINDS)] for i in range(19, total, 20)
+    }
+    assert set(dead) == set(expected_dead)
+    for msg_id, kind in expected_dead.items():
+        value = json.loads(dead[msg_id].value)
+        assert value["msg_id"] == msg_id
+        assert value["reason"].startswith(kind), (msg_id, value["reason"])
+    assert {e.pid for e in (a, b) if e.proc.poll() is None} == pids
+    assert {e.get("/pipeline")["state"] for e in (a, b)} == {"running"}
+
+
+def test_a_zookeeper_restart_under_load_keeps_one_active_and_no_gap(pipeline, settings):
+    a, b = _start_pair(pipeline)
+    supervisor = Supervisor(Layout.of(settings))
+    total = 12_000
+    load = pipeline.load(total, rate=1000)
+    wait_for(lambda: _published(a) >= 2000, 60, "the active publishing under load")
+    supervisor.stop("zookeeper")
+    try:
+        wait_for(lambda: not health.zookeeper(settings)[0], 10, "ZooKeeper down")
+        outage_end = time.monotonic() + 3
+        wait_for(lambda: time.monotonic() >= outage_end, 10, "a 3 s ZooKeeper outage")
+    finally:
+        supervisor.start("zookeeper")
+    wait_for(lambda: health.zookeeper(settings)[0], 30, "ZooKeeper back")
+    pipeline.join_load(load)
+    pipeline.wait_published(total - 1, timeout_s=180)
+    _assert_exactly_once_and_as_reference(pipeline, total)
+    roles = sorted(e.role() or "none" for e in (a, b))
+    assert roles == ["active", "standby"]
