@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     trigger_interval_ms: int = Field(default=250, ge=0)
     # Bounds a catch-up batch, so a standby that replays a backlog still reaches takeover
     # readiness batch by batch rather than in one long batch.
-    max_offsets_per_trigger: int = Field(default=20_000, ge=1)
+    max_offsets_per_trigger: int = Field(default=5_000, ge=1)
     # A standby whose lag (inbound high watermark - next msg_id) is at most this is in sync.
     in_sync_lag: int = Field(default=1000, ge=0)
     engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")

@@ -15,6 +15,7 @@ read nor delete them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -22,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException
-from kazoo.security import make_digest_acl
+from kazoo.exceptions import KazooException, NodeExistsError
+from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions, make_digest_acl
 
 from twinstream.config import Settings
 
@@ -44,6 +45,16 @@ def zk_client(settings: Settings, **overrides: Any) -> KazooClient:
     )
 
 
+ROOT = "/twinstream"
+
+
+def root_acl(settings: Settings) -> list[ACL]:
+    """/twinstream is shared by every pipeline (each with its own credentials): anyone may
+    list it and create a pipeline under it, nobody but its creator may delete from it."""
+    owner = make_digest_acl(settings.zk_user, settings.secret("zk_password"), all=True)
+    return [owner, ACL(Permissions.READ | Permissions.CREATE, ANYONE_ID_UNSAFE)]
+
+
 class Election:
     def __init__(
         self,
@@ -55,7 +66,9 @@ class Election:
         on_step_down: Callable[[str], None],
         on_connection: Callable[[bool], None],
         sleep: Callable[[float], None] = time.sleep,
+        root_acl: list[ACL] | None = None,
     ) -> None:
+        self._root_acl = root_acl
         self._client = client
         self._path = path
         self._epoch_path = epoch_path
@@ -92,6 +105,9 @@ class Election:
         if self._client.state != KazooState.CONNECTED:
             self._client.start(timeout=30)
         self.zk_state = str(self._client.state)
+        if self._root_acl is not None and not self._client.exists(ROOT):
+            with contextlib.suppress(NodeExistsError):
+                self._client.create(ROOT, acl=self._root_acl)
         self._thread = threading.Thread(target=self._run, name=f"election-{self._identifier}")
         self._thread.daemon = True
         self._thread.start()
@@ -120,7 +136,7 @@ class Election:
                 self._election = self._client.Election(self._path, self._identifier)
                 self._election.run(self._lead)
             except KazooException as exc:
-                log.warning("election %s: %s; entering again", self._identifier, exc)
+                log.warning("election %s: %r; entering again", self._identifier, exc)
             except Exception:
                 log.exception("election %s failed; entering again", self._identifier)
             if not self._stop.is_set():

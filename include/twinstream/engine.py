@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 import twinstream
 from twinstream.admin_api import Conflict, PipelineInfo, ServerInfo
 from twinstream.config import Settings
-from twinstream.election import Election, zk_client
+from twinstream.election import Election, root_acl, zk_client
 from twinstream.gate import Gate
 from twinstream.kafka import consumer_config
 from twinstream.metrics import EngineMetrics
@@ -45,6 +45,7 @@ class Engine:
             on_elected=self._take_over,
             on_step_down=self._stepped_down,
             on_connection=self.gate.zk_connected,
+            root_acl=root_acl(settings),
         )
         self._lock = threading.RLock()
         self._spark: SparkSession | None = None

@@ -95,6 +95,9 @@ class Gate:
         self._last_processed: int | None = None
         self._last_published: int | None = None
         self._uncovered: list[tuple[int, int]] = []
+        # While active: rows whose commit failed or was held (SUSPENDED), kept even if the
+        # ring has dropped them, until they are published.
+        self._held: list[Output] = []
 
     # -- what the streaming query calls -------------------------------------------------
 
@@ -112,11 +115,14 @@ class Gate:
                     batch_id,
                     len(rows) - len(fresh),
                 )
+            # The batch may be larger than the buffer: what the active publishes is taken
+            # before the ring drops anything.
+            pending = self._pending(fresh)
             self._buffer.extend(fresh)
             if fresh:
                 self._last_processed = fresh[-1].msg_id
             self._metrics.processed(len(fresh))
-            return self._publish_pending(batch_id)
+            return self._publish(pending, batch_id)
 
     # -- what the election and ZooKeeper state listener call ----------------------------
 
@@ -158,7 +164,7 @@ class Gate:
                 self._buffer[0].msg_id if self._buffer else None,
                 self._buffer[-1].msg_id if self._buffer else None,
             )
-            return self._publish_pending(None)
+            return self._publish(self._pending([]), None)
 
     def step_down(self, reason: str, rejoin: bool = True) -> None:
         with self._lock:
@@ -166,6 +172,7 @@ class Gate:
             if self._publisher is not None:
                 self._publisher.close()
                 self._publisher = None
+            self._held = []
             self._set_role("standby" if rejoin else "none")
             if was == "active":
                 log.warning(
@@ -182,7 +189,7 @@ class Gate:
         with self._lock:
             self._zk_connected = connected
             if connected and self._role == "active":
-                self._publish_pending(None)
+                self._publish(self._pending([]), None)
 
     # -- status -------------------------------------------------------------------------
 
@@ -213,21 +220,33 @@ class Gate:
         self._role = role
         self._metrics.role(role)
 
-    def _publish_pending(self, batch_id: int | None) -> int:
+    def _pending(self, fresh: list[Output]) -> list[Output]:
+        """Rows above the last published msg_id, in order: those held back by a failed or
+        suspended commit, the buffered ones, and the new batch's."""
+        last = self._last_published
+        merged = {
+            r.msg_id: r
+            for r in (*self._held, *self._buffer, *fresh)
+            if last is None or r.msg_id > last
+        }
+        return [merged[msg_id] for msg_id in sorted(merged)]
+
+    def _publish(self, rows: list[Output], batch_id: int | None) -> int:
         if self._role != "active" or self._publisher is None:
             return 0
+        if not rows:
+            return 0
         if not self._zk_connected:
+            self._held = rows
             log.warning(
-                "engine %s pipeline %s: ZooKeeper session suspended; holding batch %s",
+                "engine %s pipeline %s: ZooKeeper session suspended; holding msg_id %s..%s",
                 self.engine_id,
                 self.pipeline,
-                batch_id,
+                rows[0].msg_id,
+                rows[-1].msg_id,
             )
             return 0
         last = self._last_published
-        rows = [r for r in self._buffer if last is None or r.msg_id > last]
-        if not rows:
-            return 0
         expected = 0 if last is None else last + 1
         if rows[0].msg_id > expected:
             self._report_uncovered(expected, rows[0].msg_id - 1)
@@ -254,9 +273,21 @@ class Gate:
                 rows[-1].msg_id,
                 exc,
             )
+            self._held = rows
             return 0
+        self._held = []
         self._last_published = rows[-1].msg_id
         self._metrics.published(len(rows))
+        log.info(
+            "engine %s pipeline %s: batch %s: published msg_id %s..%s (%s rows) at epoch %s",
+            self.engine_id,
+            self.pipeline,
+            batch_id,
+            rows[0].msg_id,
+            rows[-1].msg_id,
+            len(rows),
+            self._epoch,
+        )
         return len(rows)
 
     def _report_uncovered(self, first: int, last: int) -> None:

@@ -140,3 +140,21 @@ def test_stepping_down_stops_publishing():
     gate.on_batch(0, rows(0))
     assert publisher.transactions == []
     assert gate.status().role == "standby"
+
+
+def test_a_batch_larger_than_the_buffer_is_published_whole_by_the_active():
+    gate, publisher = active_gate(buffer=3)
+    gate.on_batch(0, rows(*range(10)))
+    assert publisher.transactions == [(list(range(10)), 7)]
+    assert [r.msg_id for r in gate.buffered()] == [7, 8, 9]
+
+
+def test_rows_held_by_a_failed_commit_survive_the_ring_until_published():
+    publisher = FakePublisher(fail=TransientPublishError("timeout"))
+    gate, _ = active_gate(buffer=3, publisher=publisher)
+    gate.on_batch(0, rows(*range(5)))
+    gate.on_batch(1, rows(5, 6))
+    publisher.fail = None
+    gate.on_batch(2, rows(7))
+    assert publisher.transactions == [(list(range(8)), 7)]
+    assert gate.status().uncovered_ranges == []
