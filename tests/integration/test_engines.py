@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.engines import Pipeline, audit, ranges, wait_for
+from twinstream.harness import Pipeline, audit, ranges, wait_for
 from twinstream.publisher import BROKEN_KINDS
 from twinstream.stack import core, health
 from twinstream.stack.layout import Layout
@@ -151,7 +151,8 @@ def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline):
 )
 def test_takeover_by_a_standby_ahead_or_behind_is_gapless(pipeline, case, active_env, standby_env):
     a, b = _start_pair(pipeline, active_env, standby_env)
-    total = 12_000
+    # Long enough that the engines' different rhythms open a lead or a lag under load.
+    total = 30_000
     load = pipeline.load(total, rate=1000)
     wait_for(lambda: _published(a) >= 2000, 60, "the active publishing under load")
     if case == "ahead":
@@ -169,10 +170,10 @@ def test_takeover_by_a_standby_ahead_or_behind_is_gapless(pipeline, case, active
 def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline):
     a, b = _start_pair(
         pipeline,
-        {"TWINSTREAM_TRIGGER_INTERVAL_MS": "4000"},
+        {"TWINSTREAM_TRIGGER_INTERVAL_MS": "8000"},
         {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100", "TWINSTREAM_NUM_BUFFERED_MSGS": "30"},
     )
-    total = 10_000
+    total = 30_000
     load = pipeline.load(total, rate=1000)
     wait_for(lambda: _published(a) >= 2000, 60, "the active publishing under load")
     wait_for(lambda: _processed(b) > _published(a) + 300, 60, "the standby far ahead of the active")

@@ -211,6 +211,34 @@ def test_the_engines_admin_api_rejects_a_missing_or_wrong_token(stack, settings)
         assert "/pipeline/stop" in httpx.get(f"{url}/openapi.json", timeout=5).json()["paths"]
 
 
+def test_election_znodes_are_closed_to_clients_without_the_pipelines_credentials(stack, settings):
+    from kazoo.exceptions import NoAuthError
+
+    from twinstream.election import zk_client
+
+    path = settings.election_path
+    stranger = KazooClient(hosts=settings.zk_hosts)
+    stranger.start(timeout=10)
+    owner = zk_client(settings)
+    owner.start(timeout=10)
+    try:
+        contenders = owner.get_children(path)
+        assert len(contenders) == 2
+        with pytest.raises(NoAuthError):
+            stranger.get_children(path)
+        with pytest.raises(NoAuthError):
+            stranger.get(f"{path}/{contenders[0]}")
+        with pytest.raises(NoAuthError):
+            stranger.delete(f"{path}/{contenders[0]}")
+        with pytest.raises(NoAuthError):
+            stranger.set(settings.epoch_path, b"0")
+        assert owner.exists(f"{path}/{contenders[0]}") is not None
+    finally:
+        for client in (stranger, owner):
+            client.stop()
+            client.close()
+
+
 def test_a_second_up_changes_nothing(stack, settings):
     pids_before = {p.name: p.pid for p in Supervisor(Layout.of(settings)).processes()}
     report = core.up(settings, echo=lambda _line: None)

@@ -1,0 +1,291 @@
+"""Drive engines for tests, benchmarks and drills: a private pipeline (its own topics,
+election path and transactional id) on a running stack, engine processes started and
+stopped by pid, steady load, and the exactly-once audit of the outbound topics."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from confluent_kafka.admin import AdminClient
+
+from twinstream.config import REPO_ROOT, Settings, load_settings
+from twinstream.hostmetrics import Output, reference
+from twinstream.kafka import admin_config, ensure_topics, topic_specs
+from twinstream.publisher import publish, synthetic
+from twinstream.subscriber import Record, read_committed
+
+
+def wait_for(
+    condition: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.2
+) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(every_s)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class EngineProcess:
+    engine_id: str
+    url: str
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+    token: str
+    tree: set[int] = field(default_factory=set)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def get(self, path: str) -> dict[str, Any]:
+        response = httpx.get(
+            f"{self.url}{path}", headers={"Authorization": f"Bearer {self.token}"}, timeout=5
+        )
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def get_text(self, path: str) -> str:
+        response = httpx.get(
+            f"{self.url}{path}", headers={"Authorization": f"Bearer {self.token}"}, timeout=5
+        )
+        response.raise_for_status()
+        return response.text
+
+    def try_get(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self.get(path)
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def role(self) -> str | None:
+        server = self.try_get("/server")
+        return server["role"] if server else None
+
+    def remember_tree(self) -> None:
+        """Spark's JVM is a child: note it so that stop() can make sure it is gone."""
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self.tree |= {p.pid for p in psutil.Process(self.pid).children(recursive=True)}
+        self.tree.add(self.pid)
+
+    def kill9(self) -> None:
+        self.remember_tree()
+        os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        self.remember_tree()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        for pid in self.tree:
+            while psutil.pid_exists(pid) and time.monotonic() < deadline:
+                try:
+                    if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                        break
+                except psutil.NoSuchProcess:
+                    break
+                time.sleep(0.2)
+            if psutil.pid_exists(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+class Load(threading.Thread):
+    def __init__(
+        self, settings: Settings, records: Iterable[bytes], rate: float, name: str
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.settings = settings
+        self.records = records
+        self.rate = rate
+        self.errors: list[BaseException] = []
+        self.start()
+
+    def run(self) -> None:
+        try:
+            publish(self.settings, self.records, rate=self.rate)
+        except BaseException as exc:  # reported by Pipeline.join_load
+            self.errors.append(exc)
+
+
+class Pipeline:
+    """A pipeline of its own on the shared stack, with engines the test controls."""
+
+    def __init__(
+        self, base_env: dict[str, str], workdir: Path, engine_ids: tuple[str, ...] = ("a", "b")
+    ) -> None:
+        self.name = f"t{uuid.uuid4().hex[:8]}"
+        self.workdir = workdir
+        self.ports = {e: free_port() for e in engine_ids}
+        self.env = {
+            **base_env,
+            "TWINSTREAM_PIPELINE": self.name,
+            "TWINSTREAM_INBOUND_TOPIC": f"{self.name}.in",
+            "TWINSTREAM_OUTBOUND_TOPIC": f"{self.name}.out",
+            "TWINSTREAM_DLQ_TOPIC": f"{self.name}.dlq",
+            "TWINSTREAM_ENGINE_IDS": ",".join(engine_ids),
+            "TWINSTREAM_ENGINE_ADMIN_PORTS": ",".join(str(self.ports[e]) for e in engine_ids),
+            "TWINSTREAM_STATE_DIR": str(workdir),
+            # Secrets of this pipeline only: its znodes are closed to every other client.
+            "TWINSTREAM_ADMIN_TOKEN": secrets.token_urlsafe(16),
+            "TWINSTREAM_ZK_PASSWORD": secrets.token_urlsafe(16),
+            "TWINSTREAM_MAX_RECORD_BYTES": "4096",
+            "PYSPARK_PYTHON": sys.executable,
+        }
+        self.settings = self._settings()
+        ensure_topics(AdminClient(admin_config(self.settings)), topic_specs(self.settings))
+        self.engines: dict[str, EngineProcess] = {}
+
+    def _settings(self, **extra: str) -> Settings:
+        saved = dict(os.environ)
+        try:
+            os.environ.update({**self.env, **extra})
+            return load_settings()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def start(self, engine_id: str, **env: str) -> EngineProcess:
+        log_path = self.workdir / f"engine-{engine_id}-{len(self.engines)}.log"
+        environment = {**os.environ, **self.env, **env}
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(REPO_ROOT / "spark_jobs" / "engine.py"),
+                    "--engine-id",
+                    engine_id,
+                ],
+                env=environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        url = f"http://127.0.0.1:{self.ports[engine_id]}"
+        engine = EngineProcess(engine_id, url, log_path, proc, self.env["TWINSTREAM_ADMIN_TOKEN"])
+        self.engines[engine_id] = engine
+        return engine
+
+    def wait_running(self, *engines: EngineProcess, timeout_s: float = 120) -> None:
+        for engine in engines:
+
+            def ready(e: EngineProcess = engine) -> bool:
+                if e.proc.poll() is not None:
+                    raise AssertionError(f"engine {e.engine_id} exited; see {e.log_path}")
+                info = e.try_get("/pipeline")
+                return bool(
+                    info and info["state"] == "running" and e.role() in ("active", "standby")
+                )
+
+            wait_for(ready, timeout_s, f"engine {engine.engine_id} running")
+            engine.remember_tree()
+
+    def active(self) -> EngineProcess | None:
+        actives = [
+            e for e in self.engines.values() if e.proc.poll() is None and e.role() == "active"
+        ]
+        assert len(actives) <= 1, f"two actives: {[e.engine_id for e in actives]}"
+        return actives[0] if actives else None
+
+    def stop_all(self) -> None:
+        for engine in self.engines.values():
+            engine.stop()
+
+    def load(self, count: int, rate: float, **kwargs: Any) -> Load:
+        """Publish `count` synthetic records at `rate`/s in the background."""
+        records = synthetic(count, max_record_bytes=self.settings.max_record_bytes, **kwargs)
+        return Load(self.settings, records, rate, f"load-{self.name}")
+
+    @staticmethod
+    def join_load(load: Load, timeout_s: float = 300) -> None:
+        load.join(timeout_s)
+        if load.is_alive():
+            raise AssertionError("load did not finish")
+        if load.errors:
+            raise AssertionError(f"load failed: {load.errors}")
+
+    def outputs(self) -> list[Record]:
+        s = self.settings
+        return [*read_committed(s, s.outbound_topic), *read_committed(s, s.dlq_topic)]
+
+    def inbound(self) -> list[Record]:
+        return list(read_committed(self.settings, self.settings.inbound_topic))
+
+    def wait_published(self, last_msg_id: int, timeout_s: float = 120) -> None:
+        def done() -> bool:
+            active = self.active()
+            if active is None:
+                return False
+            published = active.get("/pipeline")["last_msg_id_published"]
+            return published is not None and published >= last_msg_id
+
+        wait_for(done, timeout_s, f"msg_id {last_msg_id} published", every_s=0.5)
+
+    def reference(self) -> dict[int, Output]:
+        records = [(r.offset, r.raw) for r in self.inbound()]
+        return {
+            o.msg_id: o
+            for o in reference(
+                records, self.settings.window_retention_ms, self.settings.max_record_bytes
+            )
+        }
+
+
+@dataclass
+class Audit:
+    counts: collections.Counter[int]
+    expected: int
+
+    @property
+    def missing(self) -> list[int]:
+        return [i for i in range(self.expected) if self.counts[i] == 0]
+
+    @property
+    def duplicated(self) -> list[int]:
+        return sorted(i for i, c in self.counts.items() if c > 1)
+
+
+def audit(records: list[Record], expected: int) -> Audit:
+    return Audit(collections.Counter(r.msg_id for r in records if r.msg_id is not None), expected)
+
+
+def ranges(ids: list[int]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for i in ids:
+        if merged and merged[-1][1] == i - 1:
+            merged[-1] = (merged[-1][0], i)
+        else:
+            merged.append((i, i))
+    return merged
