@@ -168,6 +168,7 @@ class Pipeline:
         self.settings = self._settings()
         ensure_topics(AdminClient(admin_config(self.settings)), topic_specs(self.settings))
         self.engines: dict[str, EngineProcess] = {}
+        self.produced = 0  # records sent to the inbound topic so far
 
     def _settings(self, **extra: str) -> Settings:
         saved = dict(os.environ)
@@ -226,7 +227,22 @@ class Pipeline:
     def load(self, count: int, rate: float, **kwargs: Any) -> Load:
         """Publish `count` synthetic records at `rate`/s in the background."""
         records = synthetic(count, max_record_bytes=self.settings.max_record_bytes, **kwargs)
+        self.produced += count
         return Load(self.settings, records, rate, f"load-{self.name}")
+
+    def warm_up(self, *engines: EngineProcess, count: int = 200, timeout_s: float = 180) -> None:
+        """Send a few records and wait until every engine has processed them: a new query's
+        first micro-batch with data (JIT, Python workers, RocksDB) takes many seconds on two
+        cores, and a test must not mistake that for the behaviour it measures."""
+        self.join_load(self.load(count, rate=0))
+        last = self.produced - 1
+        for engine in engines:
+
+            def caught_up(e: EngineProcess = engine) -> bool:
+                info = e.try_get("/pipeline") or {}
+                return (info.get("last_msg_id_processed") or -1) >= last
+
+            wait_for(caught_up, timeout_s, f"engine {engine.engine_id} warmed up", every_s=0.5)
 
     @staticmethod
     def join_load(load: Load, timeout_s: float = 300) -> None:

@@ -63,12 +63,13 @@ def _start_pair(pipeline: Pipeline, active_env=None, standby_env=None):
     b = pipeline.start("b", **(standby_env or {}))
     pipeline.wait_running(b)
     assert b.role() == "standby"
+    pipeline.warm_up(a, b)
     return a, b
 
 
 def _assert_exactly_once_and_as_reference(pipeline: Pipeline, total: int):
     outputs = pipeline.outputs()
-    result = audit(outputs, total)
+    result = audit(outputs, pipeline.produced)
     assert ranges(result.missing) == []
     assert ranges(result.duplicated) == []
     expected = pipeline.reference()
@@ -93,9 +94,9 @@ def test_kill_9_of_the_active_under_load_loses_and_repeats_nothing(pipeline):
     wait_for(lambda: b.role() == "active", 15, "the standby taking over")
     takeover_s = time.monotonic() - killed
     pipeline.join_load(load)
-    pipeline.wait_published(total - 1)
+    pipeline.wait_published(pipeline.produced - 1)
 
-    outputs = _assert_exactly_once_and_as_reference(pipeline, total)
+    outputs = _assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     by_engine = {r.engine_id for r in outputs}
     assert by_engine == {"a", "b"}, "both engines must have published: before and after the kill"
     assert takeover_s < 5, f"takeover took {takeover_s:.1f}s"
@@ -115,10 +116,10 @@ def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline):
         a.proc.send_signal(signal.SIGCONT)
     wait_for(lambda: a.role() == "standby", 30, "the ex-active stepping down")
     pipeline.join_load(load)
-    pipeline.wait_published(total - 1)
+    pipeline.wait_published(pipeline.produced - 1)
 
     outputs = pipeline.outputs()
-    result = audit(outputs, total)
+    result = audit(outputs, pipeline.produced)
     assert ranges(result.missing) == []
     assert ranges(result.duplicated) == []
     for topic in (pipeline.settings.outbound_topic, pipeline.settings.dlq_topic):
@@ -138,14 +139,14 @@ def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline):
         # The standby computes far more often than the active publishes: it is ahead.
         (
             "ahead",
-            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "3000"},
+            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "8000"},
             {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100"},
         ),
         # The standby lags the active: it publishes nothing it has not yet recomputed.
         (
             "behind",
             {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100"},
-            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "4000"},
+            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "8000"},
         ),
     ],
 )
@@ -162,8 +163,8 @@ def test_takeover_by_a_standby_ahead_or_behind_is_gapless(pipeline, case, active
     a.kill9()
     wait_for(lambda: b.role() == "active", 15, "the standby taking over")
     pipeline.join_load(load)
-    pipeline.wait_published(total - 1)
-    _assert_exactly_once_and_as_reference(pipeline, total)
+    pipeline.wait_published(pipeline.produced - 1)
+    _assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     assert b.get("/pipeline")["uncovered_ranges"] == []
 
 
@@ -180,12 +181,12 @@ def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline):
     a.kill9()
     wait_for(lambda: b.role() == "active", 15, "the standby taking over")
     pipeline.join_load(load)
-    pipeline.wait_published(total - 1)
+    pipeline.wait_published(pipeline.produced - 1)
 
     outputs = pipeline.outputs()
     last_old = max(r.msg_id for r in outputs if r.engine_id == "a")
     first_new = min(r.msg_id for r in outputs if r.engine_id == "b")
-    result = audit(outputs, total)
+    result = audit(outputs, pipeline.produced)
     assert ranges(result.duplicated) == []
     assert ranges(result.missing) == [(last_old + 1, first_new - 1)]
     assert first_new - 1 - last_old > 30 - 1
@@ -202,14 +203,16 @@ def test_bad_input_of_every_kind_goes_to_the_dead_letter_topic_without_a_restart
     a, b = _start_pair(pipeline)
     pids = {a.pid, b.pid}
     total = 5_000
+    first = pipeline.produced  # msg_id of the load's first record (after the warm-up)
     # Every 20th record broken, cycling through the five kinds: 1 in 100 of each.
     pipeline.join_load(pipeline.load(total, rate=1000, broken_every=20))
-    pipeline.wait_published(total - 1)
+    pipeline.wait_published(pipeline.produced - 1)
 
-    outputs = _assert_exactly_once_and_as_reference(pipeline, total)
+    outputs = _assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     dead = {r.msg_id: r for r in outputs if r.topic == pipeline.settings.dlq_topic}
     expected_dead = {
-        i: BROKEN_KINDS[((i + 1) // 20 - 1) % len(BROKEN_KINDS)] for i in range(19, total, 20)
+        first + i: BROKEN_KINDS[((i + 1) // 20 - 1) % len(BROKEN_KINDS)]
+        for i in range(19, total, 20)
     }
     assert set(dead) == set(expected_dead)
     for msg_id, kind in expected_dead.items():
@@ -235,7 +238,7 @@ def test_a_zookeeper_restart_under_load_keeps_one_active_and_no_gap(pipeline, se
         supervisor.start("zookeeper")
     wait_for(lambda: health.zookeeper(settings)[0], 30, "ZooKeeper back")
     pipeline.join_load(load)
-    pipeline.wait_published(total - 1, timeout_s=180)
-    _assert_exactly_once_and_as_reference(pipeline, total)
+    pipeline.wait_published(pipeline.produced - 1, timeout_s=180)
+    _assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     roles = sorted(e.role() or "none" for e in (a, b))
     assert roles == ["active", "standby"]
