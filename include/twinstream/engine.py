@@ -19,7 +19,7 @@ from twinstream.election import Election, root_acl, zk_client
 from twinstream.gate import Gate
 from twinstream.kafka import consumer_config
 from twinstream.metrics import EngineMetrics
-from twinstream.outbound import KafkaPublisher, last_published
+from twinstream.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.pipeline import rows_of, spark_conf, start_query
 
 if TYPE_CHECKING:
@@ -54,6 +54,10 @@ class Engine:
         self._reason = "not started"
         self._hwm_consumer = Consumer(consumer_config(settings, f"twinstream-lag-{uuid.uuid4()}"))
         self._hwm: tuple[float, int | None] = (0.0, None)
+        # Built ahead of a takeover, so that winning costs only the fence and the tail read.
+        self._last_published = LastPublishedReader(settings)
+        self._spare: KafkaPublisher | None = None
+        self._prepare_publisher()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -95,6 +99,7 @@ class Engine:
         self.zk.stop()
         self.zk.close()
         self._hwm_consumer.close()
+        self._last_published.close()
         if self._spark is not None:
             self._spark.stop()
 
@@ -142,12 +147,24 @@ class Engine:
 
     # -- election callbacks -------------------------------------------------------------
 
+    def _prepare_publisher(self) -> None:
+        try:
+            self._spare = KafkaPublisher(self.settings, self.engine_id)
+        except Exception as exc:  # a takeover builds one itself
+            log.warning("engine %s: could not prepare a publisher: %s", self.engine_id, exc)
+            self._spare = None
+
     def _take_over(self, epoch: int) -> None:
-        self.gate.take_over(
-            epoch,
-            fence=lambda: KafkaPublisher(self.settings, self.engine_id),
-            last_committed=lambda: last_published(self.settings),
-        )
+        spare, self._spare = self._spare, None
+
+        def fence() -> KafkaPublisher:
+            return (spare or KafkaPublisher(self.settings, self.engine_id)).fence()
+
+        try:
+            self.gate.take_over(epoch, fence=fence, last_committed=self._last_published)
+        finally:
+            # A fenced or used producer can never serve a later takeover: build the next one.
+            threading.Thread(target=self._prepare_publisher, daemon=True).start()
 
     def _stepped_down(self, reason: str) -> None:
         self.gate.step_down(reason, rejoin=self._state == "running")

@@ -26,8 +26,9 @@ MSG_ID_HEADER = "msg_id"
 class KafkaPublisher:
     """Publishes to the outbound and dead-letter topics in one transaction per call.
 
-    Constructing it runs init_transactions on the pipeline's shared transactional id, which
-    aborts any transaction an earlier holder left open and fences that holder's producer.
+    `fence()` runs init_transactions on the pipeline's shared transactional id, which aborts
+    any transaction an earlier holder left open and fences that holder's producer. A standby
+    builds its publisher ahead of time (connections, metadata) and fences only on winning.
     """
 
     def __init__(self, settings: Settings, engine_id: str, timeout_s: float = 10.0) -> None:
@@ -46,11 +47,15 @@ class KafkaPublisher:
                 },
             )
         )
+        # Connect and fetch metadata now, so that fence() is one round trip to the coordinator.
+        self._producer.list_topics(timeout=timeout_s)
+
+    def fence(self) -> KafkaPublisher:
         try:
-            self._producer.init_transactions(timeout_s)
+            self._producer.init_transactions(self._timeout_s)
         except KafkaException as exc:
-            self._producer = None  # type: ignore[assignment]
             raise TransientPublishError(f"init_transactions failed: {exc}") from exc
+        return self
 
     def publish(self, rows: Sequence[Output], epoch: int) -> None:
         topics = {"out": self._settings.outbound_topic, "dlq": self._settings.dlq_topic}
@@ -106,60 +111,90 @@ def header(headers: HeadersType | None, name: str) -> str | None:
     return None
 
 
-def last_msg_id(settings: Settings, topic: str, timeout_s: float = 10.0) -> int | None:
-    """The msg_id of the last committed record of a one-partition topic (read_committed),
-    read from its header: offsets cannot be counted, transaction markers leave holes."""
-    consumer = Consumer(
-        consumer_config(
-            settings,
-            f"twinstream-lastread-{uuid.uuid4()}",
-            **{"enable.partition.eof": True},
+class LastPublishedReader:
+    """Finds the last msg_id committed to the outbound or dead-letter topic (read_committed)
+    from the records' headers: offsets cannot be counted, transaction markers leave holes.
+
+    One consumer, created ahead of time and reused: a standby keeps it connected so that a
+    takeover does not pay for a new client's bootstrap and metadata round trips.
+    """
+
+    def __init__(self, settings: Settings, timeout_s: float = 10.0) -> None:
+        self._settings = settings
+        self._timeout_s = timeout_s
+        self._consumer = Consumer(
+            consumer_config(
+                settings,
+                f"twinstream-lastread-{uuid.uuid4()}",
+                **{
+                    "enable.partition.eof": True,
+                    # The end of a partition is only known when a fetch comes back empty;
+                    # the broker would hold an empty fetch for 500 ms by default.
+                    "fetch.wait.max.ms": 10,
+                },
+            )
         )
-    )
-    try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+
+    def __call__(self) -> int:
+        """The last committed msg_id; when both topics are empty, the offset before the
+        inbound topic's first retained record (-1 for a new topic)."""
+        s = self._settings
+        topics = [s.outbound_topic, s.dlq_topic]
+        found = self.last_msg_ids(topics)
+        known = [f for f in found.values() if f is not None]
+        if known:
+            return max(known)
+        low, _ = self._consumer.get_watermark_offsets(
+            TopicPartition(s.inbound_topic, 0), timeout=self._timeout_s
+        )
+        return int(low) - 1
+
+    def last_msg_ids(self, topics: list[str]) -> dict[str, int | None]:
+        """Each one-partition topic's last committed msg_id, the topics read together."""
+        marks = {
+            t: self._consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=self._timeout_s)
+            for t in topics
+        }
+        found: dict[str, int | None] = dict.fromkeys(topics)
         span = 64
-        while True:
-            start = max(low, high - span)
-            found = _scan(consumer, topic, start, timeout_s)
-            if found is not None or start == low:
-                return found
-            span *= 8  # only transaction markers or aborted records there: look further back
-    finally:
-        consumer.close()
+        todo = list(topics)
+        while todo:
+            starts = {t: max(marks[t][0], marks[t][1] - span) for t in todo}
+            scanned = self._scan(starts)
+            found.update(scanned)
+            # Only transaction markers or aborted records there: look further back.
+            todo = [t for t in todo if scanned[t] is None and starts[t] > marks[t][0]]
+            span *= 8
+        return found
 
+    def _scan(self, starts: dict[str, int]) -> dict[str, int | None]:
+        self._consumer.assign([TopicPartition(t, 0, o) for t, o in starts.items()])
+        found: dict[str, int | None] = dict.fromkeys(starts)
+        open_ = set(starts)
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            while open_:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"reading the tails of {sorted(open_)} did not reach their end "
+                        f"in {self._timeout_s}s"
+                    )
+                msg = self._consumer.poll(0.1)
+                if msg is None:
+                    continue
+                topic = msg.topic()
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        open_.discard(topic or "")
+                        continue
+                    raise KafkaException(error)
+                value = header(msg.headers(), MSG_ID_HEADER)
+                if value is not None and topic is not None:
+                    found[topic] = int(value)
+        finally:
+            self._consumer.unassign()
+        return found
 
-def _scan(consumer: Consumer, topic: str, start: int, timeout_s: float) -> int | None:
-    consumer.assign([TopicPartition(topic, 0, start)])
-    found = None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is None:
-            continue
-        error = msg.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                return found
-            raise KafkaException(error)
-        value = header(msg.headers(), MSG_ID_HEADER)
-        if value is not None:
-            found = int(value)
-    raise TimeoutError(f"reading the tail of {topic} did not reach its end in {timeout_s}s")
-
-
-def last_published(settings: Settings) -> int:
-    """The last msg_id committed to the outbound or dead-letter topic; when both are empty,
-    the offset before the inbound topic's first retained record (-1 for a new topic)."""
-    found = [last_msg_id(settings, t) for t in (settings.outbound_topic, settings.dlq_topic)]
-    known = [f for f in found if f is not None]
-    if known:
-        return max(known)
-    consumer = Consumer(consumer_config(settings, f"twinstream-lastread-{uuid.uuid4()}"))
-    try:
-        low, _ = consumer.get_watermark_offsets(
-            TopicPartition(settings.inbound_topic, 0), timeout=10
-        )
-    finally:
-        consumer.close()
-    return low - 1
+    def close(self) -> None:
+        self._consumer.close()
