@@ -24,10 +24,12 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from twinstream.config import REPO_ROOT, load_settings
-from twinstream.harness import EngineProcess, Pipeline, audit, ranges, wait_for
+from twinstream.harness import EngineProcess, Load, Pipeline, audit, ranges, wait_for
+from twinstream.publisher import synthetic
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
 from twinstream.subscriber import read_committed
@@ -81,9 +83,18 @@ def main() -> int:
         engines = {e: pipeline.start(e) for e in ("a", "b")}
         pipeline.wait_running(*engines.values())
         tail = Tail(pipeline)
-        # Enough load for every round: ~35 s each (restart + resync + settle).
-        total = int(args.rate * (40 * args.kills + 30))
-        load = pipeline.load(total, rate=args.rate)
+        # Steady load until every round is done, however long restarts and resyncs take.
+        stop_load = threading.Event()
+        sent = [0]
+
+        def steady() -> Iterator[bytes]:
+            for record in synthetic(10**9, max_record_bytes=pipeline.settings.max_record_bytes):
+                if stop_load.is_set():
+                    return
+                sent[0] += 1
+                yield record
+
+        load = Load(pipeline.settings, steady(), args.rate, "load")
         for round_no in range(1, args.kills + 1):
             active: EngineProcess = wait_for(pipeline.active, 60, "an active engine")
             standby = next(e for e in pipeline.engines.values() if e is not active)
@@ -109,8 +120,10 @@ def main() -> int:
             )
             restarted = pipeline.start(active.engine_id)
             pipeline.wait_running(restarted)
-        print("waiting for the load to finish and the output to catch up", flush=True)
-        Pipeline.join_load(load, timeout_s=total / args.rate + 120)
+        print("stopping the load; waiting for the output to catch up", flush=True)
+        stop_load.set()
+        Pipeline.join_load(load, timeout_s=120)
+        total = sent[0]
         pipeline.wait_published(total - 1, timeout_s=300)
         tail.stop.set()
         outputs = pipeline.outputs()
