@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
+from twinstream.harness import wait_for
 from twinstream.kafka import (
     admin_config,
     consumer_config,
@@ -28,17 +29,6 @@ from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
 
 pytestmark = pytest.mark.integration
-
-
-def _wait_for(condition, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.5)
 
 
 def _produce(settings, topic, values):
@@ -138,7 +128,7 @@ def test_losing_the_partition_leader_keeps_the_inbound_topic_writable(stack, set
     supervisor.stop(victim)
     try:
         assert supervisor.process(victim).state == "STOPPED"
-        _wait_for(
+        wait_for(
             lambda: leader not in health.kafka_brokers(settings), 30, f"{victim} to deregister"
         )
         start = _high_watermark(settings, settings.inbound_topic)
@@ -147,13 +137,13 @@ def test_losing_the_partition_leader_keeps_the_inbound_topic_writable(stack, set
         assert _consume(settings, settings.inbound_topic, start, len(values)) == values
     finally:
         supervisor.start(victim)
-    _wait_for(lambda: leader in health.kafka_brokers(settings), 60, f"{victim} to come back")
+    wait_for(lambda: leader in health.kafka_brokers(settings), 60, f"{victim} to come back")
 
     def in_sync():
         meta = admin.list_topics(timeout=10).topics[settings.inbound_topic].partitions[0]
         return len(meta.isrs) == 3
 
-    _wait_for(in_sync, 60, "all three replicas back in sync")
+    wait_for(in_sync, 60, "all three replicas back in sync")
 
 
 def test_airflow_answers_and_loads_the_dags_without_import_errors(stack, settings):
@@ -175,7 +165,7 @@ def test_airflow_answers_and_loads_the_dags_without_import_errors(stack, setting
         r.raise_for_status()
         return {d["dag_id"] for d in r.json()["dags"]} >= {"platform_health"}
 
-    _wait_for(dags_loaded, 120, "the dag-processor to load dags/")
+    wait_for(dags_loaded, 120, "the dag-processor to load dags/")
     errors = httpx.get(f"{settings.airflow_url}/api/v2/importErrors", headers=headers, timeout=10)
     errors.raise_for_status()
     assert errors.json()["total_entries"] == 0, errors.json()
