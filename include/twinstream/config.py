@@ -113,13 +113,7 @@ class Settings(BaseSettings):
             )
         if len(set(self.engine_ids)) != len(self.engine_ids):
             raise ValueError(f"engine_ids repeat a name: {self.engine_ids}")
-        ports = [
-            self.zk_port,
-            self.airflow_port,
-            *self.kafka_ports,
-            *self.kafka_controller_ports,
-            *self.engine_admin_ports,
-        ]
+        ports = self.ports
         clashes = sorted({p for p in ports if ports.count(p) > 1})
         if clashes:
             raise ValueError(f"ports are used twice: {clashes}")
@@ -137,6 +131,17 @@ class Settings(BaseSettings):
         if len(set(topics)) != len(topics):
             raise ValueError(f"inbound, outbound and dead-letter topics must differ: {topics}")
         return self
+
+    @property
+    def ports(self) -> list[int]:
+        """Every port the local stack listens on."""
+        return [
+            self.zk_port,
+            self.airflow_port,
+            *self.kafka_ports,
+            *self.kafka_controller_ports,
+            *self.engine_admin_ports,
+        ]
 
     @property
     def bootstrap_servers(self) -> str:

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 from typing import Protocol
 
 from twinstream.hostmetrics import Output
@@ -118,7 +119,8 @@ class Gate:
                 )
             # The batch may be larger than the buffer: what the active publishes is taken
             # before the ring drops anything.
-            pending = self._pending(fresh)
+            # A standby never publishes from here: it skips the work on every batch.
+            pending = self._pending(fresh) if self._role == "active" else []
             self._buffer.extend(fresh)
             if fresh:
                 self._last_processed = fresh[-1].msg_id
@@ -234,11 +236,14 @@ class Gate:
         """Rows above the last published msg_id, in order: those held back by a failed or
         suspended commit, the buffered ones, and the new batch's."""
         last = self._last_published
-        merged = {
-            r.msg_id: r
-            for r in (*self._held, *self._buffer, *fresh)
-            if last is None or r.msg_id > last
-        }
+
+        def unpublished(row: Output) -> bool:
+            return last is None or row.msg_id > last
+
+        # The ring is in msg_id order: read back from its end only as far as it is
+        # unpublished, instead of scanning all num_buffered_msgs rows every batch.
+        buffered = list(takewhile(unpublished, reversed(self._buffer)))[::-1]
+        merged = {r.msg_id: r for r in (*self._held, *buffered, *fresh) if unpublished(r)}
         return [merged[msg_id] for msg_id in sorted(merged)]
 
     def _publish(self, rows: list[Output], batch_id: int | None) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 ROLES = ("none", "standby", "active")
@@ -12,48 +14,31 @@ class EngineMetrics:
         self.registry = CollectorRegistry()
         labels = {"engine": engine_id, "pipeline": pipeline}
         self._labels = labels
-        self._processed = Counter(
-            "twinstream_rows_processed",
-            "Output rows computed",
-            list(labels),
-            registry=self.registry,
-        ).labels(**labels)
-        self._published = Counter(
-            "twinstream_rows_published",
-            "Output rows committed to Kafka",
-            list(labels),
-            registry=self.registry,
-        ).labels(**labels)
-        self._takeovers = Counter(
-            "twinstream_takeovers",
-            "Times this engine became active",
-            list(labels),
-            registry=self.registry,
-        ).labels(**labels)
-        self._uncovered = Counter(
+        self._processed = self._counter("twinstream_rows_processed", "Output rows computed")
+        self._published = self._counter(
+            "twinstream_rows_published", "Output rows committed to Kafka"
+        )
+        self._takeovers = self._counter("twinstream_takeovers", "Times this engine became active")
+        self._uncovered = self._counter(
             "twinstream_uncovered_msgs",
             "Messages no buffer could cover at a takeover (missing from the output)",
-            list(labels),
-            registry=self.registry,
-        ).labels(**labels)
+        )
         self._role = Gauge(
             "twinstream_role",
             "1 for the engine's current role",
             [*labels, "role"],
             registry=self.registry,
         )
-        self.buffer_fill = Gauge(
-            "twinstream_buffer_fill",
-            "Rows in the standby buffer",
-            list(labels),
-            registry=self.registry,
-        ).labels(**labels)
-        self.lag = Gauge(
-            "twinstream_lag",
-            "Inbound messages not yet processed",
-            list(labels),
-            registry=self.registry,
-        ).labels(**labels)
+        self.buffer_fill = self._gauge("twinstream_buffer_fill", "Rows in the standby buffer")
+        self.lag = self._gauge("twinstream_lag", "Inbound messages not yet processed")
+
+    def _counter(self, name: str, doc: str) -> Any:
+        metric = Counter(name, doc, list(self._labels), registry=self.registry)
+        return metric.labels(**self._labels)
+
+    def _gauge(self, name: str, doc: str) -> Any:
+        metric = Gauge(name, doc, list(self._labels), registry=self.registry)
+        return metric.labels(**self._labels)
 
     def processed(self, rows: int) -> None:
         self._processed.inc(rows)

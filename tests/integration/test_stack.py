@@ -6,13 +6,12 @@ Tests run in file order; the last one tears the stack down and checks no process
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import httpx
 import psutil
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
@@ -21,32 +20,15 @@ from twinstream.kafka import (
     admin_config,
     consumer_config,
     describe_topic_configs,
-    producer_config,
     topic_specs,
 )
+from twinstream.publisher import publish
 from twinstream.stack import core, health
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
+from twinstream.subscriber import read_committed
 
 pytestmark = pytest.mark.integration
-
-
-def _produce(settings, topic, values):
-    errors: list[KafkaError] = []
-
-    def delivered(err: KafkaError | None, _msg: object) -> None:
-        if err is not None:
-            errors.append(err)
-
-    producer = Producer(producer_config(settings))
-    try:
-        for value in values:
-            producer.produce(topic, value=value, on_delivery=delivered)
-            producer.poll(0)
-    finally:
-        remaining = producer.flush(60)
-    assert remaining == 0, f"{remaining} records not acknowledged"
-    assert errors == []
 
 
 def _high_watermark(settings, topic):
@@ -57,19 +39,8 @@ def _high_watermark(settings, topic):
         consumer.close()
 
 
-def _consume(settings, topic, start, count, timeout_s=60):
-    consumer = Consumer(consumer_config(settings, f"test-{uuid.uuid4()}"))
-    values: list[bytes | None] = []
-    try:
-        consumer.assign([TopicPartition(topic, 0, start)])
-        deadline = time.monotonic() + timeout_s
-        while len(values) < count and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=1000, timeout=1.0):
-                assert msg.error() is None, msg.error()
-                values.append(msg.value())
-    finally:
-        consumer.close()
-    return values
+def _consume(settings, topic, start, count):
+    return [r.raw for r in read_committed(settings, topic, start_offset=start, max_records=count)]
 
 
 def test_up_reports_every_service_started(stack, settings):
@@ -116,7 +87,7 @@ def test_ten_thousand_records_with_acks_all_all_come_back(stack, settings):
     topic = settings.inbound_topic
     start = _high_watermark(settings, topic)
     values = [json.dumps({"seq": i, "run": str(uuid.uuid4())}).encode() for i in range(10_000)]
-    _produce(settings, topic, values)
+    publish(settings, values)
     assert _consume(settings, topic, start, len(values)) == values
 
 
@@ -133,7 +104,7 @@ def test_losing_the_partition_leader_keeps_the_inbound_topic_writable(stack, set
         )
         start = _high_watermark(settings, settings.inbound_topic)
         values = [f"while-{victim}-down-{i}".encode() for i in range(1000)]
-        _produce(settings, settings.inbound_topic, values)
+        publish(settings, values)
         assert _consume(settings, settings.inbound_topic, start, len(values)) == values
     finally:
         supervisor.start(victim)

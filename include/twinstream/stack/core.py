@@ -209,17 +209,7 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
     running = supervisor.is_running()
 
     if not running:
-        busy = [
-            p
-            for p in (
-                settings.zk_port,
-                settings.airflow_port,
-                *settings.kafka_ports,
-                *settings.kafka_controller_ports,
-                *settings.engine_admin_ports,
-            )
-            if port_in_use(settings.bind_host, p)
-        ]
+        busy = [p for p in settings.ports if port_in_use(settings.bind_host, p)]
         if busy:
             raise StackError(
                 f"ports {busy} on {settings.bind_host} are taken by another process and this stack "
