@@ -88,6 +88,13 @@ class EngineProcess:
         server = self.try_get("/server")
         return server["role"] if server else None
 
+    def may_commit(self) -> bool:
+        """Active with a live ZooKeeper session. An active whose session is SUSPENDED holds
+        its commits; if the session expired meanwhile, a successor may already be active,
+        and this one steps down as soon as it reconnects and hears LOST."""
+        server = self.try_get("/server")
+        return bool(server and server["role"] == "active" and server["zk_state"] == "CONNECTED")
+
     def remember_tree(self) -> None:
         """Spark's JVM is a child: note it so that stop() can make sure it is gone."""
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -214,9 +221,7 @@ class Pipeline:
             engine.remember_tree()
 
     def active(self) -> EngineProcess | None:
-        actives = [
-            e for e in self.engines.values() if e.proc.poll() is None and e.role() == "active"
-        ]
+        actives = [e for e in self.engines.values() if e.proc.poll() is None and e.may_commit()]
         assert len(actives) <= 1, f"two actives: {[e.engine_id for e in actives]}"
         return actives[0] if actives else None
 

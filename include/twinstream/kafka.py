@@ -8,7 +8,8 @@ no-op, and a config that drifted from the settings is put back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,11 +123,54 @@ class TopicChange:
         return f"{self.topic}: {self.action}{suffix}"
 
 
+# Errors that say the cluster was not ready rather than that the request is wrong. Right
+# after the brokers start, librdkafka may swap its bootstrap connections for the brokers
+# it learned from metadata and fail requests in flight with _DESTROY_BROKER.
+_TRANSIENT = {
+    KafkaError._DESTROY_BROKER,
+    KafkaError._TRANSPORT,
+    KafkaError._TIMED_OUT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError.NOT_CONTROLLER,
+    KafkaError.REQUEST_TIMED_OUT,
+}
+
+
+def is_transient(exc: KafkaException) -> bool:
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError):
+        return False
+    return bool(error.retriable()) or error.code() in _TRANSIENT
+
+
 def ensure_topics(
-    admin: AdminClient, specs: Iterable[TopicSpec], timeout_s: float = 30.0
+    admin: AdminClient,
+    specs: Iterable[TopicSpec],
+    timeout_s: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[TopicChange]:
-    """Create missing topics and put drifted configs back; report what was done per topic."""
+    """Create missing topics and put drifted configs back; report what was done per topic.
+
+    Idempotent, so a transient cluster error (brokers still settling) retries the whole
+    pass until `timeout_s` has gone by; any other error is raised at once."""
     specs = list(specs)
+    deadline = clock() + timeout_s
+    attempt = 1
+    while True:
+        try:
+            return _ensure_topics_once(admin, specs, timeout_s)
+        except KafkaException as exc:
+            if not is_transient(exc) or clock() >= deadline:
+                raise
+            log.warning("topics: attempt %s failed transiently (%s); retrying", attempt, exc)
+            attempt += 1
+            sleep(1.0)
+
+
+def _ensure_topics_once(
+    admin: AdminClient, specs: list[TopicSpec], timeout_s: float
+) -> list[TopicChange]:
     existing = admin.list_topics(timeout=timeout_s).topics
     changes: dict[str, TopicChange] = {}
 

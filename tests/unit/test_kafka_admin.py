@@ -27,10 +27,12 @@ def _done(value=None, exc=None):
 
 
 class FakeAdmin:
-    def __init__(self, topics=None, race=False):
+    def __init__(self, topics=None, race=False, failures=()):
         # name -> (partitions, rf, configs)
         self.topics = dict(topics or {})
         self.race = race
+        # Error codes the next create_topics calls fail with, one per call.
+        self.failures = list(failures)
         self.created = []
         self.altered = []
 
@@ -42,6 +44,9 @@ class FakeAdmin:
         return SimpleNamespace(topics=meta)
 
     def create_topics(self, new_topics, **_):
+        if self.failures:
+            code = self.failures.pop(0)
+            return {t.topic: _done(exc=KafkaException(KafkaError(code))) for t in new_topics}
         result = {}
         for t in new_topics:
             self.topics[t.topic] = (t.num_partitions, t.replication_factor, dict(t.config))
@@ -107,6 +112,36 @@ def test_topic_created_concurrently_by_someone_else_is_tolerated(settings):
     admin = FakeAdmin(race=True)
     changes = ensure_topics(cast(Any, admin), topic_specs(settings))
     assert [c.action for c in changes] == ["unchanged"] * 3
+
+
+def test_a_cluster_still_settling_is_retried_until_the_topics_exist(settings):
+    admin = FakeAdmin(failures=[KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT])
+    sleeps: list[float] = []
+    changes = ensure_topics(cast(Any, admin), topic_specs(settings), sleep=sleeps.append)
+    assert [c.action for c in changes] == ["created"] * 3
+    assert len(sleeps) == 2
+
+
+def test_a_transient_error_past_the_deadline_is_raised(settings):
+    admin = FakeAdmin(failures=[KafkaError._DESTROY_BROKER] * 100)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    with pytest.raises(KafkaException, match="DESTROY_BROKER"):
+        ensure_topics(
+            cast(Any, admin), topic_specs(settings), 5.0, sleep=sleep, clock=lambda: now[0]
+        )
+    assert now[0] == 5.0
+
+
+def test_a_wrong_request_is_not_retried(settings):
+    admin = FakeAdmin(failures=[KafkaError.INVALID_REPLICATION_FACTOR])
+    sleeps: list[float] = []
+    with pytest.raises(KafkaException, match="INVALID_REPLICATION_FACTOR"):
+        ensure_topics(cast(Any, admin), topic_specs(settings), sleep=sleeps.append)
+    assert sleeps == []
 
 
 def test_wrong_partition_count_is_refused_not_silently_accepted(settings):
