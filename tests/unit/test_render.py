@@ -120,3 +120,24 @@ def test_each_engine_runs_under_supervision_with_its_id(tmp_path):
         assert argv[-2:] == ["--engine-id", engine_id]
         assert engine.autorestart is not False
         assert engine.environment["PYSPARK_PYTHON"] == argv[0]
+
+
+def test_airflow_gets_engine_connections_and_not_the_callers_test_mode(tmp_path):
+    import json
+
+    from twinstream.stack.launch import airflow_environment
+
+    settings = _settings(tmp_path, admin_token="tok")
+    env = airflow_environment(
+        settings, {"PATH": "/bin", "AIRFLOW__CORE__UNIT_TEST_MODE": "True", "KEEP": "1"}
+    )
+    assert "AIRFLOW__CORE__UNIT_TEST_MODE" not in env
+    assert env["KEEP"] == "1"
+    conn = json.loads(env["AIRFLOW_CONN_TWINSTREAM_ENGINE_B"])
+    assert conn == {
+        "conn_type": "http",
+        "host": "127.0.0.1",
+        "port": 8702,
+        "schema": "http",
+        "password": "tok",
+    }

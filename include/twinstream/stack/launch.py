@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from twinstream.config import Settings, load_settings
 from twinstream.kafka import client_config
@@ -21,7 +22,9 @@ from twinstream.stack.layout import Layout
 def airflow_environment(settings: Settings, base: Mapping[str, str]) -> dict[str, str]:
     layout = Layout.of(settings)
     venv_bin = str(Path(sys.executable).parent)
-    env = dict(base)
+    # A test process runs Airflow in unit-test mode; the stack it starts must not inherit
+    # that (other heartbeats and intervals, and a scheduler that busies a core).
+    env = {k: v for k, v in base.items() if k != "AIRFLOW__CORE__UNIT_TEST_MODE"}
     env.update(
         {
             # `airflow standalone` starts its components by calling `airflow` from PATH.
@@ -44,11 +47,30 @@ def airflow_environment(settings: Settings, base: Mapping[str, str]) -> dict[str
                 {"conn_type": "kafka", "extra": client_config(settings)}
             ),
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+            **engine_connections(settings),
             # Spark's Python workers must run the virtualenv's interpreter, not the system's.
             "PYSPARK_PYTHON": sys.executable,
         }
     )
     return env
+
+
+def engine_connections(settings: Settings) -> dict[str, str]:
+    """AIRFLOW_CONN_TWINSTREAM_ENGINE_<ID>: each engine's admin API, its token as password."""
+    token = settings.secret("admin_token")
+    conns = {}
+    for engine_id in settings.engine_ids:
+        url = urlsplit(settings.engine_admin_url(engine_id))
+        conns[f"AIRFLOW_CONN_{settings.engine_conn_id(engine_id).upper()}"] = json.dumps(
+            {
+                "conn_type": "http",
+                "host": url.hostname,
+                "port": url.port,
+                "schema": url.scheme,
+                "password": token,
+            }
+        )
+    return conns
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -178,6 +178,8 @@ def settings_environment(settings: Settings) -> dict[str, str]:
     """The settings as TWINSTREAM_* variables, so child processes see exactly these values."""
     env: dict[str, str] = {}
     for name, value in settings.model_dump().items():
+        if value is None:  # unset optional: the child derives it the same way
+            continue
         text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
         env[f"TWINSTREAM_{name.upper()}"] = text
     return env

@@ -1,0 +1,73 @@
+"""The operating DAGs' shapes and forms: what the Airflow UI offers and refuses."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+
+import pytest
+
+from twinstream.config import REPO_ROOT, load_settings
+
+
+@pytest.fixture(scope="module")
+def dags():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
+    assert bag.import_errors == {}
+    return bag.dags
+
+
+def _form(dag, **values):
+    """What the trigger form does with the user's values: defaults, then validation."""
+    import copy
+
+    params = copy.deepcopy(dag.params)
+    params.update(values)
+    return params.validate()
+
+
+def test_the_restore_form_accepts_good_input_and_rejects_a_bad_engine(dags):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = dags["restore_and_resync"]
+    ok = _form(dag, engine="a", snapshot="cold", wait_minutes=5)
+    assert ok["engine"] == "a"
+    assert ok["snapshot"] == "cold"
+    assert _form(dag, snapshot="20261122T031500.123456Z-b-b42")["snapshot"].endswith("b42")
+    with pytest.raises(ParamValidationError, match="engine"):
+        _form(dag, engine="zzz")
+    with pytest.raises(ParamValidationError, match="snapshot"):
+        _form(dag, snapshot="../../etc/passwd")
+    with pytest.raises(ParamValidationError, match="wait_minutes"):
+        _form(dag, wait_minutes=0)
+
+
+def test_the_engine_choice_is_the_configured_engines(dags):
+    enum = dags["restore_and_resync"].params.get_param("engine").schema["enum"]
+    assert enum == load_settings().engine_ids
+
+
+def test_restore_runs_its_steps_in_order_and_the_summary_is_a_teardown(dags):
+    dag = dags["restore_and_resync"]
+    order = ["assess", "choose_snapshot", "restore", "wait_in_sync", "check_buffer"]
+    for before, after in itertools.pairwise(order):
+        assert after in dag.task_dict[before].downstream_task_ids, (before, after)
+    summary = dag.task_dict["summary"]
+    assert summary.is_teardown
+    assert dag.task_dict["wait_in_sync"].mode == "reschedule"
+
+
+def test_persist_runs_every_persist_interval(dags):
+    dag = dags["persist_standby_state"]
+    assert dag.timetable.delta == timedelta(seconds=load_settings().persist_interval_s)
+    order = ["pick_standby", "persist", "verify", "prune"]
+    for before, after in itertools.pairwise(order):
+        assert after in dag.task_dict[before].downstream_task_ids, (before, after)
+
+
+def test_watch_engines_runs_every_minute(dags):
+    dag = dags["watch_engines"]
+    assert dag.timetable.delta == timedelta(minutes=1)
+    assert dag.task_dict["trigger_restore"].partial_kwargs["trigger_dag_id"] == "restore_and_resync"
