@@ -7,12 +7,14 @@ import hmac
 import logging
 from typing import Any, Protocol
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import twinstream
+from twinstream.snapshot import Manifest, SnapshotError
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,33 @@ class PipelineInfo(BaseModel):
     buffer_size: int
     in_sync: bool
     uncovered_ranges: list[tuple[int, int]]
+    # Replay progress while restoring (Spark's processedRowsPerSecond of the last batch).
+    events_per_s: float | None = None
+    # The snapshot id (or "cold") the running pipeline was restored from, if any.
+    restored_from: str | None = None
+
+
+class RestoreRequest(BaseModel):
+    snapshot: str = Field(
+        default="latest",
+        description='a snapshot id, "latest" (the newest valid one) or "cold" (rebuild from '
+        "the inbound offset at now - window retention)",
+        pattern=r"^[A-Za-z0-9_.:-]{1,200}$",
+    )
+
+
+class RestoreReport(BaseModel):
+    snapshot: str
+    next_offset: int
+    log_start_offset: int
+    pipeline: PipelineInfo
+
+
+class BufferedRow(BaseModel):
+    msg_id: int
+    kind: str
+    key: str | None
+    value: str
 
 
 class Control(Protocol):
@@ -45,6 +74,9 @@ class Control(Protocol):
     def pipeline_info(self) -> PipelineInfo: ...
     def start_pipeline(self) -> None: ...
     def stop_pipeline(self) -> None: ...
+    def persist(self) -> Manifest: ...
+    def restore(self, requested: str) -> RestoreReport: ...
+    def buffer_tail(self, last: int) -> list[BufferedRow]: ...
     def metrics(self) -> bytes: ...
 
 
@@ -77,6 +109,17 @@ def create_app(control: Control, token: str) -> FastAPI:
     async def conflict(_request: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"reason": str(exc)}, status_code=409)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return JSONResponse({"reason": f"invalid request: {problems}"}, status_code=422)
+
+    @app.exception_handler(SnapshotError)
+    async def unusable_snapshot(_request: Request, exc: SnapshotError) -> JSONResponse:
+        return JSONResponse({"reason": str(exc)}, status_code=422)
+
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
         log.error("admin API request failed: %s", exc, exc_info=exc)
@@ -105,6 +148,21 @@ def create_app(control: Control, token: str) -> FastAPI:
     def start() -> PipelineInfo:
         control.start_pipeline()
         return control.pipeline_info()
+
+    @app.post("/pipeline/persist", dependencies=auth)
+    def persist() -> Manifest:
+        """Standby only (409 on the active): snapshot the checkpoint and the buffer."""
+        return control.persist()
+
+    @app.post("/pipeline/restore", dependencies=auth)
+    def restore(request: RestoreRequest) -> RestoreReport:
+        """Stopped pipeline only (409 otherwise); 422 for a snapshot that must not be used."""
+        return control.restore(request.snapshot)
+
+    @app.get("/pipeline/buffer", dependencies=auth)
+    def buffer(last: int = Query(default=100, ge=1, le=1_000_000)) -> list[BufferedRow]:
+        """The newest `last` output rows in the engine's ring buffer, in msg_id order."""
+        return control.buffer_tail(last)
 
     @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:

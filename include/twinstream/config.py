@@ -79,8 +79,20 @@ class Settings(BaseSettings):
     # readiness batch by batch rather than in one long batch.
     max_offsets_per_trigger: int = Field(default=5_000, ge=1)
     # A standby whose lag (inbound high watermark - next msg_id) is at most this is in sync.
-    in_sync_lag: int = Field(default=1000, ge=0)
+    # One micro-batch's worth: under steady load the lag swings by a batch between triggers,
+    # and the buffer (num_buffered_msgs) still covers a standby that far behind.
+    in_sync_lag: int = Field(default=5_000, ge=0)
     engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")
+
+    # Persist and restore. The snapshot root is shared storage (compose: a shared volume);
+    # snapshots live in <snapshot_root>/<pipeline>/. Empty: <state_dir>/snapshots.
+    snapshot_root: Path | None = None
+    # How often persist_standby_state runs: that DAG's schedule is built from this number,
+    # and check_kafka_retention reads the schedule back rather than this setting.
+    persist_interval_s: int = Field(default=900, ge=60)
+    snapshots_keep: int = Field(default=3, ge=1)
+    # An engine down or stopped this long makes watch_engines start restore_and_resync.
+    watch_grace_s: int = Field(default=120, ge=0)
 
     zk_heap: str = Field(default="256m", pattern=r"^\d+[kmg]$")
     kafka_heap: str = Field(default="512m", pattern=r"^\d+[kmg]$")
@@ -189,6 +201,18 @@ class Settings(BaseSettings):
 
     def engine_dir(self, engine_id: str) -> Path:
         return self.state_dir / "engines" / engine_id
+
+    def checkpoint_dir(self, engine_id: str) -> Path:
+        return self.engine_dir(engine_id) / "checkpoint"
+
+    @property
+    def snapshot_dir(self) -> Path:
+        """This pipeline's snapshots."""
+        return (self.snapshot_root or self.state_dir / "snapshots") / self.pipeline
+
+    def engine_conn_id(self, engine_id: str) -> str:
+        """The Airflow connection that holds the engine's admin URL and token."""
+        return f"twinstream_engine_{engine_id.replace('-', '_')}"
 
     def secret(self, name: str) -> str:
         """admin_token or zk_password: the setting, else the file the local stack wrote."""

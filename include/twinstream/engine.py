@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -13,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, TopicPartition
 
 import twinstream
-from twinstream.admin_api import Conflict, PipelineInfo, ServerInfo
+from twinstream import snapshot
+from twinstream.admin_api import (
+    BufferedRow,
+    Conflict,
+    PipelineInfo,
+    RestoreReport,
+    ServerInfo,
+)
 from twinstream.config import Settings
 from twinstream.election import Election, root_acl, zk_client
 from twinstream.gate import Gate
@@ -47,13 +55,18 @@ class Engine:
             on_connection=self.gate.zk_connected,
             root_acl=root_acl(settings),
         )
+        # Serialises start, stop, persist and restore; status reads never wait for it.
         self._lock = threading.RLock()
         self._spark: SparkSession | None = None
         self._query: StreamingQuery | None = None
         self._state = "stopped"
         self._reason = "not started"
+        self._restored_from: str | None = None
+        self._restore_started = 0.0
+        self._kafka_lock = threading.Lock()
         self._hwm_consumer = Consumer(consumer_config(settings, f"twinstream-lag-{uuid.uuid4()}"))
         self._hwm: tuple[float, int | None] = (0.0, None)
+        self._progress_cache: tuple[float, Any, dict[str, Any]] = (0.0, None, {})
         # Built ahead of a takeover, so that winning costs only the fence and the tail read.
         self._last_published = LastPublishedReader(settings)
         self._spare: KafkaPublisher | None = None
@@ -62,24 +75,94 @@ class Engine:
     # -- lifecycle ----------------------------------------------------------------------
 
     def start_pipeline(self) -> None:
+        """Resume from this engine's checkpoint. An unusable checkpoint, or none on a
+        pipeline that has run before (a lost disk), leaves the pipeline stopped with the
+        reason: starting over from the topic's beginning is a decision for a restore."""
         with self._lock:
-            if self._state == "running":
+            if self._state in ("running", "restoring", "persisting"):
                 return
-            if self._spark is None:
-                self._spark = self._new_session()
-            self._query = start_query(
-                self._spark, self.settings, self.engine_id, self.process_batch
+            problem = self._checkpoint_problem()
+            if problem is not None:
+                self._state = "stopped"
+                self._reason = (
+                    f"{problem}; restore a snapshot: POST /pipeline/restore "
+                    '{"snapshot": "latest"} (or "cold")'
+                )
+                log.error(
+                    "engine %s pipeline %s: not started: %s",
+                    self.engine_id,
+                    self.settings.pipeline,
+                    self._reason,
+                )
+                return
+            self._run("running", "")
+
+    def _run(self, state: str, reason: str, starting_offset: int | None = None) -> None:
+        self._start_query(starting_offset)
+        self._state, self._reason = state, reason
+        self.gate.joined()
+        self.election.start()
+
+    def _start_query(self, starting_offset: int | None = None) -> None:
+        if self._spark is None:
+            self._spark = self._new_session()
+        self._query = start_query(
+            self._spark, self.settings, self.engine_id, self.process_batch, starting_offset
+        )
+        log.info(
+            "engine %s pipeline %s: query %s started from %s%s",
+            self.engine_id,
+            self.settings.pipeline,
+            self._query.name,
+            self.settings.checkpoint_dir(self.engine_id),
+            "" if starting_offset is None else f" at inbound offset {starting_offset}",
+        )
+
+    def _stop_query_between_batches(self, timeout_s: float = 30.0) -> None:
+        """Stop once the batch in flight, if any, has completed. A query that is behind
+        starts its next batch at once, so the stop may still cut that one short: then the
+        checkpoint has its offsets without its commit, Spark runs it again on restart, and
+        the gate drops the rows it already holds."""
+        query, self._query = self._query, None
+        if query is None:
+            return
+        progress: Any = query.lastProgress or {}
+        started_in = progress.get("batchId")
+        deadline = time.monotonic() + timeout_s
+        while query.isActive and query.status.get("isTriggerActive"):
+            progress = query.lastProgress or {}
+            if progress.get("batchId") != started_in:
+                break  # the batch in flight completed; the next one has barely begun
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        query.stop()
+
+    def _checkpoint_problem(self) -> str | None:
+        checkpoint = self.settings.checkpoint_dir(self.engine_id)
+        topic = self.settings.inbound_topic
+        if checkpoint.exists():
+            problem = snapshot.checkpoint_problem(checkpoint, topic)
+            if problem is not None:
+                return f"the checkpoint is unusable: {problem}"
+            position = snapshot.checkpoint_position(checkpoint, topic)
+            log_start = self._log_start_offset()
+            if position is not None and position.next_offset < log_start:
+                return (
+                    f"the checkpoint continues at inbound offset {position.next_offset}, but "
+                    f"Kafka's log of {topic} starts at {log_start} (retention deleted the rest)"
+                )
+            return None
+        history = [i.snapshot_id for i in snapshot.list_snapshots(self.settings.snapshot_dir)]
+        published = self._last_published.last_msg_ids(
+            [self.settings.outbound_topic, self.settings.dlq_topic]
+        )
+        if history or any(v is not None for v in published.values()):
+            return (
+                f"no checkpoint at {checkpoint}, but pipeline {self.settings.pipeline} has "
+                "run before (a new or wiped disk)"
             )
-            self._state, self._reason = "running", ""
-            log.info(
-                "engine %s pipeline %s: query %s started from %s",
-                self.engine_id,
-                self.settings.pipeline,
-                self._query.name,
-                self.settings.engine_dir(self.engine_id) / "checkpoint",
-            )
-            self.gate.joined()
-            self.election.start()
+        return None
 
     def stop_pipeline(self, reason: str = "stopped through the admin API") -> None:
         with self._lock:
@@ -92,6 +175,7 @@ class Engine:
                 self._query.stop()
                 self._query = None
             self._state, self._reason = "stopped", reason
+            self._restored_from = None
             log.warning("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, reason)
 
     def close(self) -> None:
@@ -106,19 +190,150 @@ class Engine:
     def check_query(self) -> None:
         """Surface a query that died (it never stops on bad input; this is for bugs and
         infrastructure), so the admin API says why instead of claiming it runs."""
+        # A persist or restore in progress owns the query; check after it.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._check_query()
+        finally:
+            self._lock.release()
+
+    def _check_query(self) -> None:
+        query = self._query
+        if query is None or query.isActive:
+            return
+        error = query.exception()
+        self._query = None
+        self.election.stop()
+        self.gate.step_down("query failed", rejoin=False)
+        self._state = "failed"
+        self._reason = f"streaming query stopped: {error}"
+        log.error("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, self._reason)
+
+    # -- persist and restore ------------------------------------------------------------
+
+    def persist(self) -> snapshot.Manifest:
+        """Snapshot this standby's checkpoint and buffer. The engine stays in the election:
+        should it win meanwhile, its takeover publishes from the buffer at once and the
+        query continues when the copy is done."""
         with self._lock:
-            query = self._query
-            if query is None or query.isActive:
-                return
-            error = query.exception()
-            self._query = None
-            self.election.stop()
-            self.gate.step_down("query failed", rejoin=False)
-            self._state = "failed"
-            self._reason = f"streaming query stopped: {error}"
-            log.error(
-                "engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, self._reason
+            if self._state != "running":
+                raise Conflict(
+                    f"the pipeline is {self._state}, not running: only a running standby "
+                    "can persist"
+                )
+            if self.gate.role == "active":
+                raise Conflict(
+                    "this engine is the active: state is persisted from a standby only, so "
+                    "that the active never pauses"
+                )
+            started = time.monotonic()
+            self._state, self._reason = "persisting", "writing a snapshot"
+            try:
+                self._stop_query_between_batches()
+                # The query is stopped: the buffer and the checkpoint agree and stay put.
+                manifest = snapshot.write_snapshot(
+                    self.settings.snapshot_dir,
+                    pipeline=self.settings.pipeline,
+                    engine_id=self.engine_id,
+                    pipeline_version=twinstream.__version__,
+                    checkpoint=self.settings.checkpoint_dir(self.engine_id),
+                    topic=self.settings.inbound_topic,
+                    buffer=self.gate.buffered(),
+                )
+            finally:
+                self._start_query()
+                self._state, self._reason = "running", ""
+            log.warning(
+                "engine %s pipeline %s: persisted snapshot %s in %.2f s (next offset %s, "
+                "batch %s, %s bytes)",
+                self.engine_id,
+                self.settings.pipeline,
+                manifest.snapshot_id,
+                time.monotonic() - started,
+                manifest.next_offset,
+                manifest.batch_id,
+                manifest.size_bytes,
             )
+            return manifest
+
+    def restore(self, requested: str) -> RestoreReport:
+        """Load a snapshot (an id, `latest`) or rebuild `cold` into a stopped pipeline, then
+        start it; GET /pipeline shows state `restoring` and the lag until in sync."""
+        with self._lock:
+            if self._state not in ("stopped", "failed"):
+                raise Conflict(
+                    f"the pipeline is {self._state}: restore replaces the checkpoint, so stop "
+                    "the pipeline first (POST /pipeline/stop)"
+                )
+            topic = self.settings.inbound_topic
+            log_start = self._log_start_offset()
+            checkpoint = self.settings.checkpoint_dir(self.engine_id)
+            if requested == "cold":
+                start_ms = int(time.time() * 1000) - self.settings.window_retention_ms
+                starting: int | None = max(log_start, self._offset_at(start_ms))
+                shutil.rmtree(checkpoint, ignore_errors=True)
+                self.gate.restore([])
+                source, next_offset = "cold", int(starting or 0)
+            else:
+                manifest = snapshot.choose(
+                    self.settings.snapshot_dir, self.settings.pipeline, requested
+                )
+                if manifest.next_offset < log_start:
+                    raise snapshot.SnapshotError(
+                        f"snapshot {manifest.snapshot_id} continues at inbound offset "
+                        f"{manifest.next_offset}, but Kafka's log of {topic} starts at "
+                        f"{log_start}: retention has deleted what it would replay; choose a "
+                        'newer snapshot or restore "cold"'
+                    )
+                self.gate.restore(
+                    snapshot.install(self.settings.snapshot_dir, manifest, checkpoint)
+                )
+                starting = None
+                source, next_offset = manifest.snapshot_id, manifest.next_offset
+            self._restored_from = source
+            self._restore_started = time.monotonic()
+            self._run(
+                "restoring", f"replaying from inbound offset {next_offset} ({source})", starting
+            )
+            log.warning(
+                "engine %s pipeline %s: restoring from %s at inbound offset %s (log start %s)",
+                self.engine_id,
+                self.settings.pipeline,
+                source,
+                next_offset,
+                log_start,
+            )
+            return RestoreReport(
+                snapshot=source,
+                next_offset=next_offset,
+                log_start_offset=log_start,
+                pipeline=self.pipeline_info(),
+            )
+
+    def buffer_tail(self, last: int) -> list[BufferedRow]:
+        rows = self.gate.buffered()[-last:] if last > 0 else []
+        return [BufferedRow(msg_id=r.msg_id, kind=r.kind, key=r.key, value=r.value) for r in rows]
+
+    def _log_start_offset(self) -> int:
+        with self._kafka_lock:
+            low, _ = self._hwm_consumer.get_watermark_offsets(
+                TopicPartition(self.settings.inbound_topic, 0), timeout=10
+            )
+        return int(low)
+
+    def _offset_at(self, timestamp_ms: int) -> int:
+        """The first inbound offset at or after the time (the end of the log if none is)."""
+        with self._kafka_lock:
+            (found,) = self._hwm_consumer.offsets_for_times(
+                [TopicPartition(self.settings.inbound_topic, 0, timestamp_ms)], timeout=10
+            )
+            if found.offset >= 0:
+                return int(found.offset)
+            _, high = self._hwm_consumer.get_watermark_offsets(
+                TopicPartition(self.settings.inbound_topic, 0), timeout=10
+            )
+        return int(high)
 
     def _new_session(self) -> SparkSession:
         from twinstream.spark import session
@@ -189,6 +404,21 @@ class Engine:
         self.metrics.buffer_fill.set(status.buffer_fill)
         if lag is not None:
             self.metrics.lag.set(lag)
+        in_sync = (
+            self._state in ("running", "restoring", "persisting")
+            and lag is not None
+            and lag <= self.settings.in_sync_lag
+        )
+        if in_sync and self._state == "restoring":
+            self._state, self._reason = "running", ""
+            log.warning(
+                "engine %s pipeline %s: restored from %s and in sync after %.1f s (lag %s)",
+                self.engine_id,
+                self.settings.pipeline,
+                self._restored_from,
+                time.monotonic() - self._restore_started,
+                lag,
+            )
         return PipelineInfo(
             state=self._state,
             reason=self._reason,
@@ -197,10 +427,10 @@ class Engine:
             lag=lag,
             buffer_fill=status.buffer_fill,
             buffer_size=status.buffer_size,
-            in_sync=self._state == "running"
-            and lag is not None
-            and lag <= self.settings.in_sync_lag,
+            in_sync=in_sync,
             uncovered_ranges=status.uncovered_ranges,
+            events_per_s=self._events_per_s(),
+            restored_from=self._restored_from,
         )
 
     def metrics_text(self) -> bytes:
@@ -217,12 +447,23 @@ class Engine:
             return None
         return max(0, hwm - read_up_to)
 
-    def _query_position(self) -> int | None:
+    def _progress(self) -> dict[str, Any]:
+        """The query's last progress report, re-read at most every 250 ms: each read is a
+        py4j round trip and a JSON parse, and status polls must not slow the batches."""
+        fetched_at, query, progress = self._progress_cache
+        if query is self._query and time.monotonic() - fetched_at < 0.25:
+            return progress
         query = self._query
-        progress: Any = query.lastProgress if query is not None else None
-        if not progress:
-            return None
-        for source in progress.get("sources", []):
+        progress = (query.lastProgress if query is not None else None) or {}
+        self._progress_cache = (time.monotonic(), query, progress)
+        return progress
+
+    def _events_per_s(self) -> float | None:
+        rate = self._progress().get("processedRowsPerSecond")
+        return round(float(rate), 1) if rate is not None else None
+
+    def _query_position(self) -> int | None:
+        for source in self._progress().get("sources", []):
             end = source.get("endOffset") or {}
             partitions = end.get(self.settings.inbound_topic) if isinstance(end, dict) else None
             if partitions:
@@ -233,7 +474,7 @@ class Engine:
         fetched_at, value = self._hwm
         if time.monotonic() - fetched_at < 0.5:
             return value
-        with self._lock:
+        with self._kafka_lock:
             try:
                 _, high = self._hwm_consumer.get_watermark_offsets(
                     TopicPartition(self.settings.inbound_topic, 0), timeout=2
@@ -260,14 +501,28 @@ class EngineControl:
         return self.engine.pipeline_info()
 
     def start_pipeline(self) -> None:
-        if self.engine.pipeline_info().state == "running":
-            raise Conflict("the pipeline is already running")
+        state = self.engine.pipeline_info().state
+        if state not in ("stopped", "failed"):
+            raise Conflict(f"the pipeline is already {state}")
         self.engine.start_pipeline()
+        info = self.engine.pipeline_info()
+        if info.state not in ("running", "restoring"):
+            raise Conflict(info.reason)
 
     def stop_pipeline(self) -> None:
-        if self.engine.pipeline_info().state != "running":
-            raise Conflict("the pipeline is not running")
+        state = self.engine.pipeline_info().state
+        if state not in ("running", "restoring"):
+            raise Conflict(f"the pipeline is {state}, not running")
         self.engine.stop_pipeline()
+
+    def persist(self) -> snapshot.Manifest:
+        return self.engine.persist()
+
+    def restore(self, requested: str) -> RestoreReport:
+        return self.engine.restore(requested)
+
+    def buffer_tail(self, last: int) -> list[BufferedRow]:
+        return self.engine.buffer_tail(last)
 
     def metrics(self) -> bytes:
         return self.engine.metrics_text()

@@ -222,6 +222,17 @@ class Gate:
         with self._lock:
             return list(self._buffer)
 
+    def restore(self, rows: Sequence[Output]) -> None:
+        """Load a snapshot's buffer (or none, for a cold rebuild) into a standby whose query
+        is stopped; the restarted query continues after the last row."""
+        with self._lock:
+            if self._role == "active":
+                raise RuntimeError("an active engine's buffer cannot be replaced")
+            self._buffer.clear()
+            self._buffer.extend(sorted(rows, key=lambda r: r.msg_id))
+            self._last_processed = self._buffer[-1].msg_id if self._buffer else None
+            self._held = []
+
     @property
     def role(self) -> str:
         return self._role

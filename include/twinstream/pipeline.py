@@ -46,13 +46,22 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     }
 
 
-def read_inbound(spark: SparkSession, settings: Settings) -> DataFrame:
+def read_inbound(
+    spark: SparkSession, settings: Settings, starting_offset: int | None = None
+) -> DataFrame:
+    """`starting_offset` places a query without a checkpoint (a cold rebuild); None means
+    the beginning of the topic."""
+    starting = (
+        "earliest"
+        if starting_offset is None
+        else json.dumps({settings.inbound_topic: {"0": starting_offset}})
+    )
     return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
         .option("subscribe", settings.inbound_topic)
         # Only for a query without a checkpoint; a restart resumes from the checkpoint.
-        .option("startingOffsets", "earliest")
+        .option("startingOffsets", starting)
         .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
         # Never reads uncommitted records if a producer of the inbound topic uses
         # transactions.
@@ -139,10 +148,11 @@ def start_query(
     settings: Settings,
     engine_id: str,
     process_batch: Callable[[DataFrame, int], None],
+    starting_offset: int | None = None,
 ) -> StreamingQuery:
-    checkpoint = settings.engine_dir(engine_id) / "checkpoint"
+    checkpoint = settings.checkpoint_dir(engine_id)
     return (
-        transform(keyed(read_inbound(spark, settings), settings), settings)
+        transform(keyed(read_inbound(spark, settings, starting_offset), settings), settings)
         .writeStream.queryName(query_name(settings, engine_id))
         .option("checkpointLocation", str(checkpoint))
         .outputMode("append")

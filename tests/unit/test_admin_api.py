@@ -4,18 +4,42 @@ errors with a reason, 409 where a request does not fit the engine's state."""
 import pytest
 from fastapi.testclient import TestClient
 
-from twinstream.admin_api import Conflict, PipelineInfo, ServerInfo, create_app
+from twinstream.admin_api import (
+    BufferedRow,
+    Conflict,
+    PipelineInfo,
+    RestoreReport,
+    ServerInfo,
+    create_app,
+)
+from twinstream.snapshot import Manifest, SnapshotError
 
 TOKEN = "s3cret-token"
+
+
+MANIFEST = Manifest(
+    snapshot_id="20261122T000000.000000Z-a-b7",
+    pipeline="hostmetrics",
+    engine_id="a",
+    pipeline_version="0",
+    next_offset=70,
+    batch_id=7,
+    created_at="2026-11-22T00:00:00+00:00",
+    size_bytes=10,
+    buffer_rows=1,
+    buffer_last_msg_id=69,
+    files={"buffer.jsonl": "0" * 64},
+)
 
 
 class FakeControl:
     def __init__(self):
         self.state = "running"
+        self.role = "standby"
 
     def server_info(self):
         return ServerInfo(
-            engine_id="a", role="standby", pid=1, zk_state="CONNECTED", epoch=3, version="0"
+            engine_id="a", role=self.role, pid=1, zk_state="CONNECTED", epoch=3, version="0"
         )
 
     def pipeline_info(self):
@@ -41,6 +65,25 @@ class FakeControl:
             raise Conflict("the pipeline is not running")
         self.state = "stopped"
 
+    def persist(self) -> Manifest:
+        if self.role == "active":
+            raise Conflict("this engine is the active")
+        return MANIFEST
+
+    def restore(self, requested: str) -> RestoreReport:
+        if self.state != "stopped":
+            raise Conflict("stop the pipeline first")
+        if requested != MANIFEST.snapshot_id:
+            raise SnapshotError(f"no snapshot {requested}")
+        self.state = "restoring"
+        return RestoreReport(
+            snapshot=requested, next_offset=70, log_start_offset=0, pipeline=self.pipeline_info()
+        )
+
+    def buffer_tail(self, last: int) -> list[BufferedRow]:
+        rows = [BufferedRow(msg_id=i, kind="out", key="h", value="{}") for i in range(60, 70)]
+        return rows[-last:]
+
     def metrics(self):
         return b"twinstream_role 1\n"
 
@@ -55,6 +98,9 @@ PROTECTED = [
     ("GET", "/pipeline"),
     ("POST", "/pipeline/stop"),
     ("POST", "/pipeline/start"),
+    ("POST", "/pipeline/persist"),
+    ("POST", "/pipeline/restore"),
+    ("GET", "/pipeline/buffer"),
     ("GET", "/metrics"),
 ]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -110,3 +156,33 @@ def test_openapi_is_published_and_an_empty_token_is_refused(client):
     assert "/pipeline/stop" in client.get("/openapi.json").json()["paths"]
     with pytest.raises(ValueError, match="TWINSTREAM_ADMIN_TOKEN"):
         create_app(FakeControl(), "")
+
+
+def test_persist_is_refused_on_the_active_with_a_reason():
+    control = FakeControl()
+    client = TestClient(create_app(control, TOKEN), raise_server_exceptions=False)
+    assert client.post("/pipeline/persist", headers=AUTH).json()["next_offset"] == 70
+    control.role = "active"
+    refused = client.post("/pipeline/persist", headers=AUTH)
+    assert refused.status_code == 409
+    assert refused.json() == {"reason": "this engine is the active"}
+
+
+def test_restore_needs_a_stopped_pipeline_and_a_usable_snapshot(client):
+    body = {"snapshot": MANIFEST.snapshot_id}
+    assert client.post("/pipeline/restore", headers=AUTH, json=body).status_code == 409
+    client.post("/pipeline/stop", headers=AUTH)
+    unknown = client.post("/pipeline/restore", headers=AUTH, json={"snapshot": "nope"})
+    assert (unknown.status_code, unknown.json()) == (422, {"reason": "no snapshot nope"})
+    bad = client.post("/pipeline/restore", headers=AUTH, json={"snapshot": "../../etc"})
+    assert bad.status_code == 422
+    assert bad.json()["reason"].startswith("invalid request: body.snapshot: String should")
+    report = client.post("/pipeline/restore", headers=AUTH, json=body).json()
+    assert report["snapshot"] == MANIFEST.snapshot_id
+    assert report["pipeline"]["state"] == "restoring"
+
+
+def test_buffer_returns_the_newest_rows(client):
+    rows = client.get("/pipeline/buffer?last=3", headers=AUTH).json()
+    assert [r["msg_id"] for r in rows] == [67, 68, 69]
+    assert client.get("/pipeline/buffer?last=0", headers=AUTH).status_code == 422

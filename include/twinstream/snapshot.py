@@ -1,0 +1,340 @@
+"""Snapshots of a standby's state: the Spark checkpoint (offsets, commits, RocksDB state)
+and the gate's ring buffer, with a manifest of checksums.
+
+Guarantee: a snapshot directory without `.tmp` in its name is complete. It is written under
+`<id>.tmp/`, every file and directory is fsynced, and only then is it renamed into place,
+so a crash mid-persist leaves a `.tmp` folder that no reader ever takes. A reader trusts a
+snapshot only after every file's sha256 matches its manifest: `latest` is the newest
+snapshot that verifies, and a named snapshot that does not verify is refused with the
+reason. Nothing here needs Spark, Kafka or Airflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from twinstream.hostmetrics import Output
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+BUFFER = "buffer.jsonl"
+CHECKPOINT = "checkpoint"
+TMP_SUFFIX = ".tmp"
+# Spark's checksum sidecar files (.N.crc) are part of the checkpoint and copied with it.
+
+
+class SnapshotError(Exception):
+    """A snapshot that must not be used, or an operation that cannot be done; says why."""
+
+
+class Manifest(BaseModel):
+    snapshot_id: str
+    pipeline: str
+    engine_id: str
+    pipeline_version: str
+    # The inbound offset the restored query reads first (end offset of the last committed
+    # batch): Kafka must still hold it.
+    next_offset: int
+    batch_id: int
+    created_at: str
+    size_bytes: int
+    buffer_rows: int
+    buffer_last_msg_id: int | None
+    files: dict[str, str]
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    snapshot_id: str
+    path: Path
+    manifest: Manifest | None
+    problem: str | None
+
+    @property
+    def valid(self) -> bool:
+        return self.problem is None
+
+
+# -- the checkpoint ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointPosition:
+    batch_id: int
+    next_offset: int
+
+
+def _numbered(folder: Path) -> list[int]:
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def _batch_offsets(checkpoint: Path, batch_id: int, topic: str) -> int:
+    """The end offset of partition 0 of `topic` in offsets/<batch_id> (Spark's v1 log:
+    a version line, the batch metadata, then one JSON line per source)."""
+    path = checkpoint / "offsets" / str(batch_id)
+    lines = path.read_text().splitlines()
+    if not lines or lines[0] != "v1":
+        raise SnapshotError(f"{path}: not a Spark offset log (first line {lines[:1]})")
+    for line in lines[2:]:
+        offsets = json.loads(line)
+        if isinstance(offsets, dict) and topic in offsets:
+            return int(offsets[topic]["0"])
+    raise SnapshotError(f"{path}: no offsets for topic {topic}")
+
+
+def checkpoint_position(checkpoint: Path, topic: str) -> CheckpointPosition | None:
+    """Where a query restarted on this checkpoint continues: the last committed batch and
+    its end offset. None for a checkpoint that has not committed a batch yet."""
+    commits = _numbered(checkpoint / "commits")
+    if not commits:
+        return None
+    batch = commits[-1]
+    return CheckpointPosition(batch, _batch_offsets(checkpoint, batch, topic))
+
+
+def checkpoint_problem(checkpoint: Path, topic: str) -> str | None:
+    """Why Spark could not resume from this checkpoint, or None when it looks intact. Catches
+    what a lost or half-copied disk leaves: no metadata, unreadable logs, a commit without
+    its offsets, a stateful query without its state."""
+    if not checkpoint.exists():
+        return f"{checkpoint} does not exist"
+    metadata = checkpoint / "metadata"
+    try:
+        json.loads(metadata.read_text())["id"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{metadata} is missing or unreadable ({exc})"
+    try:
+        position = checkpoint_position(checkpoint, topic)
+        offsets = _numbered(checkpoint / "offsets")
+        if offsets:
+            _batch_offsets(checkpoint, offsets[-1], topic)
+    except (OSError, ValueError, KeyError, TypeError, SnapshotError) as exc:
+        return f"the offset or commit log of {checkpoint} is damaged ({exc})"
+    if position is not None and not (checkpoint / "state" / "0").is_dir():
+        return f"{checkpoint} has committed batch {position.batch_id} but no state store"
+    return None
+
+
+# -- writing ----------------------------------------------------------------------------
+
+
+def new_snapshot_id(engine_id: str, batch_id: int, now: datetime) -> str:
+    """Sorts by creation time: the newest snapshot has the greatest id."""
+    return f"{now.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}-{engine_id}-b{batch_id}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_tree(root: Path) -> None:
+    """Data and directory entries on disk before the rename publishes them."""
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(Path(folder))
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_buffer(path: Path, rows: Iterable[Output]) -> int:
+    count = 0
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps([row.msg_id, row.kind, row.key, row.value]) + "\n")
+            count += 1
+    return count
+
+
+def read_buffer(path: Path) -> list[Output]:
+    rows = []
+    with path.open() as f:
+        for line in f:
+            msg_id, kind, key, value = json.loads(line)
+            rows.append(Output(int(msg_id), kind, key, value))
+    return rows
+
+
+def write_snapshot(
+    snapshot_dir: Path,
+    *,
+    pipeline: str,
+    engine_id: str,
+    pipeline_version: str,
+    checkpoint: Path,
+    topic: str,
+    buffer: Sequence[Output],
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Manifest:
+    """Copy a stopped query's checkpoint and the buffer into a new snapshot, atomically."""
+    position = checkpoint_position(checkpoint, topic)
+    if position is None:
+        raise SnapshotError(f"{checkpoint} has no committed batch yet: nothing to persist")
+    created = now()
+    snapshot_id = new_snapshot_id(engine_id, position.batch_id, created)
+    snapshot_dir.mkdir(parents=True, exist_ok=True)
+    final = snapshot_dir / snapshot_id
+    tmp = snapshot_dir / f"{snapshot_id}{TMP_SUFFIX}"
+    try:
+        shutil.copytree(checkpoint, tmp / CHECKPOINT)
+        rows = write_buffer(tmp / BUFFER, buffer)
+        files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        manifest = Manifest(
+            snapshot_id=snapshot_id,
+            pipeline=pipeline,
+            engine_id=engine_id,
+            pipeline_version=pipeline_version,
+            next_offset=position.next_offset,
+            batch_id=position.batch_id,
+            created_at=created.astimezone(UTC).isoformat(),
+            size_bytes=sum((tmp / name).stat().st_size for name in files),
+            buffer_rows=rows,
+            buffer_last_msg_id=buffer[-1].msg_id if buffer else None,
+            files=files,
+        )
+        (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+        _fsync_tree(tmp)
+        tmp.rename(final)
+        _fsync_dir(snapshot_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info(
+        "pipeline %s engine %s: snapshot %s written (next offset %s, %s buffered rows, %s bytes)",
+        pipeline,
+        engine_id,
+        snapshot_id,
+        manifest.next_offset,
+        rows,
+        manifest.size_bytes,
+    )
+    return manifest
+
+
+# -- reading ----------------------------------------------------------------------------
+
+
+def verify(path: Path, pipeline: str | None = None) -> Manifest:
+    """The snapshot's manifest, once every file matches it; SnapshotError says what does not."""
+    if path.name.endswith(TMP_SUFFIX):
+        raise SnapshotError(f"{path.name} is a half-written snapshot (its persist never finished)")
+    if not path.is_dir():
+        raise SnapshotError(f"no snapshot {path.name} in {path.parent}")
+    try:
+        manifest = Manifest.model_validate_json((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise SnapshotError(f"{path.name}: no {MANIFEST}") from None
+    except ValidationError as exc:
+        raise SnapshotError(
+            f"{path.name}: {MANIFEST} is damaged ({exc.errors()[0]['msg']})"
+        ) from None
+    if manifest.snapshot_id != path.name:
+        raise SnapshotError(f"{path.name}: the manifest names snapshot {manifest.snapshot_id}")
+    if pipeline is not None and manifest.pipeline != pipeline:
+        raise SnapshotError(f"{path.name}: taken from pipeline {manifest.pipeline}, not {pipeline}")
+    for name, expected in sorted(manifest.files.items()):
+        file = path / name
+        if not file.is_file():
+            raise SnapshotError(f"{path.name}: {name} is missing")
+        actual = _sha256(file)
+        if actual != expected:
+            raise SnapshotError(
+                f"{path.name}: {name} has sha256 {actual[:12]}..., the manifest says "
+                f"{expected[:12]}... (damaged or truncated)"
+            )
+    if BUFFER not in manifest.files or not any(n.startswith(CHECKPOINT) for n in manifest.files):
+        raise SnapshotError(f"{path.name}: the manifest lists no checkpoint or no buffer")
+    return manifest
+
+
+def list_snapshots(snapshot_dir: Path, pipeline: str | None = None) -> list[SnapshotInfo]:
+    """Every snapshot folder, newest first, each verified (half-written ones included, as
+    invalid, so that an operator sees them)."""
+    if not snapshot_dir.is_dir():
+        return []
+    infos = []
+    for path in sorted(snapshot_dir.iterdir(), key=lambda p: p.name, reverse=True):
+        if not path.is_dir():
+            continue
+        snapshot_id = path.name.removesuffix(TMP_SUFFIX)
+        try:
+            infos.append(SnapshotInfo(snapshot_id, path, verify(path, pipeline), None))
+        except SnapshotError as exc:
+            infos.append(SnapshotInfo(snapshot_id, path, None, str(exc)))
+    return infos
+
+
+def choose(snapshot_dir: Path, pipeline: str, requested: str) -> Manifest:
+    """`latest` (the newest snapshot that verifies, skipping damaged ones with a warning) or
+    a snapshot id (refused with the reason when it does not verify)."""
+    if requested == "latest":
+        for info in list_snapshots(snapshot_dir, pipeline):
+            if info.manifest is not None:
+                return info.manifest
+            log.warning(
+                "pipeline %s: skipping snapshot %s: %s", pipeline, info.snapshot_id, info.problem
+            )
+        raise SnapshotError(f"no valid snapshot of pipeline {pipeline} in {snapshot_dir}")
+    if "/" in requested or requested in ("", ".", ".."):
+        raise SnapshotError(f"{requested!r} is not a snapshot id")
+    return verify(snapshot_dir / requested, pipeline)
+
+
+def install(snapshot_dir: Path, manifest: Manifest, checkpoint: Path) -> list[Output]:
+    """Replace `checkpoint` with the snapshot's copy; return the buffered rows. The copy goes
+    to a sibling first, so a failure leaves either the old or the new checkpoint whole."""
+    source = snapshot_dir / manifest.snapshot_id
+    staging = checkpoint.with_name(checkpoint.name + ".restoring")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source / CHECKPOINT, staging)
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    staging.rename(checkpoint)
+    return read_buffer(source / BUFFER)
+
+
+def prune(snapshot_dir: Path, pipeline: str, keep: int) -> list[str]:
+    """Delete all but the newest `keep` snapshots; the newest valid one is never deleted, even
+    when newer damaged ones fill the `keep` slots. Half-written `.tmp` folders are left to
+    the persist that may still be writing them. Returns the deleted ids."""
+    if keep < 1:
+        raise SnapshotError(f"keep must be at least 1, got {keep}")
+    done = [
+        i for i in list_snapshots(snapshot_dir, pipeline) if not i.path.name.endswith(TMP_SUFFIX)
+    ]
+    newest_valid = next((i for i in done if i.valid), None)
+    deleted = []
+    for info in done[keep:]:
+        if info is newest_valid:
+            continue
+        # Renamed first so that a reader never sees a half-deleted snapshot as a snapshot.
+        doomed = info.path.with_name(info.path.name + ".deleting" + TMP_SUFFIX)
+        with contextlib.suppress(FileNotFoundError):
+            info.path.rename(doomed)
+            shutil.rmtree(doomed)
+            deleted.append(info.snapshot_id)
+    return deleted
