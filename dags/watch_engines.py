@@ -1,0 +1,73 @@
+"""
+### watch_engines
+
+**Purpose.** Every minute, look at every engine through its admin API. An engine that is
+unreachable, or whose pipeline is stopped or failed, for longer than the grace period
+(`TWINSTREAM_WATCH_GRACE_S`, default 120 s) gets one `restore_and_resync` run (latest
+snapshot) per incident: not one per minute. An incident ends when the engine is seen
+running (or restoring) again.
+
+**Connections.** `twinstream_engine_<id>` per engine (HTTP: admin API host and port, the
+bearer token as password). The incidents are remembered in the Airflow Variable
+`twinstream_watch_incidents` (JSON), read and written by the task only.
+
+**Recovery.** The DAG only observes and triggers; a failed look changes nothing. To have
+an engine restored again within the same incident, delete its entry from the Variable
+or trigger `restore_and_resync` by hand.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import dag, task
+
+INCIDENTS = "twinstream_watch_incidents"
+
+DEFAULT_ARGS = {
+    "owner": "twinstream",
+    "retries": 1,
+    "retry_delay": timedelta(seconds=10),
+}
+
+
+@dag(
+    dag_id="watch_engines",
+    schedule=timedelta(minutes=1),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["twinstream", "operate"],
+    doc_md=__doc__,
+)
+def watch_engines() -> None:
+    @task
+    def decide() -> list[dict[str, Any]]:
+        import json
+        import time
+
+        from airflow.sdk import Variable
+
+        from twinstream.config import load_settings
+        from twinstream.operate import airflow_engine, observe, watch
+
+        settings = load_settings()
+        views = []
+        for engine_id in settings.engine_ids:
+            with airflow_engine(engine_id, settings) as engine:
+                views.append(observe(engine))
+        remembered = json.loads(Variable.get(INCIDENTS, default="{}"))
+        to_restore, incidents = watch(views, remembered, time.time(), settings.watch_grace_s)
+        Variable.set(INCIDENTS, json.dumps(incidents))
+        return [{"engine": engine_id, "snapshot": "latest"} for engine_id in to_restore]
+
+    TriggerDagRunOperator.partial(
+        task_id="trigger_restore",
+        trigger_dag_id="restore_and_resync",
+    ).expand(conf=decide())
+
+
+watch_engines()

@@ -1,0 +1,441 @@
+"""What the operating DAGs do, as plain functions: persist a standby, restore and resync an
+engine, watch the engines. The DAG files only wire these into tasks, and the unit tests
+drive them with fake engines, without Airflow.
+
+Every refusal is an OperateError whose message says what was found and what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from twinstream import snapshot
+from twinstream.config import Settings
+from twinstream.engine_client import EngineClient, EngineError
+
+log = logging.getLogger(__name__)
+
+COLD = "cold"
+LATEST = "latest"
+# Pipeline states in which an engine is doing its job (restoring is on its way there).
+WORKING = ("running", "restoring", "persisting")
+
+
+class OperateError(Exception):
+    """The operation must not go on; the message says why and what to do."""
+
+
+@contextmanager
+def refusals_fail_fast() -> Iterator[None]:
+    """In an Airflow task: a refusal fails the task at once. Retrying cannot change the
+    answer; retries are for the network."""
+    try:
+        yield
+    except OperateError as exc:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(str(exc)) from exc
+
+
+class Engine(Protocol):
+    """The admin API as the DAGs use it (EngineClient, or a fake in unit tests)."""
+
+    engine_id: str
+    base_url: str
+
+    def server(self) -> dict[str, Any]: ...
+    def pipeline(self) -> dict[str, Any]: ...
+    def stop(self) -> dict[str, Any]: ...
+    def persist(self) -> dict[str, Any]: ...
+    def restore(self, snapshot: str) -> dict[str, Any]: ...
+    def buffer(self, last: int) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """One engine as seen through its admin API at one moment."""
+
+    engine_id: str
+    reachable: bool
+    role: str | None = None
+    zk_state: str | None = None
+    state: str | None = None
+    reason: str = ""
+    in_sync: bool = False
+    lag: int | None = None
+    error: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.reachable and self.state in WORKING
+
+    def describe(self) -> str:
+        if not self.reachable:
+            return f"engine {self.engine_id}: unreachable ({self.error})"
+        sync = "in sync" if self.in_sync else f"not in sync (lag {self.lag})"
+        why = f", {self.reason}" if self.reason else ""
+        return f"engine {self.engine_id}: {self.role}, pipeline {self.state}{why}, {sync}"
+
+
+def observe(engine: Engine) -> EngineView:
+    try:
+        server = engine.server()
+        info = engine.pipeline()
+    except EngineError as exc:
+        return EngineView(engine.engine_id, reachable=False, error=str(exc))
+    return EngineView(
+        engine.engine_id,
+        reachable=True,
+        role=server.get("role"),
+        zk_state=server.get("zk_state"),
+        state=info.get("state"),
+        reason=info.get("reason") or "",
+        in_sync=bool(info.get("in_sync")),
+        lag=info.get("lag"),
+    )
+
+
+# -- persist_standby_state --------------------------------------------------------------
+
+
+def zk_leader(settings: Settings) -> str | None:
+    """The engine id holding the election (the first contender), read with the pipeline's
+    ZooKeeper credentials; None when nobody holds it."""
+    from twinstream.election import zk_client
+
+    client = zk_client(settings)
+    client.start(timeout=15)
+    try:
+        contenders = client.Election(settings.election_path).contenders()
+        return str(contenders[0]) if contenders else None
+    finally:
+        client.stop()
+        client.close()
+
+
+def pick_standby(views: Iterable[EngineView], leader: str | None) -> str:
+    """An engine that ZooKeeper does not name as the leader and that says itself it is an
+    in-sync standby: both sources must agree, so a stale view can never pick the active."""
+    views = list(views)
+    for view in views:
+        if (
+            view.reachable
+            and view.engine_id != leader
+            and view.role == "standby"
+            and view.state == "running"
+            and view.in_sync
+        ):
+            return view.engine_id
+    seen = "; ".join(v.describe() for v in views)
+    raise OperateError(
+        f"no in-sync standby to persist from (ZooKeeper leader: {leader}; {seen}). The active "
+        "is never persisted; restore or resync a standby (restore_and_resync) and rerun."
+    )
+
+
+def persist_from(engine: Engine) -> dict[str, Any]:
+    manifest = engine.persist()
+    log.info(
+        "engine %s: snapshot %s, next inbound offset %s, %s bytes",
+        engine.engine_id,
+        manifest["snapshot_id"],
+        manifest["next_offset"],
+        manifest["size_bytes"],
+    )
+    return manifest
+
+
+def verify_persisted(settings: Settings, manifest: Mapping[str, Any]) -> str:
+    """Re-read the snapshot from shared storage, check every checksum, and check that it is
+    the one the engine reported."""
+    snapshot_id = str(manifest["snapshot_id"])
+    try:
+        on_disk = snapshot.verify(settings.snapshot_dir / snapshot_id, settings.pipeline)
+    except snapshot.SnapshotError as exc:
+        raise OperateError(f"the snapshot just persisted does not verify: {exc}") from exc
+    if on_disk.model_dump() != dict(manifest):
+        raise OperateError(f"snapshot {snapshot_id}: the manifest on disk differs from the reply")
+    log.info("snapshot %s: %s files verified", snapshot_id, len(on_disk.files))
+    return snapshot_id
+
+
+def prune(settings: Settings, keep: int) -> list[str]:
+    deleted = snapshot.prune(settings.snapshot_dir, settings.pipeline, keep)
+    left = [i.snapshot_id for i in snapshot.list_snapshots(settings.snapshot_dir)]
+    log.info("pruned %s snapshot(s) %s; kept %s", len(deleted), deleted, left)
+    return deleted
+
+
+# -- restore_and_resync -----------------------------------------------------------------
+
+
+def assess(view: EngineView, force: bool) -> str:
+    """Refuse to touch an engine that is doing its job, unless forced."""
+    if not view.reachable:
+        raise OperateError(
+            f"{view.describe()}: its admin API must answer before it can be restored; start "
+            "its process (make up / docker compose up -d) and rerun"
+        )
+    if view.role == "active" and view.state in WORKING:
+        raise OperateError(
+            f"{view.describe()}: this engine is the active; restoring it would stop the "
+            "pipeline's output. Stop it first so that a standby takes over."
+        )
+    if view.state in WORKING and view.in_sync and not force:
+        raise OperateError(
+            f"{view.describe()}: healthy and in sync, nothing to restore (set force to restore "
+            "it anyway)"
+        )
+    log.info("%s: will be restored", view.describe())
+    return view.describe()
+
+
+def inbound_log_start(settings: Settings) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from twinstream.kafka import consumer_config
+
+    consumer = Consumer(consumer_config(settings, f"twinstream-ops-{uuid.uuid4()}"))
+    try:
+        low, _ = consumer.get_watermark_offsets(
+            TopicPartition(settings.inbound_topic, 0), timeout=15
+        )
+        return int(low)
+    finally:
+        consumer.close()
+
+
+def choose_snapshot(settings: Settings, requested: str, log_start: int) -> str:
+    """The snapshot id to restore (or `cold`), checked before the engine is touched."""
+    if requested == COLD:
+        log.info("cold rebuild: replay from the inbound offset at now - window retention")
+        return COLD
+    try:
+        manifest = snapshot.choose(settings.snapshot_dir, settings.pipeline, requested)
+    except snapshot.SnapshotError as exc:
+        raise OperateError(f"cannot restore {requested!r}: {exc}") from exc
+    if manifest.next_offset < log_start:
+        raise OperateError(
+            f"snapshot {manifest.snapshot_id} continues at inbound offset "
+            f"{manifest.next_offset}, but Kafka's log of {settings.inbound_topic} starts at "
+            f"{log_start}: retention has deleted what it would replay; restore a newer "
+            "snapshot or 'cold'"
+        )
+    log.info(
+        "snapshot %s: taken by engine %s at %s, continues at inbound offset %s (log start %s)",
+        manifest.snapshot_id,
+        manifest.engine_id,
+        manifest.created_at,
+        manifest.next_offset,
+        log_start,
+    )
+    return manifest.snapshot_id
+
+
+def start_restore(engine: Engine, snapshot_id: str, force: bool) -> dict[str, Any]:
+    view = observe(engine)
+    if view.state in WORKING:
+        if not force:
+            raise OperateError(f"{view.describe()}: it started meanwhile; rerun with force")
+        log.warning("%s: stopping it for the forced restore", view.describe())
+        engine.stop()
+    report = engine.restore(snapshot_id)
+    info = report["pipeline"]
+    log.info(
+        "engine %s: restoring %s from inbound offset %s; lag %s",
+        engine.engine_id,
+        report["snapshot"],
+        report["next_offset"],
+        info.get("lag"),
+    )
+    return {**report, "started_at": time.time()}
+
+
+@dataclass
+class SyncCheck:
+    done: bool
+    message: str
+
+
+def sync_check(engine: Engine, started_at: float, wait_s: float, now: float) -> SyncCheck:
+    """One look at a restoring engine: done when in sync; OperateError when it failed or
+    the wait is over. The message is the progress line for the sensor's log."""
+    info = engine.pipeline()
+    elapsed = now - started_at
+    line = (
+        f"engine {engine.engine_id}: {info['state']}, lag {info.get('lag')}, "
+        f"{info.get('events_per_s')} events/s, {elapsed:.0f} s since the restore"
+    )
+    if info["state"] not in WORKING:
+        raise OperateError(f"{line}: the pipeline is {info['state']}: {info.get('reason')}")
+    if info.get("in_sync"):
+        return SyncCheck(True, f"{line}: in sync")
+    if elapsed > wait_s:
+        raise OperateError(f"{line}: not in sync after the {wait_s:.0f} s allowed")
+    return SyncCheck(False, line)
+
+
+@dataclass
+class Comparison:
+    compared: int
+    first_msg_id: int | None
+    last_msg_id: int | None
+    mismatches: list[str] = field(default_factory=list)
+
+
+def compare_buffer(
+    buffered: list[dict[str, Any]], published: Mapping[int, tuple[str, str | None, str]]
+) -> Comparison:
+    """The engine's buffered rows against the records already published for the same
+    msg_ids: same topic kind, key and value, byte for byte."""
+    last_published = max(published) if published else None
+    result = Comparison(0, None, None)
+    for row in buffered:
+        msg_id = int(row["msg_id"])
+        if last_published is None or msg_id > last_published:
+            continue  # not published yet: the active is behind this standby
+        result.first_msg_id = msg_id if result.first_msg_id is None else result.first_msg_id
+        result.last_msg_id = msg_id
+        result.compared += 1
+        mine = (row["kind"], row["key"], row["value"])
+        theirs = published.get(msg_id)
+        if theirs is None:
+            result.mismatches.append(f"msg_id {msg_id}: buffered, but not in the outbound topics")
+        elif theirs != mine:
+            result.mismatches.append(f"msg_id {msg_id}: buffered {mine}, published {theirs}")
+    return result
+
+
+def published_since(
+    settings: Settings, first_msg_id: int, timeout_s: float = 60.0
+) -> dict[int, tuple[str, str | None, str]]:
+    """msg_id -> (kind, key, value) of the committed records with msg_id >= first_msg_id in
+    the outbound and dead-letter topics. Reads back from the end of each topic in growing
+    spans: outbound offsets are not msg_ids (transaction markers take offsets too)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from twinstream.kafka import consumer_config
+    from twinstream.subscriber import read_committed
+
+    found: dict[int, tuple[str, str | None, str]] = {}
+    consumer = Consumer(consumer_config(settings, f"twinstream-ops-{uuid.uuid4()}"))
+    try:
+        for kind, topic in (("out", settings.outbound_topic), ("dlq", settings.dlq_topic)):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=15)
+            span = 1024
+            while True:
+                start = max(low, high - span)
+                records = list(read_committed(settings, topic, start, idle_timeout_s=5.0))
+                ids = [r.msg_id for r in records if r.msg_id is not None]
+                if start == low or (ids and min(ids) < first_msg_id):
+                    break
+                span *= 4
+            for r in records:
+                if r.msg_id is not None and r.msg_id >= first_msg_id:
+                    found[r.msg_id] = (kind, r.key, r.value)
+    finally:
+        consumer.close()
+    return found
+
+
+def check_buffer(engine: Engine, settings: Settings, last: int) -> Comparison:
+    buffered = engine.buffer(last)
+    if not buffered:
+        raise OperateError(f"engine {engine.engine_id}: its buffer is empty; nothing to compare")
+    published = published_since(settings, int(buffered[0]["msg_id"]))
+    result = compare_buffer(buffered, published)
+    if result.mismatches:
+        shown = "\n".join(result.mismatches[:20])
+        raise OperateError(
+            f"engine {engine.engine_id}: {len(result.mismatches)} of {result.compared} buffered "
+            f"outputs differ from the published ones:\n{shown}"
+        )
+    if result.compared == 0:
+        raise OperateError(
+            f"engine {engine.engine_id}: none of its {len(buffered)} buffered outputs "
+            f"(msg_id {buffered[0]['msg_id']}..{buffered[-1]['msg_id']}) is published yet"
+        )
+    log.info(
+        "engine %s: %s buffered outputs (msg_id %s..%s) equal the published ones",
+        engine.engine_id,
+        result.compared,
+        result.first_msg_id,
+        result.last_msg_id,
+    )
+    return result
+
+
+# -- watch_engines ----------------------------------------------------------------------
+
+
+@dataclass
+class Incident:
+    """An engine seen down or stopped since `since`; `triggered` once a restore started."""
+
+    since: float
+    triggered: bool = False
+    what: str = ""
+
+
+def watch(
+    views: Iterable[EngineView],
+    incidents: Mapping[str, Mapping[str, Any]],
+    now: float,
+    grace_s: float,
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Which engines to restore now, and the incidents to remember for the next look. An
+    engine is restored once per incident: after the grace period, and not again until it
+    has been seen healthy."""
+    remembered = {k: Incident(**v) for k, v in incidents.items()}
+    to_restore = []
+    current: dict[str, Incident] = {}
+    for view in views:
+        if view.healthy:
+            if view.engine_id in remembered:
+                log.info("%s: healthy again; incident closed", view.describe())
+            continue
+        incident = remembered.get(view.engine_id) or Incident(since=now, what=view.describe())
+        incident.what = view.describe()
+        down_for = now - incident.since
+        if incident.triggered:
+            log.info("%s: restore already triggered for this incident", view.describe())
+        elif down_for >= grace_s:
+            incident.triggered = True
+            to_restore.append(view.engine_id)
+            log.warning("%s for %.0f s: triggering restore_and_resync", view.describe(), down_for)
+        else:
+            log.info("%s for %.0f s (grace %.0f s)", view.describe(), down_for, grace_s)
+        current[view.engine_id] = incident
+    return to_restore, {k: asdict(v) for k, v in current.items()}
+
+
+def airflow_engine(engine_id: str, settings: Settings) -> EngineClient:
+    """The engine's client from its Airflow connection (inside a task only)."""
+    from airflow.sdk import Connection
+
+    return engine_client_factory(settings, Connection.get)(engine_id)
+
+
+def engine_client_factory(
+    settings: Settings, connection: Callable[[str], Any]
+) -> Callable[[str], EngineClient]:
+    """engine id -> EngineClient, from the Airflow connection `connection(conn_id)` returns
+    (anything with host, port, schema and password)."""
+
+    def make(engine_id: str) -> EngineClient:
+        if engine_id not in settings.engine_ids:
+            raise OperateError(
+                f"unknown engine {engine_id!r}; configured: {', '.join(settings.engine_ids)}"
+            )
+        conn = connection(settings.engine_conn_id(engine_id))
+        return EngineClient.from_connection(
+            engine_id, conn.host, conn.port, conn.schema, conn.password
+        )
+
+    return make

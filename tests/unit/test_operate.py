@@ -1,0 +1,285 @@
+"""The operating DAGs' logic with fake engines: picking a standby, refusing a restore,
+choosing a snapshot, watching for sync, comparing outputs, triggering once per incident."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.unit.test_snapshot import Clock, fake_checkpoint, write
+from twinstream import operate
+from twinstream.config import load_settings
+from twinstream.engine_client import EngineClient, EngineError
+from twinstream.operate import EngineView, OperateError
+
+
+def view(engine_id: str, role="standby", state="running", in_sync=True, **kw) -> EngineView:
+    return EngineView(engine_id, True, role, "CONNECTED", state, in_sync=in_sync, lag=0, **kw)
+
+
+DOWN = EngineView("b", False, error="engine b: GET /server: unreachable: refused")
+
+
+class FakeEngine:
+    base_url = "http://fake"
+
+    def __init__(self, engine_id="b", state="running", role="standby", in_sync=False):
+        self.engine_id = engine_id
+        self.info: dict[str, Any] = {
+            "state": state,
+            "reason": "",
+            "lag": 500,
+            "in_sync": in_sync,
+            "events_per_s": 900.0,
+        }
+        self.role = role
+        self.calls: list[str] = []
+        self.buffered: list[dict[str, Any]] = []
+
+    def server(self):
+        return {"role": self.role, "zk_state": "CONNECTED"}
+
+    def pipeline(self):
+        return dict(self.info)
+
+    def stop(self):
+        self.calls.append("stop")
+        self.info["state"] = "stopped"
+        return self.pipeline()
+
+    def persist(self):
+        self.calls.append("persist")
+        return {"snapshot_id": "s", "next_offset": 1, "size_bytes": 2}
+
+    def restore(self, snapshot):
+        self.calls.append(f"restore {snapshot}")
+        self.info["state"] = "restoring"
+        return {"snapshot": snapshot, "next_offset": 10, "pipeline": self.pipeline()}
+
+    def buffer(self, last):
+        return self.buffered[-last:]
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return load_settings(state_dir=tmp_path, snapshot_root=tmp_path / "snaps")
+
+
+# -- persist ------------------------------------------------------------------------------
+
+
+def test_the_standby_is_picked_only_when_zookeeper_and_the_engine_agree():
+    views = [view("a", role="active"), view("b")]
+    assert operate.pick_standby(views, leader="a") == "b"
+    # ZooKeeper says b leads (a takeover just happened): b is not a standby, whatever it said.
+    with pytest.raises(OperateError, match=r"no in-sync standby.*ZooKeeper leader: b"):
+        operate.pick_standby(views, leader="b")
+
+
+@pytest.mark.parametrize(
+    "b",
+    [view("b", in_sync=False), view("b", state="stopped"), view("b", role="active"), DOWN],
+    ids=["behind", "stopped", "active", "down"],
+)
+def test_no_in_sync_standby_fails_with_what_each_engine_is(b):
+    with pytest.raises(OperateError) as refused:
+        operate.pick_standby([view("a", role="active"), b], leader="a")
+    assert "engine a: active" in str(refused.value)
+    assert "engine b:" in str(refused.value)
+    assert "restore_and_resync" in str(refused.value)
+
+
+def test_a_persisted_snapshot_is_verified_on_shared_storage(settings, tmp_path):
+    manifest = write(settings.snapshot_dir, fake_checkpoint(tmp_path / "e"), Clock())
+    reply = manifest.model_dump()
+    assert operate.verify_persisted(settings, reply) == manifest.snapshot_id
+    with pytest.raises(OperateError, match="differs from the reply"):
+        operate.verify_persisted(settings, {**reply, "next_offset": 1})
+    (settings.snapshot_dir / manifest.snapshot_id / "buffer.jsonl").write_text("x")
+    with pytest.raises(OperateError, match=r"does not verify.*buffer.jsonl"):
+        operate.verify_persisted(settings, reply)
+
+
+# -- restore ------------------------------------------------------------------------------
+
+
+def test_assess_refuses_the_active_a_healthy_standby_and_an_unreachable_engine():
+    with pytest.raises(OperateError, match="is the active"):
+        operate.assess(view("b", role="active"), force=True)
+    with pytest.raises(OperateError, match=r"healthy and in sync.*force"):
+        operate.assess(view("b"), force=False)
+    assert "engine b" in operate.assess(view("b"), force=True)
+    with pytest.raises(OperateError, match=r"unreachable.*start its process"):
+        operate.assess(DOWN, force=True)
+    stopped = view("b", role="none", state="stopped", in_sync=False, reason="no checkpoint")
+    assert "no checkpoint" in operate.assess(stopped, force=False)
+
+
+def test_choose_snapshot_checks_checksums_and_kafkas_log_start(settings, tmp_path):
+    clock = Clock()
+    cp = fake_checkpoint(tmp_path / "e")
+    old = write(settings.snapshot_dir, cp, clock)
+    new = write(settings.snapshot_dir, cp, clock)
+    assert operate.choose_snapshot(settings, "latest", log_start=0) == new.snapshot_id
+    assert operate.choose_snapshot(settings, old.snapshot_id, log_start=66) == old.snapshot_id
+    with pytest.raises(OperateError, match=r"continues at inbound offset 66.*starts at 67"):
+        operate.choose_snapshot(settings, "latest", log_start=67)
+    assert operate.choose_snapshot(settings, "cold", log_start=10**9) == "cold"
+    (settings.snapshot_dir / new.snapshot_id / "buffer.jsonl").write_text("")
+    with pytest.raises(OperateError, match="damaged or truncated"):
+        operate.choose_snapshot(settings, new.snapshot_id, log_start=0)
+    assert operate.choose_snapshot(settings, "latest", log_start=0) == old.snapshot_id
+
+
+def test_a_restore_stops_a_running_engine_only_when_forced():
+    engine = FakeEngine(state="running")
+    with pytest.raises(OperateError, match="force"):
+        operate.start_restore(engine, "latest", force=False)
+    assert engine.calls == []
+    report = operate.start_restore(engine, "s1", force=True)
+    assert engine.calls == ["stop", "restore s1"]
+    assert report["snapshot"] == "s1"
+    assert report["started_at"] > 0
+
+
+def test_sync_check_reports_progress_then_done_then_times_out():
+    engine = FakeEngine(state="restoring")
+    check = operate.sync_check(engine, started_at=100.0, wait_s=60, now=110.0)
+    assert not check.done
+    assert check.message == ("engine b: restoring, lag 500, 900.0 events/s, 10 s since the restore")
+    with pytest.raises(OperateError, match="not in sync after the 60 s allowed"):
+        operate.sync_check(engine, started_at=100.0, wait_s=60, now=161.0)
+    engine.info.update(state="running", in_sync=True, lag=3)
+    assert operate.sync_check(engine, started_at=100.0, wait_s=60, now=170.0).done
+    engine.info.update(state="failed", reason="streaming query stopped: boom")
+    with pytest.raises(OperateError, match="pipeline is failed: streaming query stopped"):
+        operate.sync_check(engine, started_at=100.0, wait_s=60, now=120.0)
+
+
+def _row(msg_id: int, value: str = "v", kind: str = "out") -> dict[str, Any]:
+    return {"msg_id": msg_id, "kind": kind, "key": "h", "value": f"{value}{msg_id}"}
+
+
+def test_buffered_outputs_are_compared_with_the_published_ones():
+    published = {i: ("out", "h", f"v{i}") for i in range(10, 20)}
+    same = operate.compare_buffer([_row(i) for i in range(5, 25)], published)
+    # 5..9 were published before what was read; 20..24 not yet: only 10..19 count... and
+    # 5..9 are reported as missing, since they are at or below the last published msg_id.
+    assert same.compared == 15
+    assert len(same.mismatches) == 5
+    assert same.mismatches[0] == "msg_id 5: buffered, but not in the outbound topics"
+
+    exact = operate.compare_buffer([_row(i) for i in range(10, 25)], published)
+    assert (exact.compared, exact.mismatches) == (10, [])
+    assert (exact.first_msg_id, exact.last_msg_id) == (10, 19)
+
+    differs = operate.compare_buffer([_row(i) for i in range(10, 15)] + [_row(15, "x")], published)
+    assert differs.mismatches == [
+        "msg_id 15: buffered ('out', 'h', 'x15'), published ('out', 'h', 'v15')"
+    ]
+    wrong_topic = operate.compare_buffer([_row(12, kind="dlq")], published)
+    assert len(wrong_topic.mismatches) == 1
+
+
+def test_check_buffer_fails_on_a_mismatch_and_on_nothing_to_compare(settings, monkeypatch):
+    engine = FakeEngine()
+    with pytest.raises(OperateError, match="buffer is empty"):
+        operate.check_buffer(engine, settings, 10)
+    engine.buffered = [_row(i) for i in range(10, 20)]
+    monkeypatch.setattr(
+        operate,
+        "published_since",
+        lambda _s, first: {i: ("out", "h", f"v{i}") for i in range(first, 18)},
+    )
+    result = operate.check_buffer(engine, settings, 10)
+    assert (result.compared, result.last_msg_id) == (8, 17)
+    monkeypatch.setattr(operate, "published_since", lambda _s, first: {5: ("out", "h", "v5")})
+    with pytest.raises(OperateError, match="none of its 10 buffered outputs"):
+        operate.check_buffer(engine, settings, 10)
+    monkeypatch.setattr(
+        operate, "published_since", lambda _s, first: {i: ("out", "h", "x") for i in range(10, 20)}
+    )
+    with pytest.raises(OperateError, match="10 of 10 buffered outputs differ"):
+        operate.check_buffer(engine, settings, 10)
+
+
+# -- watch --------------------------------------------------------------------------------
+
+
+def test_an_engine_down_past_the_grace_period_is_restored_once_per_incident():
+    memory: dict[str, Any] = {}
+    healthy_a = view("a", role="active")
+    stopped_b = view("b", role="none", state="stopped", in_sync=False)
+
+    todo, memory = operate.watch([healthy_a, stopped_b], memory, now=1000.0, grace_s=120)
+    assert todo == []
+    assert memory["b"]["since"] == 1000.0
+    todo, memory = operate.watch([healthy_a, stopped_b], memory, now=1119.0, grace_s=120)
+    assert todo == []
+    todo, memory = operate.watch([healthy_a, DOWN], memory, now=1120.0, grace_s=120)
+    assert todo == ["b"]
+    for minute in range(1, 10):
+        todo, memory = operate.watch([healthy_a, DOWN], memory, 1120.0 + 60 * minute, 120)
+        assert todo == []
+    # Restoring counts as healthy: the incident closes, and a later failure is a new one.
+    todo, memory = operate.watch([healthy_a, view("b", state="restoring")], memory, 2000.0, 120)
+    assert (todo, memory) == ([], {})
+    todo, memory = operate.watch([healthy_a, stopped_b], memory, now=3000.0, grace_s=120)
+    todo, memory = operate.watch([healthy_a, stopped_b], memory, now=3120.0, grace_s=120)
+    assert todo == ["b"]
+    json.dumps(memory)  # what the DAG stores in its Variable
+
+
+# -- the admin API client -----------------------------------------------------------------
+
+
+def test_the_client_sends_the_token_and_turns_errors_into_reasons():
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/pipeline/persist":
+            return httpx.Response(409, json={"reason": "this engine is the active"})
+        if request.url.path == "/pipeline/restore":
+            return httpx.Response(502, text="<html>bad gateway</html>")
+        return httpx.Response(200, json={"role": "standby"})
+
+    client = EngineClient("a", "http://x:1", "tok", transport=httpx.MockTransport(handler))
+    assert client.server() == {"role": "standby"}
+    assert seen[0].headers["authorization"] == "Bearer tok"
+    with pytest.raises(
+        EngineError, match="engine a: POST /pipeline/persist: HTTP 409: this engine"
+    ):
+        client.persist()
+    with pytest.raises(EngineError, match="HTTP 502: <html>bad gateway"):
+        client.restore("latest")
+    assert json.loads(seen[-1].content) == {"snapshot": "latest"}
+
+
+def test_an_unreachable_engine_is_an_error_naming_it():
+    down = EngineClient("b", "http://127.0.0.1:9", "tok", timeout_s=1)
+    with pytest.raises(EngineError, match="engine b: GET /server: unreachable"):
+        down.server()
+    assert operate.observe(down).reachable is False
+    assert down.healthy() is False
+
+
+def test_clients_come_from_the_airflow_connection_of_each_engine(settings):
+    conns = {
+        "twinstream_engine_a": SimpleNamespace(
+            host="127.0.0.1", port=8701, schema="http", password="t"
+        ),
+        "twinstream_engine_b": SimpleNamespace(
+            host="engine-b", port=8702, schema=None, password=""
+        ),
+    }
+    make = operate.engine_client_factory(settings, conns.__getitem__)
+    assert make("a").base_url == "http://127.0.0.1:8701"
+    with pytest.raises(ValueError, match="engine b: the connection has no token"):
+        make("b")
+    with pytest.raises(OperateError, match="unknown engine 'c'; configured: a, b"):
+        make("c")
