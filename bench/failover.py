@@ -21,17 +21,22 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from twinstream.config import REPO_ROOT, load_settings
-from twinstream.harness import EngineProcess, Load, Pipeline, audit, ranges, wait_for
+from twinstream.config import REPO_ROOT
+from twinstream.harness import (
+    EngineProcess,
+    Load,
+    Pipeline,
+    audit,
+    bench_pipeline,
+    ranges,
+    wait_for,
+)
 from twinstream.publisher import synthetic
-from twinstream.stack.layout import Layout
-from twinstream.stack.supervisor import Supervisor
 from twinstream.subscriber import read_committed
 
 
@@ -68,18 +73,8 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    settings = load_settings()
-    supervisor = Supervisor(Layout.of(settings))
-    if not supervisor.is_running():
-        print("the local stack is not running: start it with `make up`")
-        return 2
-    paused = [f"engine-{e}" for e in settings.engine_ids]
-    for name in paused:
-        supervisor.stop(name)
-    env = {k: v for k, v in os.environ.items() if k.startswith("TWINSTREAM_")}
-    pipeline = Pipeline(env, Path(tempfile.mkdtemp(prefix="twinstream-bench-")))
     takeovers: list[float] = []
-    try:
+    with bench_pipeline("twinstream-bench-failover-") as pipeline:
         engines = {e: pipeline.start(e) for e in ("a", "b")}
         pipeline.wait_running(*engines.values())
         tail = Tail(pipeline)
@@ -129,10 +124,6 @@ def main() -> int:
         outputs = pipeline.outputs()
         result = audit(outputs, total)
         gaps, dups = ranges(result.missing), ranges(result.duplicated)
-    finally:
-        pipeline.stop_all()
-        for name in paused:
-            supervisor.start(name)
 
     figures = {
         "kills": len(takeovers),

@@ -12,10 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,17 @@ class EngineProcess:
         response.raise_for_status()
         result: dict[str, Any] = response.json()
         return result
+
+    def post(
+        self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 120
+    ) -> httpx.Response:
+        """The raw response: tests look at refusals (409, 422) as much as at successes."""
+        return httpx.post(
+            f"{self.url}{path}",
+            headers={"Authorization": f"Bearer {self.token}"},
+            json=body,
+            timeout=timeout_s,
+        )
 
     def get_text(self, path: str) -> str:
         response = httpx.get(
@@ -176,6 +188,7 @@ class Pipeline:
         ensure_topics(AdminClient(admin_config(self.settings)), topic_specs(self.settings))
         self.engines: dict[str, EngineProcess] = {}
         self.produced = 0  # records sent to the inbound topic so far
+        self.started = 0  # engine processes started so far
 
     def _settings(self, **extra: str) -> Settings:
         saved = dict(os.environ)
@@ -187,7 +200,8 @@ class Pipeline:
             os.environ.update(saved)
 
     def start(self, engine_id: str, **env: str) -> EngineProcess:
-        log_path = self.workdir / f"engine-{engine_id}-{len(self.engines)}.log"
+        self.started += 1  # a restarted engine writes a new log, next to its earlier ones
+        log_path = self.workdir / f"engine-{engine_id}-{self.started}.log"
         environment = {**os.environ, **self.env, **env}
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
@@ -224,6 +238,19 @@ class Pipeline:
         actives = [e for e in self.engines.values() if e.proc.poll() is None and e.may_commit()]
         assert len(actives) <= 1, f"two actives: {[e.engine_id for e in actives]}"
         return actives[0] if actives else None
+
+    def start_pair(
+        self, active_env: dict[str, str] | None = None, standby_env: dict[str, str] | None = None
+    ) -> tuple[EngineProcess, EngineProcess]:
+        """Start `a`, wait until it is active, then `b` as its standby; warm both up."""
+        a = self.start("a", **(active_env or {}))
+        self.wait_running(a)
+        wait_for(lambda: a.role() == "active", 30, "engine a active")
+        b = self.start("b", **(standby_env or {}))
+        self.wait_running(b)
+        assert b.role() == "standby", b.role()
+        self.warm_up(a, b)
+        return a, b
 
     def stop_all(self) -> None:
         for engine in self.engines.values():
@@ -310,3 +337,28 @@ def ranges(ids: list[int]) -> list[tuple[int, int]]:
         else:
             merged.append((i, i))
     return merged
+
+
+@contextlib.contextmanager
+def bench_pipeline(prefix: str) -> Iterator[Pipeline]:
+    """A pipeline of its own on the running local stack (`make up`), for a benchmark. The
+    stack's own engines are stopped meanwhile, so that the two cores go to the engines
+    measured, and started again afterwards."""
+    from twinstream.stack.layout import Layout
+    from twinstream.stack.supervisor import Supervisor
+
+    settings = load_settings()
+    supervisor = Supervisor(Layout.of(settings))
+    if not supervisor.is_running():
+        raise SystemExit("the local stack is not running: start it with `make up`")
+    paused = [f"engine-{e}" for e in settings.engine_ids]
+    for name in paused:
+        supervisor.stop(name)
+    env = {k: v for k, v in os.environ.items() if k.startswith("TWINSTREAM_")}
+    pipeline = Pipeline(env, Path(tempfile.mkdtemp(prefix=prefix)))
+    try:
+        yield pipeline
+    finally:
+        pipeline.stop_all()
+        for name in paused:
+            supervisor.start(name)

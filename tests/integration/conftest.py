@@ -4,12 +4,15 @@ started once per test session through the same code as `make up`, stopped by pid
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from twinstream.config import Settings, load_settings
+from twinstream.harness import Pipeline
 from twinstream.stack import core
+from twinstream.stack.layout import Layout
+from twinstream.stack.supervisor import Supervisor
 
 # Ports apart from the defaults, so a developer's running `make up` stack is left alone.
 TEST_ENV = {
@@ -55,3 +58,50 @@ def stack(settings: Settings) -> Iterator[core.UpReport]:
         yield report
     finally:
         core.down(settings)
+
+
+@pytest.fixture(scope="module")
+def quiet_stack_engines(stack, settings) -> Iterator[None]:
+    """The stack's own engines idle on another pipeline; stopping them leaves the two
+    cores to the engines under test. They are started again for the tests after these."""
+    supervisor = Supervisor(Layout.of(settings))
+    for engine_id in settings.engine_ids:
+        supervisor.stop(f"engine-{engine_id}")
+    yield
+    for engine_id in settings.engine_ids:
+        supervisor.start(f"engine-{engine_id}")
+    core.wait_for_one_active(settings, echo=lambda _line: None, timeout_s=120)
+
+
+@pytest.fixture
+def pipeline(stack_env, tmp_path) -> Iterator[Pipeline]:
+    p = Pipeline(stack_env, tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop_all()
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """A migrated SQLite metadata database for `dag.test()` in the AIRFLOW_HOME that
+    tests/conftest.py set for this process (not the stack's Airflow)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    airflow = Path(sys.executable).with_name("airflow")
+    subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True, timeout=300)
+
+
+@pytest.fixture
+def dag_run_env(monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> Callable[[Pipeline], None]:
+    """Point this process's TWINSTREAM_* settings and engine connections at a pipeline, as
+    the stack does for Airflow's task processes."""
+    from twinstream.stack.launch import engine_connections
+
+    def use(pipeline: Pipeline) -> None:
+        for key, value in {**pipeline.env, **engine_connections(pipeline.settings)}.items():
+            monkeypatch.setenv(key, value)
+
+    return use

@@ -10,103 +10,47 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from twinstream.harness import Pipeline, audit, ranges, wait_for
+from tests.integration.engines import (
+    assert_exactly_once_and_as_reference,
+    processed,
+    published,
+    start_pair,
+)
+from twinstream.harness import audit, ranges, wait_for
 from twinstream.publisher import BROKEN_KINDS
-from twinstream.stack import core, health
+from twinstream.stack import health
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module", autouse=True)
-def quiet_stack_engines(stack, settings) -> Iterator[None]:
-    """The stack's own engines idle on another pipeline; stopping them leaves the two
-    cores to the engines under test. They are started again for the tests after these."""
-    supervisor = Supervisor(Layout.of(settings))
-    for engine_id in settings.engine_ids:
-        supervisor.stop(f"engine-{engine_id}")
-    yield
-    for engine_id in settings.engine_ids:
-        supervisor.start(f"engine-{engine_id}")
-    core.wait_for_one_active(settings, echo=lambda _line: None, timeout_s=120)
-
-
-@pytest.fixture
-def pipeline(stack_env, tmp_path) -> Iterator[Pipeline]:
-    p = Pipeline(stack_env, tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop_all()
-
-
-def _published(engine) -> int:
-    value = engine.get("/pipeline")["last_msg_id_published"]
-    return -1 if value is None else int(value)
-
-
-def _processed(engine) -> int:
-    value = engine.get("/pipeline")["last_msg_id_processed"]
-    return -1 if value is None else int(value)
-
-
-def _start_pair(pipeline: Pipeline, active_env=None, standby_env=None):
-    """Start `a`, wait until it is active, then start `b` as its standby."""
-    a = pipeline.start("a", **(active_env or {}))
-    pipeline.wait_running(a)
-    wait_for(lambda: a.role() == "active", 30, "engine a active")
-    b = pipeline.start("b", **(standby_env or {}))
-    pipeline.wait_running(b)
-    assert b.role() == "standby"
-    pipeline.warm_up(a, b)
-    return a, b
-
-
-def _assert_exactly_once_and_as_reference(pipeline: Pipeline, total: int):
-    outputs = pipeline.outputs()
-    result = audit(outputs, pipeline.produced)
-    assert ranges(result.missing) == []
-    assert ranges(result.duplicated) == []
-    expected = pipeline.reference()
-    assert len(expected) == total
-    for record in outputs:
-        assert record.msg_id is not None, f"{record.topic}@{record.offset} has no msg_id header"
-        want = expected[record.msg_id]
-        topic = (
-            pipeline.settings.outbound_topic if want.kind == "out" else pipeline.settings.dlq_topic
-        )
-        assert (record.topic, record.key, record.value) == (topic, want.key, want.value)
-    return outputs
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
 
 def test_kill_9_of_the_active_under_load_loses_and_repeats_nothing(pipeline):
-    a, b = _start_pair(pipeline)
+    a, b = start_pair(pipeline)
     total = 15_000
     load = pipeline.load(total, rate=1000, broken_every=97)
-    wait_for(lambda: _published(a) >= 4000, 60, "the active publishing under load")
+    wait_for(lambda: published(a) >= 4000, 60, "the active publishing under load")
     a.kill9()
     killed = time.monotonic()
     wait_for(lambda: b.role() == "active", 15, "the standby taking over")
     takeover_s = time.monotonic() - killed
     pipeline.join_load(load)
-    pipeline.wait_published(pipeline.produced - 1)
+    pipeline.waitpublished(pipeline.produced - 1)
 
-    outputs = _assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
+    outputs = assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     by_engine = {r.engine_id for r in outputs}
     assert by_engine == {"a", "b"}, "both engines must have published: before and after the kill"
     assert takeover_s < 5, f"takeover took {takeover_s:.1f}s"
 
 
 def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline):
-    a, b = _start_pair(pipeline)
+    a, b = start_pair(pipeline)
     total = 12_000
     load = pipeline.load(total, rate=1000)
-    wait_for(lambda: _published(a) >= 3000, 60, "the active publishing under load")
+    wait_for(lambda: published(a) >= 3000, 60, "the active publishing under load")
     a.proc.send_signal(signal.SIGSTOP)
     try:
         # Longer than the 1 s session: the standby only wins once a's session has expired.
@@ -116,7 +60,7 @@ def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline):
         a.proc.send_signal(signal.SIGCONT)
     wait_for(lambda: a.role() == "standby", 30, "the ex-active stepping down")
     pipeline.join_load(load)
-    pipeline.wait_published(pipeline.produced - 1)
+    pipeline.waitpublished(pipeline.produced - 1)
 
     outputs = pipeline.outputs()
     result = audit(outputs, pipeline.produced)
@@ -151,37 +95,37 @@ def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline):
     ],
 )
 def test_takeover_by_a_standby_ahead_or_behind_is_gapless(pipeline, case, active_env, standby_env):
-    a, b = _start_pair(pipeline, active_env, standby_env)
+    a, b = start_pair(pipeline, active_env, standby_env)
     # Long enough that the engines' different rhythms open a lead or a lag under load.
     total = 30_000
     load = pipeline.load(total, rate=1000)
-    wait_for(lambda: _published(a) >= 2000, 60, "the active publishing under load")
+    wait_for(lambda: published(a) >= 2000, 60, "the active publishing under load")
     if case == "ahead":
-        wait_for(lambda: _processed(b) > _published(a) + 200, 60, "the standby ahead of the active")
+        wait_for(lambda: processed(b) > published(a) + 200, 60, "the standby ahead of the active")
     else:
-        wait_for(lambda: _processed(b) < _published(a) - 200, 60, "the standby behind the active")
+        wait_for(lambda: processed(b) < published(a) - 200, 60, "the standby behind the active")
     a.kill9()
     wait_for(lambda: b.role() == "active", 15, "the standby taking over")
     pipeline.join_load(load)
-    pipeline.wait_published(pipeline.produced - 1)
-    _assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
+    pipeline.waitpublished(pipeline.produced - 1)
+    assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     assert b.get("/pipeline")["uncovered_ranges"] == []
 
 
 def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline):
-    a, b = _start_pair(
+    a, b = start_pair(
         pipeline,
         {"TWINSTREAM_TRIGGER_INTERVAL_MS": "8000"},
         {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100", "TWINSTREAM_NUM_BUFFERED_MSGS": "30"},
     )
     total = 30_000
     load = pipeline.load(total, rate=1000)
-    wait_for(lambda: _published(a) >= 2000, 60, "the active publishing under load")
-    wait_for(lambda: _processed(b) > _published(a) + 300, 60, "the standby far ahead of the active")
+    wait_for(lambda: published(a) >= 2000, 60, "the active publishing under load")
+    wait_for(lambda: processed(b) > published(a) + 300, 60, "the standby far ahead of the active")
     a.kill9()
     wait_for(lambda: b.role() == "active", 15, "the standby taking over")
     pipeline.join_load(load)
-    pipeline.wait_published(pipeline.produced - 1)
+    pipeline.waitpublished(pipeline.produced - 1)
 
     outputs = pipeline.outputs()
     last_old = max(r.msg_id for r in outputs if r.engine_id == "a")
@@ -200,15 +144,15 @@ def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline):
 
 
 def test_bad_input_of_every_kind_goes_to_the_dead_letter_topic_without_a_restart(pipeline):
-    a, b = _start_pair(pipeline)
+    a, b = start_pair(pipeline)
     pids = {a.pid, b.pid}
     total = 5_000
     first = pipeline.produced  # msg_id of the load's first record (after the warm-up)
     # Every 20th record broken, cycling through the five kinds: 1 in 100 of each.
     pipeline.join_load(pipeline.load(total, rate=1000, broken_every=20))
-    pipeline.wait_published(pipeline.produced - 1)
+    pipeline.waitpublished(pipeline.produced - 1)
 
-    outputs = _assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
+    outputs = assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     dead = {r.msg_id: r for r in outputs if r.topic == pipeline.settings.dlq_topic}
     expected_dead = {
         first + i: BROKEN_KINDS[((i + 1) // 20 - 1) % len(BROKEN_KINDS)]
@@ -224,11 +168,11 @@ def test_bad_input_of_every_kind_goes_to_the_dead_letter_topic_without_a_restart
 
 
 def test_a_zookeeper_restart_under_load_keeps_one_active_and_no_gap(pipeline, settings):
-    a, b = _start_pair(pipeline)
+    a, b = start_pair(pipeline)
     supervisor = Supervisor(Layout.of(settings))
     total = 12_000
     load = pipeline.load(total, rate=1000)
-    wait_for(lambda: _published(a) >= 2000, 60, "the active publishing under load")
+    wait_for(lambda: published(a) >= 2000, 60, "the active publishing under load")
     supervisor.stop("zookeeper")
     try:
         wait_for(lambda: not health.zookeeper(settings)[0], 10, "ZooKeeper down")
@@ -238,8 +182,8 @@ def test_a_zookeeper_restart_under_load_keeps_one_active_and_no_gap(pipeline, se
         supervisor.start("zookeeper")
     wait_for(lambda: health.zookeeper(settings)[0], 30, "ZooKeeper back")
     pipeline.join_load(load)
-    pipeline.wait_published(pipeline.produced - 1, timeout_s=180)
-    _assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
+    pipeline.waitpublished(pipeline.produced - 1, timeout_s=180)
+    assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     # An ex-active whose session expired during the outage hears LOST when it reconnects.
     wait_for(
         lambda: sorted(e.role() or "none" for e in (a, b)) == ["active", "standby"],

@@ -1,0 +1,37 @@
+"""Helpers shared by the tests that run engine processes on their own pipelines."""
+
+from __future__ import annotations
+
+from twinstream.harness import Pipeline, audit, ranges
+
+
+def published(engine) -> int:
+    value = engine.get("/pipeline")["last_msg_id_published"]
+    return -1 if value is None else int(value)
+
+
+def processed(engine) -> int:
+    value = engine.get("/pipeline")["last_msg_id_processed"]
+    return -1 if value is None else int(value)
+
+
+def start_pair(pipeline: Pipeline, active_env=None, standby_env=None):
+    """Start `a`, wait until it is active, then start `b` as its standby."""
+    return pipeline.start_pair(active_env, standby_env)
+
+
+def assert_exactly_once_and_as_reference(pipeline: Pipeline, total: int):
+    outputs = pipeline.outputs()
+    result = audit(outputs, pipeline.produced)
+    assert ranges(result.missing) == []
+    assert ranges(result.duplicated) == []
+    expected = pipeline.reference()
+    assert len(expected) == total
+    for record in outputs:
+        assert record.msg_id is not None, f"{record.topic}@{record.offset} has no msg_id header"
+        want = expected[record.msg_id]
+        topic = (
+            pipeline.settings.outbound_topic if want.kind == "out" else pipeline.settings.dlq_topic
+        )
+        assert (record.topic, record.key, record.value) == (topic, want.key, want.value)
+    return outputs

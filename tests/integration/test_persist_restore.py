@@ -1,0 +1,282 @@
+"""Persist from a standby and restore-and-resync, on real ZooKeeper, Kafka and Spark, with
+the Airflow DAGs run by `dag.test()`.
+
+Each test runs a pipeline of its own with engine processes it starts and stops by pid.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from tests.integration.engines import (
+    assert_exactly_once_and_as_reference,
+    processed,
+    start_pair,
+)
+from twinstream import snapshot
+from twinstream.engine_client import EngineClient
+from twinstream.harness import EngineProcess, Pipeline, wait_for
+from twinstream.kafka import admin_config
+from twinstream.operate import check_buffer
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
+
+
+def _dag(dag_id: str) -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    from twinstream.config import REPO_ROOT
+
+    bag = DagBag(dag_folder=str(REPO_ROOT / "dags" / f"{dag_id}.py"))
+    assert bag.import_errors == {}
+    return bag.dags[dag_id]
+
+
+def _task_states(run: Any) -> dict[str, str]:
+    return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+
+
+def _persist(engine: EngineProcess) -> dict[str, Any]:
+    response = engine.post("/pipeline/persist")
+    assert response.status_code == 200, response.text
+    manifest: dict[str, Any] = response.json()
+    return manifest
+
+
+def _in_sync(engine: EngineProcess) -> bool:
+    info = engine.try_get("/pipeline") or {}
+    return bool(info.get("in_sync")) and info.get("state") == "running"
+
+
+class Stalls(threading.Thread):
+    """Samples the pipeline's output position (the highest last published msg_id of its
+    engines, whichever is active) every 250 ms until it reaches `last`; the longest time
+    it stood still meanwhile is the longest pause of the output."""
+
+    def __init__(self, pipeline: Pipeline, last: int) -> None:
+        super().__init__(daemon=True)
+        self.pipeline = pipeline
+        self.last = last
+        self.done = threading.Event()
+        self.longest = 0.0
+        self.start()
+
+    def position(self) -> int:
+        published = [
+            (e.try_get("/pipeline") or {}).get("last_msg_id_published")
+            for e in self.pipeline.engines.values()
+            if e.proc.poll() is None
+        ]
+        return max((p for p in published if p is not None), default=-1)
+
+    def run(self) -> None:
+        last = -2
+        since = time.monotonic()
+        while not self.done.wait(0.25):
+            value = self.position()
+            now = time.monotonic()
+            if value != last:
+                last, since = value, now
+            self.longest = max(self.longest, now - since)
+            if value >= self.last:
+                return
+
+    def result(self) -> float:
+        self.join(timeout=300)
+        self.done.set()
+        return self.longest
+
+
+def _standby(pipeline: Pipeline) -> EngineProcess:
+    """The in-sync standby, whichever engine that is now (a ZooKeeper session that expires
+    on two busy cores may have swapped the roles)."""
+
+    def find() -> EngineProcess | None:
+        active = pipeline.active()
+        return next((e for e in pipeline.engines.values() if e is not active and _in_sync(e)), None)
+
+    found: EngineProcess = wait_for(find, 120, "an in-sync standby")
+    return found
+
+
+def test_persisting_the_standby_never_pauses_the_output_and_survives_a_takeover(
+    pipeline: Pipeline,
+):
+    start_pair(pipeline)
+
+    def longest_pause_of_the_output(during: Callable[[Stalls], None]) -> float:
+        """While 30,000 events arrive at 1,000/s, until the last one is published."""
+        load = pipeline.load(30_000, rate=1000)
+        stalls = Stalls(pipeline, pipeline.produced - 1)
+        during(stalls)
+        pipeline.join_load(load, timeout_s=180)
+        pipeline.wait_published(pipeline.produced - 1)
+        return stalls.result()
+
+    manifests: list[dict[str, Any]] = []
+
+    def persist_three_times(stalls: Stalls) -> None:
+        """A persist after every 7,000 events published, from whichever engine is then
+        the in-sync standby."""
+        first = stalls.last - 30_000
+        for n in range(1, 4):
+            target = first + 7_000 * n
+
+            def reached(t: int = target) -> bool:
+                return stalls.position() >= t
+
+            wait_for(reached, 120, f"msg_id {target} published")
+            manifests.append(_persist(_standby(pipeline)))
+
+    rhythm = longest_pause_of_the_output(lambda _stalls: None)
+    longest = longest_pause_of_the_output(persist_three_times)
+    print(f"the output's longest pause: {rhythm:.2f} s without persists, {longest:.2f} s with")
+    # Batches on two shared cores take a few seconds each and vary: same rhythm means no
+    # pause longer than half as much again as without persists, or one batch more.
+    assert longest <= max(1.5 * rhythm, rhythm + 3.0), (longest, rhythm)
+    offsets = [m["next_offset"] for m in manifests]
+    assert offsets == sorted(offsets), offsets
+    valid = [i for i in snapshot.list_snapshots(pipeline.settings.snapshot_dir) if i.valid]
+    assert sorted(i.snapshot_id for i in valid) == sorted(m["snapshot_id"] for m in manifests)
+    active = wait_for(pipeline.active, 30, "an active engine")
+    refused = active.post("/pipeline/persist")
+    assert refused.status_code == 409
+    assert "active" in refused.json()["reason"]
+
+    # The active dies while the standby is persisting: the takeover waits for nothing and
+    # the persist completes.
+    load = pipeline.load(10_000, rate=1000)
+    standby = _standby(pipeline)
+    active = wait_for(pipeline.active, 30, "an active engine")
+    result: dict[str, Any] = {}
+    persisting = threading.Thread(target=lambda: result.update(r=standby.post("/pipeline/persist")))
+    persisting.start()
+    wait_for(
+        lambda: (standby.try_get("/pipeline") or {}).get("state") == "persisting",
+        30,
+        "the persist under way",
+        every_s=0.02,
+    )
+    active.kill9()
+    persisting.join(timeout=120)
+    assert result["r"].status_code == 200, result["r"].text
+    wait_for(lambda: standby.role() == "active", 30, "the standby taking over")
+    pipeline.join_load(load)
+    pipeline.wait_published(pipeline.produced - 1)
+    assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
+    latest = snapshot.choose(pipeline.settings.snapshot_dir, pipeline.settings.pipeline, "latest")
+    assert latest.snapshot_id == result["r"].json()["snapshot_id"]
+
+
+def test_a_lost_engine_comes_back_from_the_latest_snapshot_through_airflow(
+    pipeline: Pipeline, dag_run_env
+):
+    dag_run_env(pipeline)
+    a, b = start_pair(pipeline)
+    pipeline.join_load(pipeline.load(4_000, rate=1000))
+    wait_for(lambda: _in_sync(b), 120, "the standby in sync")
+
+    persist_run = _dag("persist_standby_state").test()
+    assert persist_run.state == "success", _task_states(persist_run)
+    (latest,) = [i for i in snapshot.list_snapshots(pipeline.settings.snapshot_dir) if i.valid]
+    assert latest.manifest is not None
+    assert latest.manifest.engine_id == "b"
+
+    # A process restart with its checkpoint intact resumes from it.
+    pipeline.join_load(pipeline.load(2_000, rate=1000))
+    b.kill9()
+    b = pipeline.start("b")
+    pipeline.wait_running(b)
+    wait_for(lambda: processed(b) >= pipeline.produced - 1, 120, "b resumed from its checkpoint")
+
+    # The machine is lost: the process dies and its disk comes back empty.
+    b.kill9()
+    shutil.rmtree(pipeline.settings.engine_dir("b"))
+    b = pipeline.start("b")
+    wait_for(lambda: (b.try_get("/pipeline") or {}).get("state") == "stopped", 120, "b up")
+    reason = b.get("/pipeline")["reason"]
+    assert "no checkpoint" in reason, reason
+    assert "has run before" in reason, reason
+    b.remember_tree()
+
+    load = pipeline.load(6_000, rate=500)
+    started = time.monotonic()
+    restore_run = _dag("restore_and_resync").test(
+        run_conf={"engine": "b", "snapshot": "latest", "wait_minutes": 10, "compare_last": 2000}
+    )
+    assert restore_run.state == "success", _task_states(restore_run)
+    restored_in = time.monotonic() - started
+    info = b.get("/pipeline")
+    assert info["restored_from"] == latest.snapshot_id
+    assert info["state"] == "running"
+    # The DAG's own check passed; check again from here, independently of Airflow.
+    with EngineClient("b", b.url, b.token) as client:
+        check = check_buffer(client, pipeline.settings, 2000)
+    assert check.compared >= 1000, check
+    assert check.mismatches == [], check
+    print(f"restore_and_resync: in sync and checked {restored_in:.1f} s after the trigger")
+
+    pipeline.join_load(load)
+    wait_for(lambda: processed(b) >= pipeline.produced - 1, 120, "b caught up")
+    a.kill9()
+    wait_for(lambda: b.role() == "active", 15, "b taking over")
+    pipeline.wait_published(pipeline.produced - 1)
+    assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
+
+
+def test_damaged_and_expired_snapshots_are_refused_and_cold_still_works(pipeline: Pipeline):
+    _a, b = start_pair(pipeline)
+    manifests = []
+    for _ in range(3):
+        pipeline.join_load(pipeline.load(1_000, rate=0))
+        wait_for(lambda: processed(b) >= pipeline.produced - 1, 120, "b caught up")
+        manifests.append(_persist(b))
+    oldest, middle, newest = (pipeline.settings.snapshot_dir / m["snapshot_id"] for m in manifests)
+    state_file = next(p for p in sorted((newest / "checkpoint" / "state").rglob("*.zip")))
+    state_file.write_bytes(state_file.read_bytes()[:10])  # truncated
+    buffer_file = middle / snapshot.BUFFER
+    data = bytearray(buffer_file.read_bytes())
+    data[5] ^= 0x01  # same size, one bit off
+    buffer_file.write_bytes(bytes(data))
+
+    assert b.post("/pipeline/restore", {"snapshot": "latest"}).status_code == 409  # running
+    assert b.post("/pipeline/stop").status_code == 200
+    truncated = b.post("/pipeline/restore", {"snapshot": newest.name})
+    assert truncated.status_code == 422
+    assert "damaged or truncated" in truncated.json()["reason"]
+    assert state_file.name in truncated.json()["reason"]
+    flipped = b.post("/pipeline/restore", {"snapshot": middle.name})
+    assert flipped.status_code == 422
+    assert "buffer.jsonl has sha256" in flipped.json()["reason"]
+
+    # Kafka deletes what the only valid snapshot would replay: `latest` picks it and refuses.
+    admin = AdminClient(admin_config(pipeline.settings))
+    cut = manifests[0]["next_offset"] + 10
+    (future,) = admin.delete_records(
+        [TopicPartition(pipeline.settings.inbound_topic, 0, cut)]
+    ).values()
+    future.result()
+    expired = b.post("/pipeline/restore", {"snapshot": "latest"})
+    assert expired.status_code == 422
+    reason = expired.json()["reason"]
+    assert oldest.name in reason, reason
+    assert f"starts at {cut}" in reason, reason
+    assert "cold" in reason, reason
+    assert b.get("/pipeline")["state"] == "stopped"
+
+    cold = b.post("/pipeline/restore", {"snapshot": "cold"})
+    assert cold.status_code == 200, cold.text
+    assert cold.json()["next_offset"] == cut
+    pipeline.join_load(pipeline.load(500, rate=0))
+    wait_for(lambda: _in_sync(b), 180, "b in sync after a cold rebuild")
+    wait_for(lambda: processed(b) >= pipeline.produced - 1, 120, "b caught up")
+    assert b.get("/pipeline")["restored_from"] == "cold"
+    assert b.role() == "standby"
