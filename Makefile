@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
 export TWINSTREAM_JARS_DIR ?= $(JARS)
 
-.PHONY: help install system-deps up status down test lint typecheck unit dags integration constraints clean
+.PHONY: help install system-deps up status down test lint typecheck unit dags integration screenshots constraints clean
 
 help:
 	@echo "make up      install everything and start the local stack (ZooKeeper, Kafka x3, Airflow)"
@@ -86,6 +86,19 @@ test: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest tests/unit tests/dags tests/integration
+
+# Screenshots of the Airflow UI for the README; the stack must be up (`make up`).
+screenshots: install
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing chromium from Debian"; \
+	    apt-get update -q && apt-get install -y -q chromium; \
+	  else \
+	    echo "need /usr/bin/chromium (Debian's chromium package)" >&2; exit 1; \
+	  fi; \
+	fi
+	$(BIN)/pip install --progress-bar off -q -r requirements-docs.txt -c constraints.txt
+	$(BIN)/python docs/screenshots.py
 
 # Re-pin every transitive dependency after changing requirements.txt.
 constraints: $(VENV)/.installed
