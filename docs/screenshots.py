@@ -3,9 +3,10 @@
     make up            # the local stack must be running
     make screenshots   # installs Debian's chromium and playwright, then runs this
 
-Publishes a little data so that the standby is in sync, runs `persist_standby_state`
-through Airflow's REST API, and captures that run and the `restore_and_resync` trigger
-form into docs/img/.
+Publishes a little data so that the standby is in sync, runs `persist_standby_state` and
+`audit_output_topic` through Airflow's REST API, and captures the persist run, the
+`restore_and_resync` trigger form and the audit's Great Expectations Data Docs into
+docs/img/.
 """
 
 from __future__ import annotations
@@ -73,9 +74,13 @@ def main() -> int:
     base = settings.airflow_url
     token = api_token(base, Layout.of(settings).airflow_home)
     api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    print("publishing 2,000 events so that the standby has state to persist", flush=True)
-    publish(settings, synthetic(2000, max_record_bytes=settings.max_record_bytes), rate=0)
+    # More than the audit's in-flight allowance, so that the audit has a range to prove.
+    count = settings.audit_inflight_msgs + 5000
+    print(f"publishing {count:,} events for the standby to persist and the audit", flush=True)
+    publish(settings, synthetic(count, max_record_bytes=settings.max_record_bytes), rate=0)
     persist_run = run_dag(api, "persist_standby_state", {}, timeout_s=600)
+    run_dag(api, "audit_output_topic", {}, timeout_s=600)
+    data_docs = settings.audit_dir / "gx" / "uncommitted" / "data_docs" / "local_site"
 
     args.output.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -94,8 +99,17 @@ def main() -> int:
         page.get_by_role("button", name="Trigger").first.click()
         page.wait_for_timeout(1500)
         page.screenshot(path=str(args.output / "restore_params_form.png"))
+
+        # The newest validation result page of the msg_id suite.
+        pages = sorted(
+            (data_docs / "validations" / "twinstream_msg_ids").rglob("*.html"),
+            key=lambda p: p.stat().st_mtime,
+        )
+        page.goto((pages[-1] if pages else data_docs / "index.html").as_uri())
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(args.output / "audit_data_docs.png"), full_page=False)
         browser.close()
-    for name in ("persist_run.png", "restore_params_form.png"):
+    for name in ("persist_run.png", "restore_params_form.png", "audit_data_docs.png"):
         print(f"wrote {args.output / name}")
     return 0
 

@@ -93,6 +93,13 @@ class Settings(BaseSettings):
     snapshots_keep: int = Field(default=3, ge=1)
     # An engine down or stopped this long makes watch_engines start restore_and_resync.
     watch_grace_s: int = Field(default=120, ge=0)
+    # check_kafka_retention: inbound retention must exceed window retention + persist
+    # interval + this margin (the time a restore may take to start and replay).
+    restore_margin_s: int = Field(default=3600, ge=0)
+    # audit_output_topic: its schedule, and how far below the inbound high watermark an
+    # audit stops (messages still in flight through the engines are not gaps yet).
+    audit_interval_s: int = Field(default=600, ge=60)
+    audit_inflight_msgs: int = Field(default=20_000, ge=0)
 
     zk_heap: str = Field(default="256m", pattern=r"^\d+[kmg]$")
     kafka_heap: str = Field(default="512m", pattern=r"^\d+[kmg]$")
@@ -209,6 +216,11 @@ class Settings(BaseSettings):
     def snapshot_dir(self) -> Path:
         """This pipeline's snapshots."""
         return (self.snapshot_root or self.state_dir / "snapshots") / self.pipeline
+
+    @property
+    def audit_dir(self) -> Path:
+        """This pipeline's audit cursor, results and Great Expectations Data Docs."""
+        return self.state_dir / "audit" / self.pipeline
 
     def engine_conn_id(self, engine_id: str) -> str:
         """The Airflow connection that holds the engine's admin URL and token."""

@@ -22,7 +22,7 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from twinstream.config import Settings
+from twinstream.config import DAY_MS, Settings
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,9 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 # An out-of-sync replica must never become leader: it would drop records.
                 "unclean.leader.election.enable": "false",
                 "retention.ms": str(retention_ms),
+                # Kafka deletes whole segments: one that lives longer than the retention
+                # (the default rolls weekly) keeps records well past it.
+                "segment.ms": str(min(retention_ms, DAY_MS)),
             },
         )
 

@@ -71,3 +71,22 @@ def test_watch_engines_runs_every_minute(dags):
     dag = dags["watch_engines"]
     assert dag.timetable.delta == timedelta(minutes=1)
     assert dag.task_dict["trigger_restore"].partial_kwargs["trigger_dag_id"] == "restore_and_resync"
+
+
+def test_the_audit_submits_the_spark_job_with_the_kafka_connector(dags):
+    from pathlib import Path
+
+    dag = dags["audit_output_topic"]
+    assert dag.timetable.delta == timedelta(seconds=load_settings().audit_interval_s)
+    submit = dag.task_dict["audit_output"]
+    assert Path(submit.application).is_file()
+    assert submit.application.endswith("spark_jobs/audit_output.py")
+    assert submit._conn_id == "spark_default"
+    assert submit.driver_class_path.endswith("spark-kafka/*")
+
+
+def test_the_retention_guard_runs_hourly_and_fixes_only_when_asked(dags):
+    dag = dags["check_kafka_retention"]
+    assert dag.timetable.delta == timedelta(hours=1)
+    assert _form(dag)["apply_fix"] is False
+    assert _form(dag, apply_fix=True)["apply_fix"] is True

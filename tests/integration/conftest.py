@@ -98,10 +98,24 @@ def airflow_db() -> None:
 def dag_run_env(monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> Callable[[Pipeline], None]:
     """Point this process's TWINSTREAM_* settings and engine connections at a pipeline, as
     the stack does for Airflow's task processes."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from twinstream.kafka import client_config
     from twinstream.stack.launch import engine_connections
 
     def use(pipeline: Pipeline) -> None:
-        for key, value in {**pipeline.env, **engine_connections(pipeline.settings)}.items():
+        kafka = {"conn_type": "kafka", "extra": client_config(pipeline.settings)}
+        spark = {"conn_type": "spark", "host": "local[2]"}
+        for key, value in {
+            **pipeline.env,
+            **engine_connections(pipeline.settings),
+            "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(kafka),
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark),
+            # SparkSubmitOperator calls spark-submit from PATH, as the stack's Airflow does.
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        }.items():
             monkeypatch.setenv(key, value)
 
     return use

@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from twinstream.harness import Pipeline, audit, ranges
+
+
+def load_dag(dag_id: str) -> Any:
+    """The DAG as Airflow parses it from its file in dags/, for dag.test()."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from twinstream.config import REPO_ROOT
+
+    bag = DagBag(dag_folder=str(REPO_ROOT / "dags" / f"{dag_id}.py"))
+    assert bag.import_errors == {}
+    return bag.dags[dag_id]
+
+
+def task_states(run: Any) -> dict[str, str]:
+    return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
 
 
 def published(engine) -> int:

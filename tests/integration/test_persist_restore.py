@@ -18,8 +18,10 @@ from confluent_kafka.admin import AdminClient
 
 from tests.integration.engines import (
     assert_exactly_once_and_as_reference,
+    load_dag,
     processed,
     start_pair,
+    task_states,
 )
 from twinstream import snapshot
 from twinstream.engine_client import EngineClient
@@ -28,20 +30,6 @@ from twinstream.kafka import admin_config
 from twinstream.operate import check_buffer
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
-
-
-def _dag(dag_id: str) -> Any:
-    from airflow.dag_processing.dagbag import DagBag
-
-    from twinstream.config import REPO_ROOT
-
-    bag = DagBag(dag_folder=str(REPO_ROOT / "dags" / f"{dag_id}.py"))
-    assert bag.import_errors == {}
-    return bag.dags[dag_id]
-
-
-def _task_states(run: Any) -> dict[str, str]:
-    return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
 
 
 def _persist(engine: EngineProcess) -> dict[str, Any]:
@@ -184,8 +172,8 @@ def test_a_lost_engine_comes_back_from_the_latest_snapshot_through_airflow(
     pipeline.join_load(pipeline.load(4_000, rate=1000))
     wait_for(lambda: _in_sync(b), 120, "the standby in sync")
 
-    persist_run = _dag("persist_standby_state").test()
-    assert persist_run.state == "success", _task_states(persist_run)
+    persist_run = load_dag("persist_standby_state").test()
+    assert persist_run.state == "success", task_states(persist_run)
     (latest,) = [i for i in snapshot.list_snapshots(pipeline.settings.snapshot_dir) if i.valid]
     assert latest.manifest is not None
     assert latest.manifest.engine_id == "b"
@@ -209,10 +197,10 @@ def test_a_lost_engine_comes_back_from_the_latest_snapshot_through_airflow(
 
     load = pipeline.load(6_000, rate=500)
     started = time.monotonic()
-    restore_run = _dag("restore_and_resync").test(
+    restore_run = load_dag("restore_and_resync").test(
         run_conf={"engine": "b", "snapshot": "latest", "wait_minutes": 10, "compare_last": 2000}
     )
-    assert restore_run.state == "success", _task_states(restore_run)
+    assert restore_run.state == "success", task_states(restore_run)
     restored_in = time.monotonic() - started
     info = b.get("/pipeline")
     assert info["restored_from"] == latest.snapshot_id

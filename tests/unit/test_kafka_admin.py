@@ -87,6 +87,7 @@ def test_missing_topics_are_created_with_the_configured_shape(settings):
         "min.insync.replicas": "2",
         "unclean.leader.election.enable": "false",
         "retention.ms": "3600000",
+        "segment.ms": "3600000",  # never longer than the retention
     }
 
 

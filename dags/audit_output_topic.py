@@ -1,0 +1,83 @@
+"""
+### audit_output_topic
+
+**Purpose.** Every audit interval (`TWINSTREAM_AUDIT_INTERVAL_S`, default 600 s), prove
+that the output has no gap and no duplicate: `spark_jobs/audit_output.py`, submitted with
+`SparkSubmitOperator`, reads the outbound and dead-letter topics (read_committed) from where
+the previous audit ended up to the inbound high watermark minus an in-flight allowance
+(`TWINSTREAM_AUDIT_INFLIGHT_MSGS`), and validates them with the Great Expectations suites in
+`twinstream.audit`: msg_id not null, unique across `.out` and `.dlq`, contiguous from the
+last audited msg_id (every inbound offset accounted for), and well-formed output values
+(`window_count` between 1 and 20, averages and sums in range). The result is kept as JSON
+and as GX Data Docs in `<state>/audit/<pipeline>/`.
+
+**Connections.** `spark_default` (`local[2]` locally, a Spark master in compose); Kafka and
+the state folder from the `TWINSTREAM_*` settings. Spark's Kafka connector comes from
+`TWINSTREAM_JARS_DIR/spark-kafka`.
+
+**Recovery.** A failed audit names the missing and the duplicated msg_id ranges, merged. Its
+cursor does not move, so the next run audits the same range again: find the cause (the
+engines' logs, `GET /pipeline` `uncovered_ranges`), then move the cursor past the range by
+hand (`<state>/audit/<pipeline>/cursor.json`) once it is understood. The Params
+`outbound_topic`, `dlq_topic` and `cursor` audit other copies of the topics.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Param, dag
+
+from twinstream.config import REPO_ROOT, load_settings
+
+# Read from the environment only (no network, no Variables).
+SETTINGS = load_settings()
+
+DEFAULT_ARGS = {
+    "owner": "twinstream",
+    "retries": 1,
+    "retry_delay": timedelta(minutes=1),
+}
+
+
+@dag(
+    dag_id="audit_output_topic",
+    schedule=timedelta(seconds=SETTINGS.audit_interval_s),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["twinstream", "audit"],
+    doc_md=__doc__,
+    params={
+        "outbound_topic": Param(SETTINGS.outbound_topic, type="string", minLength=1),
+        "dlq_topic": Param(SETTINGS.dlq_topic, type="string", minLength=1),
+        "cursor": Param(
+            "",
+            type="string",
+            description="Cursor file; empty for the pipeline's own.",
+        ),
+    },
+)
+def audit_output_topic() -> None:
+    SparkSubmitOperator(
+        task_id="audit_output",
+        application=str(REPO_ROOT / "spark_jobs" / "audit_output.py"),
+        conn_id="spark_default",
+        # A classpath wildcard: the connector's jars, without listing the folder at parse time.
+        driver_class_path=str(SETTINGS.jars_dir / "spark-kafka" / "*"),
+        conf={"spark.ui.enabled": "false", "spark.driver.memory": "1g"},
+        application_args=[
+            "--outbound-topic",
+            "{{ params.outbound_topic }}",
+            "--dlq-topic",
+            "{{ params.dlq_topic }}",
+            "--cursor",
+            "{{ params.cursor }}",
+        ],
+        name="twinstream-audit",
+    )
+
+
+audit_output_topic()

@@ -1,0 +1,210 @@
+"""The output audit: every inbound offset accounted for exactly once in the outbound and
+dead-letter topics, and every output well-formed, proved with Great Expectations.
+
+An audit covers the msg_ids [cursor.next_msg_id, end): `end` is the inbound high watermark
+less an in-flight allowance (messages the engines have not published yet are not gaps).
+It reads each output topic from the offset where the previous audit left it, so no range
+is skipped or read twice. A record whose msg_id is below the cursor was already accounted
+for by an earlier audit: it is a late duplicate, and fails this one. The cursor moves only
+when the audit passes; a failed audit is repeated until an operator has dealt with it.
+
+This module holds the parts that need no Spark: the cursor, the suites, range merging.
+`spark_jobs/audit_output.py` reads the topics and runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUITE_IDS = "twinstream_msg_ids"
+SUITE_VALUES = "twinstream_output_values"
+
+
+@dataclass
+class Cursor:
+    """Where the next audit starts: the first msg_id not yet proved, and the first offset
+    of each output topic not yet read."""
+
+    next_msg_id: int = 0
+    out_offset: int = 0
+    dlq_offset: int = 0
+    audits: int = 0
+
+    @classmethod
+    def load(cls, path: Path) -> Cursor:
+        if not path.exists():
+            return cls()
+        return cls(**json.loads(path.read_text()))
+
+    def save(self, path: Path) -> None:
+        """Atomically: a crash leaves the old cursor or the new one, never half of one."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        with tmp.open("rb") as f:
+            os.fsync(f.fileno())
+        tmp.replace(path)
+
+
+def merge_ranges(ids: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted ids as inclusive (first, last) ranges: [3, 4, 5, 9] -> [(3, 5), (9, 9)]."""
+    merged: list[tuple[int, int]] = []
+    for i in sorted(set(ids)):
+        if merged and merged[-1][1] == i - 1:
+            merged[-1] = (merged[-1][0], i)
+        else:
+            merged.append((i, i))
+    return merged
+
+
+def format_ranges(ranges: list[tuple[int, int]], limit: int = 50) -> str:
+    shown = [f"{a}" if a == b else f"{a}..{b}" for a, b in ranges[:limit]]
+    more = f" and {len(ranges) - limit} more ranges" if len(ranges) > limit else ""
+    return ", ".join(shown) + more if shown else "none"
+
+
+@dataclass
+class Findings:
+    first: int
+    end: int
+    rows: int
+    missing: list[tuple[int, int]] = field(default_factory=list)
+    duplicated: list[tuple[int, int]] = field(default_factory=list)
+    without_msg_id: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.duplicated or self.without_msg_id)
+
+    def summary(self) -> str:
+        if self.end <= self.first:
+            return f"nothing to audit below msg_id {self.end}"
+        head = f"msg_id {self.first}..{self.end - 1}: {self.rows} records"
+        if self.ok:
+            return f"{head}; every msg_id exactly once"
+        return (
+            f"{head}; missing: {format_ranges(self.missing)}; duplicated: "
+            f"{format_ranges(self.duplicated)}; records without a msg_id: {self.without_msg_id}"
+        )
+
+
+def find_problems(msg_ids: Iterable[int | None], first: int, end: int) -> Findings:
+    """Compare the msg_ids read (any order, below `end`) with first..end-1."""
+    counts: Counter[int] = Counter()
+    without = 0
+    rows = 0
+    for msg_id in msg_ids:
+        rows += 1
+        if msg_id is None:
+            without += 1
+        else:
+            counts[msg_id] += 1
+    missing = (i for i in range(first, end) if counts[i] == 0)
+    duplicated = (i for i, c in counts.items() if c > 1 or i < first)
+    return Findings(first, end, rows, merge_ranges(missing), merge_ranges(duplicated), without)
+
+
+def id_expectations(first: int, end: int) -> list[Any]:
+    """msg_id: not null, unique, and exactly first..end-1 (unique + min + max + count: an
+    'increasing' expectation would not see gaps)."""
+    import great_expectations.expectations as gxe
+
+    return [
+        gxe.ExpectColumnValuesToNotBeNull(column="msg_id"),
+        gxe.ExpectColumnValuesToBeUnique(column="msg_id"),
+        gxe.ExpectColumnMinToBeBetween(column="msg_id", min_value=first, max_value=first),
+        gxe.ExpectColumnMaxToBeBetween(column="msg_id", min_value=end - 1, max_value=end - 1),
+        gxe.ExpectTableRowCountToEqual(value=end - first),
+    ]
+
+
+def value_expectations() -> list[Any]:
+    """The outbound values: the fields the pipeline writes, typed and in range."""
+    import great_expectations.expectations as gxe
+
+    return [
+        gxe.ExpectColumnValuesToNotBeNull(column="host"),
+        gxe.ExpectColumnValuesToNotBeNull(column="ts"),
+        gxe.ExpectColumnPairValuesToBeEqual(column_A="msg_id", column_B="value_msg_id"),
+        gxe.ExpectColumnValuesToBeBetween(column="window_count", min_value=1, max_value=20),
+        gxe.ExpectColumnValuesToNotBeNull(column="window_count"),
+        gxe.ExpectColumnValuesToBeBetween(column="cpu_user_avg20", min_value=0, max_value=100),
+        gxe.ExpectColumnValuesToNotBeNull(column="cpu_user_avg20"),
+        gxe.ExpectColumnValuesToBeBetween(column="mem_used_sum20", min_value=0),
+        gxe.ExpectColumnValuesToNotBeNull(column="mem_used_sum20"),
+    ]
+
+
+@dataclass
+class Validation:
+    success: bool
+    results_path: Path
+    data_docs: Path
+    statistics: dict[str, Any]
+
+
+def validate(
+    gx_root: Path, run_name: str, ids_df: Any, values_df: Any, first: int, end: int
+) -> Validation:
+    """Run both suites on the (Spark) DataFrames with a file context under `gx_root`,
+    keep the result as JSON and update the Data Docs."""
+    import great_expectations as gx
+
+    context = gx.get_context(mode="file", project_root_dir=str(gx_root))
+    source = context.data_sources.add_or_update_spark(name="twinstream_outputs")
+    success = True
+    statistics: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    for suite_name, expectations, df in (
+        (SUITE_IDS, id_expectations(first, end), ids_df),
+        (SUITE_VALUES, value_expectations(), values_df),
+    ):
+        # New each run: the DataFrame is a batch parameter, the suite is this code.
+        if suite_name in source.get_asset_names():
+            source.delete_asset(suite_name)
+        asset = source.add_dataframe_asset(name=suite_name)
+        batch = asset.add_batch_definition_whole_dataframe(f"{suite_name}_batch")
+        suite = context.suites.add_or_update(
+            gx.ExpectationSuite(name=suite_name, expectations=expectations)
+        )
+        definition = context.validation_definitions.add_or_update(
+            gx.ValidationDefinition(name=f"{suite_name}_validation", data=batch, suite=suite)
+        )
+        checkpoint = context.checkpoints.add_or_update(
+            gx.Checkpoint(
+                name=f"{suite_name}_checkpoint",
+                validation_definitions=[definition],
+                actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")],
+                result_format="SUMMARY",
+            )
+        )
+        result = checkpoint.run(
+            batch_parameters={"dataframe": df},
+            run_id=gx.core.run_identifier.RunIdentifier(run_name=f"{run_name}-{suite_name}"),
+        )
+        success = success and bool(result.success)
+        described = result.describe_dict()
+        results[suite_name] = described
+        statistics[suite_name] = {
+            "success": bool(result.success),
+            "expectations": [
+                {
+                    "type": r["expectation_type"],
+                    "success": r["success"],
+                    "kwargs": {k: v for k, v in r["kwargs"].items() if k != "batch_id"},
+                }
+                for v in described.get("validation_results", [])
+                for r in v.get("expectations", [])
+            ],
+        }
+    results_path = gx_root / "results" / f"{run_name}.json"
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(results, indent=2, default=str))
+    docs = gx_root / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
+    return Validation(success, results_path, docs, statistics)

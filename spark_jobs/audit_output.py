@@ -1,0 +1,213 @@
+"""Audit the outbound and dead-letter topics since the last audit (a Spark batch job).
+
+    spark-submit spark_jobs/audit_output.py [--outbound-topic T] [--dlq-topic T] [--cursor F]
+
+Reads `.out` and `.dlq` (read_committed) from where the last audit ended, up to the inbound
+high watermark minus TWINSTREAM_AUDIT_INFLIGHT_MSGS, validates them with the Great
+Expectations suites of `twinstream.audit`, writes the result as JSON and Data Docs under
+TWINSTREAM_STATE_DIR/audit/<pipeline>/, and moves the cursor on only when the audit passes.
+Exit status 1 with the missing and duplicated msg_id ranges when it fails, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from twinstream.audit import Cursor, Findings, find_problems, validate
+from twinstream.config import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("twinstream.audit")
+
+VALUE_COLUMNS = (
+    "host",
+    "ts",
+    "cpu_user",
+    "cpu_system",
+    "mem_used_mb",
+    "mem_free_mb",
+    "window_count",
+    "cpu_user_avg20",
+    "mem_used_sum20",
+)
+VALUE_SCHEMA = (
+    "host STRING, ts STRING, cpu_user DOUBLE, cpu_system DOUBLE, mem_used_mb LONG, "
+    "mem_free_mb LONG, msg_id LONG, window_count LONG, cpu_user_avg20 DOUBLE, "
+    "mem_used_sum20 LONG"
+)
+
+
+def read_topic(spark: SparkSession, settings: Settings, topic: str, start: int) -> DataFrame:
+    """Committed records of one output topic from `start`: offset, msg_id (header), value."""
+    from pyspark.sql import functions as F
+
+    return (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .option("subscribe", topic)
+        .option("startingOffsets", json.dumps({topic: {"0": start}}))
+        .option("endingOffsets", "latest")
+        .option("kafka.isolation.level", "read_committed")
+        .option("includeHeaders", "true")
+        .load()
+        .select(
+            F.lit(topic).alias("topic"),
+            F.col("offset"),
+            F.expr(
+                "cast(cast(filter(headers, h -> h.key = 'msg_id')[0].value as string) as long)"
+            ).alias("msg_id"),
+            F.col("value").cast("string").alias("value"),
+        )
+    )
+
+
+def next_offset(df: DataFrame, end: int, start: int) -> int:
+    """Where the next audit reads this topic: its first record at or above `end`, or just
+    past the last record read when there is none."""
+    from pyspark.sql import functions as F
+
+    row = df.agg(
+        F.min(F.when(F.col("msg_id") >= end, F.col("offset"))).alias("first_beyond"),
+        F.max("offset").alias("last"),
+    ).first()
+    if row is None or row["last"] is None:
+        return start
+    if row["first_beyond"] is not None:
+        return int(row["first_beyond"])
+    return int(row["last"]) + 1
+
+
+def inbound_end(settings: Settings) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from twinstream.kafka import consumer_config
+
+    consumer = Consumer(consumer_config(settings, f"twinstream-audit-{uuid.uuid4()}"))
+    try:
+        _, high = consumer.get_watermark_offsets(
+            TopicPartition(settings.inbound_topic, 0), timeout=30
+        )
+    finally:
+        consumer.close()
+    return max(0, int(high) - settings.audit_inflight_msgs)
+
+
+def audit(
+    spark: SparkSession, settings: Settings, args: argparse.Namespace
+) -> tuple[Findings, bool]:
+    """The findings, and whether the Great Expectations suites passed."""
+    from pyspark.sql import functions as F
+
+    cursor_path = Path(args.cursor) if args.cursor else settings.audit_dir / "cursor.json"
+    cursor_path.parent.mkdir(parents=True, exist_ok=True)
+    cursor = Cursor.load(cursor_path)
+    end = max(cursor.next_msg_id, inbound_end(settings))
+    out = read_topic(spark, settings, args.outbound_topic, cursor.out_offset).cache()
+    dlq = read_topic(spark, settings, args.dlq_topic, cursor.dlq_offset).cache()
+    window = out.unionByName(dlq).where(F.col("msg_id").isNull() | (F.col("msg_id") < end))
+    ids = window.select("msg_id", "topic").cache()
+    findings = find_problems((r["msg_id"] for r in ids.toLocalIterator()), cursor.next_msg_id, end)
+    log.info("audit %s: %s", settings.pipeline, findings.summary())
+    if end <= cursor.next_msg_id and findings.rows == 0:
+        return findings, True
+
+    values = (
+        out.where(F.col("msg_id") < end)
+        .select("msg_id", F.from_json("value", VALUE_SCHEMA).alias("v"))
+        .select(
+            "msg_id",
+            F.col("v.msg_id").alias("value_msg_id"),
+            *(F.col(f"v.{c}") for c in VALUE_COLUMNS),
+        )
+    )
+    run_name = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{cursor.next_msg_id}-{end}"
+    validation = validate(settings.audit_dir, run_name, ids, values, cursor.next_msg_id, end)
+    log.info(
+        "audit %s: Great Expectations %s; result %s; Data Docs %s",
+        settings.pipeline,
+        "passed" if validation.success else "FAILED",
+        validation.results_path,
+        validation.data_docs,
+    )
+    report = {
+        "run": run_name,
+        "first_msg_id": findings.first,
+        "end_msg_id": findings.end,
+        "records": findings.rows,
+        "missing": findings.missing,
+        "duplicated": findings.duplicated,
+        "without_msg_id": findings.without_msg_id,
+        "expectations_met": validation.success,
+        "results": str(validation.results_path),
+        "data_docs": str(validation.data_docs),
+    }
+    # Machine-readable beside the cursor: what this audit found, pass or fail.
+    (cursor_path.parent / "last-audit.json").write_text(json.dumps(report, indent=2))
+    if findings.ok and validation.success:
+        Cursor(
+            next_msg_id=end,
+            out_offset=next_offset(out, end, cursor.out_offset),
+            dlq_offset=next_offset(dlq, end, cursor.dlq_offset),
+            audits=cursor.audits + 1,
+        ).save(cursor_path)
+    elif findings.ok:
+        # Every msg_id is there once, but a value is malformed: name the expectations.
+        failed = [
+            e
+            for suite in validation.statistics.values()
+            for e in suite["expectations"]
+            if not e["success"]
+        ]
+        log.error("audit %s: failed expectations: %s", settings.pipeline, failed)
+    return findings, validation.success
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"audit_output: {exc}", file=sys.stderr)
+        return 2
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--outbound-topic", default=settings.outbound_topic)
+    parser.add_argument("--dlq-topic", default=settings.dlq_topic)
+    parser.add_argument(
+        "--cursor", default="", help="cursor file (empty: <state>/audit/<pipeline>/cursor.json)"
+    )
+    args = parser.parse_args(argv)
+
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.appName(f"twinstream-audit-{settings.pipeline}")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    try:
+        findings, expectations_met = audit(spark, settings, args)
+    finally:
+        spark.stop()
+    if not findings.ok:
+        log.error("audit %s FAILED: %s", settings.pipeline, findings.summary())
+        return 1
+    if not expectations_met:
+        log.error("audit %s FAILED: malformed output values (see above)", settings.pipeline)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

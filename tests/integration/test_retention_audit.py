@@ -1,0 +1,150 @@
+"""The retention guard against real Kafka and the output audit through SparkSubmitOperator
+and Great Expectations, both run by `dag.test()` on pipelines of their own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from tests.integration.engines import load_dag, start_pair, task_states
+from twinstream import retention
+from twinstream.audit import Cursor
+from twinstream.config import load_settings
+from twinstream.harness import Pipeline
+from twinstream.kafka import (
+    TopicSpec,
+    admin_config,
+    alter_topic_configs,
+    describe_topic_configs,
+    ensure_topics,
+    producer_config,
+)
+from twinstream.subscriber import read_committed
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
+
+HOUR_MS = 3_600_000
+
+
+def test_a_short_inbound_retention_fails_the_guard_until_fixed(pipeline: Pipeline, dag_run_env):
+    dag_run_env(pipeline)
+    settings = load_settings()
+    admin = AdminClient(admin_config(settings))
+    inbound = settings.inbound_topic
+    dag = load_dag("check_kafka_retention")
+    assert dag.test().state == "success"
+
+    alter_topic_configs(admin, inbound, {"retention.ms": str(HOUR_MS)})
+    failed = dag.test()
+    assert failed.state == "failed", task_states(failed)
+    # The message the task fails with: each failed check, its values and its fix.
+    persist_ms = retention.dag_interval_ms(settings.dags_dir, "persist_standby_state")
+    audit_ms = retention.dag_interval_ms(settings.dags_dir, "audit_output_topic")
+    report = retention.evaluate(retention.gather(settings, admin, persist_ms, audit_ms))
+    required = settings.window_retention_ms + persist_ms + settings.restore_margin_s * 1000
+    failed_checks = {c.name: c for c in report.failed}
+    # One-day segments now outlive the one-hour retention, too.
+    assert set(failed_checks) == {"inbound retention.ms", "inbound segment.ms"}
+    line = failed_checks["inbound retention.ms"].line()
+    assert f"retention.ms={HOUR_MS} ms" in line
+    assert f"> {required} ms" in line
+    assert f"--entity-name {inbound} --alter --add-config retention.ms={required + 1}" in line
+
+    # Fixed by hand with the commands' own values: the guard passes.
+    for check in failed_checks.values():
+        setting, value = check.fix.rsplit(" ", 1)[1].split("=")
+        alter_topic_configs(admin, inbound, {setting: value})
+    assert dag.test().state == "success"
+
+    # Broken again, then fixed by the DAG itself.
+    alter_topic_configs(admin, inbound, {"retention.ms": str(HOUR_MS)})
+    fixed = dag.test(run_conf={"apply_fix": True})
+    assert fixed.state == "success", task_states(fixed)
+    configs = describe_topic_configs(admin, inbound)
+    assert configs["retention.ms"] == str(required + 1)
+    assert int(configs["segment.ms"]) <= required + 1
+
+
+def _last_audit(path: Path) -> dict[str, Any]:
+    report: dict[str, Any] = json.loads((path / "last-audit.json").read_text())
+    return report
+
+
+def _copy_outbound(pipeline: Pipeline, target: str, drop: range, repeat: range) -> None:
+    """`.out` into `target` with its headers, without the msg_ids in `drop` and with those
+    in `repeat` written twice."""
+    settings = pipeline.settings
+    ensure_topics(AdminClient(admin_config(settings)), [TopicSpec(target, 1, 3)])
+    producer = Producer(producer_config(settings))
+    try:
+        for record in read_committed(settings, settings.outbound_topic):
+            assert record.msg_id is not None
+            if record.msg_id in drop:
+                continue
+            headers: list[tuple[str, str | bytes | None]] = [
+                ("msg_id", str(record.msg_id)),
+                ("engine_id", record.engine_id),
+                ("epoch", str(record.epoch)),
+            ]
+            for _ in range(2 if record.msg_id in repeat else 1):
+                producer.produce(target, record.raw, record.key, headers=headers)
+            producer.poll(0)
+    finally:
+        assert producer.flush(30) == 0
+
+
+def test_the_audit_passes_a_clean_output_and_names_the_ranges_of_a_broken_copy(
+    pipeline: Pipeline, dag_run_env, monkeypatch, tmp_path
+):
+    start_pair(pipeline)
+    pipeline.join_load(pipeline.load(3_000, rate=0, broken_every=50))
+    pipeline.wait_published(pipeline.produced - 1)
+    dag_run_env(pipeline)
+    # Everything is published: no allowance for messages in flight.
+    monkeypatch.setenv("TWINSTREAM_AUDIT_INFLIGHT_MSGS", "0")
+    settings = load_settings()
+    dag = load_dag("audit_output_topic")
+
+    first = dag.test()
+    assert first.state == "success", task_states(first)
+    report = _last_audit(settings.audit_dir)
+    assert (report["first_msg_id"], report["end_msg_id"]) == (0, pipeline.produced)
+    assert report["missing"] == report["duplicated"] == []
+    assert Path(report["data_docs"]).is_file()
+    results = json.loads(Path(report["results"]).read_text())
+    assert set(results) == {"twinstream_msg_ids", "twinstream_output_values"}
+    after_first = Cursor.load(settings.audit_dir / "cursor.json")
+    assert after_first.next_msg_id == pipeline.produced
+
+    # The next audit starts exactly where this one ended.
+    pipeline.join_load(pipeline.load(1_000, rate=0))
+    pipeline.wait_published(pipeline.produced - 1)
+    second = dag.test()
+    assert second.state == "success", task_states(second)
+    report = _last_audit(settings.audit_dir)
+    assert (report["first_msg_id"], report["end_msg_id"]) == (
+        after_first.next_msg_id,
+        pipeline.produced,
+    )
+    assert report["records"] == 1_000
+    cursor = Cursor.load(settings.audit_dir / "cursor.json")
+    assert (cursor.next_msg_id, cursor.audits) == (pipeline.produced, 2)
+    assert cursor.out_offset > after_first.out_offset
+
+    # A copy of .out with msg_ids 100..109 deleted and 200..201 duplicated.
+    copy = f"{settings.outbound_topic}.copy"
+    _copy_outbound(pipeline, copy, drop=range(100, 110), repeat=range(200, 202))
+    broken = tmp_path / "copy-audit"
+    conf = {"outbound_topic": copy, "dlq_topic": settings.dlq_topic}
+    failed = dag.test(run_conf={**conf, "cursor": str(broken / "cursor.json")})
+    assert failed.state == "failed", task_states(failed)
+    report = _last_audit(broken)
+    # 100..109 are outputs (every 50th record went to .dlq: none of these ids).
+    assert report["missing"] == [[100, 109]]
+    assert report["duplicated"] == [[200, 201]]
+    assert not (broken / "cursor.json").exists()  # a failed audit does not move on
