@@ -38,7 +38,7 @@ def test_kill_9_of_the_active_under_load_loses_and_repeats_nothing(pipeline):
     wait_for(lambda: b.role() == "active", 15, "the standby taking over")
     takeover_s = time.monotonic() - killed
     pipeline.join_load(load)
-    pipeline.waitpublished(pipeline.produced - 1)
+    pipeline.wait_published(pipeline.produced - 1)
 
     outputs = assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     by_engine = {r.engine_id for r in outputs}
@@ -60,7 +60,7 @@ def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline):
         a.proc.send_signal(signal.SIGCONT)
     wait_for(lambda: a.role() == "standby", 30, "the ex-active stepping down")
     pipeline.join_load(load)
-    pipeline.waitpublished(pipeline.produced - 1)
+    pipeline.wait_published(pipeline.produced - 1)
 
     outputs = pipeline.outputs()
     result = audit(outputs, pipeline.produced)
@@ -107,7 +107,7 @@ def test_takeover_by_a_standby_ahead_or_behind_is_gapless(pipeline, case, active
     a.kill9()
     wait_for(lambda: b.role() == "active", 15, "the standby taking over")
     pipeline.join_load(load)
-    pipeline.waitpublished(pipeline.produced - 1)
+    pipeline.wait_published(pipeline.produced - 1)
     assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     assert b.get("/pipeline")["uncovered_ranges"] == []
 
@@ -125,7 +125,7 @@ def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline):
     a.kill9()
     wait_for(lambda: b.role() == "active", 15, "the standby taking over")
     pipeline.join_load(load)
-    pipeline.waitpublished(pipeline.produced - 1)
+    pipeline.wait_published(pipeline.produced - 1)
 
     outputs = pipeline.outputs()
     last_old = max(r.msg_id for r in outputs if r.engine_id == "a")
@@ -150,7 +150,7 @@ def test_bad_input_of_every_kind_goes_to_the_dead_letter_topic_without_a_restart
     first = pipeline.produced  # msg_id of the load's first record (after the warm-up)
     # Every 20th record broken, cycling through the five kinds: 1 in 100 of each.
     pipeline.join_load(pipeline.load(total, rate=1000, broken_every=20))
-    pipeline.waitpublished(pipeline.produced - 1)
+    pipeline.wait_published(pipeline.produced - 1)
 
     outputs = assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     dead = {r.msg_id: r for r in outputs if r.topic == pipeline.settings.dlq_topic}
@@ -182,7 +182,7 @@ def test_a_zookeeper_restart_under_load_keeps_one_active_and_no_gap(pipeline, se
         supervisor.start("zookeeper")
     wait_for(lambda: health.zookeeper(settings)[0], 30, "ZooKeeper back")
     pipeline.join_load(load)
-    pipeline.waitpublished(pipeline.produced - 1, timeout_s=180)
+    pipeline.wait_published(pipeline.produced - 1, timeout_s=180)
     assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     # An ex-active whose session expired during the outage hears LOST when it reconnects.
     wait_for(
