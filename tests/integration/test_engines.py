@@ -19,7 +19,7 @@ from tests.integration.engines import (
     published,
     start_pair,
 )
-from twinstream.harness import audit, ranges, wait_for
+from twinstream.harness import Pipeline, audit, ranges, wait_for
 from twinstream.publisher import BROKEN_KINDS
 from twinstream.stack import health
 from twinstream.stack.layout import Layout
@@ -28,7 +28,7 @@ from twinstream.stack.supervisor import Supervisor
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
 
-def test_kill_9_of_the_active_under_load_loses_and_repeats_nothing(pipeline):
+def test_kill_9_of_the_active_under_load_loses_and_repeats_nothing(pipeline: Pipeline):
     a, b = start_pair(pipeline)
     total = 15_000
     load = pipeline.load(total, rate=1000, broken_every=97)
@@ -46,7 +46,7 @@ def test_kill_9_of_the_active_under_load_loses_and_repeats_nothing(pipeline):
     assert takeover_s < 5, f"takeover took {takeover_s:.1f}s"
 
 
-def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline):
+def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline: Pipeline):
     a, b = start_pair(pipeline)
     total = 12_000
     load = pipeline.load(total, rate=1000)
@@ -94,7 +94,9 @@ def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline):
         ),
     ],
 )
-def test_takeover_by_a_standby_ahead_or_behind_is_gapless(pipeline, case, active_env, standby_env):
+def test_takeover_by_a_standby_ahead_or_behind_is_gapless(
+    pipeline: Pipeline, case, active_env, standby_env
+):
     a, b = start_pair(pipeline, active_env, standby_env)
     # Long enough that the engines' different rhythms open a lead or a lag under load.
     total = 30_000
@@ -112,7 +114,7 @@ def test_takeover_by_a_standby_ahead_or_behind_is_gapless(pipeline, case, active
     assert b.get("/pipeline")["uncovered_ranges"] == []
 
 
-def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline):
+def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline: Pipeline):
     a, b = start_pair(
         pipeline,
         {"TWINSTREAM_TRIGGER_INTERVAL_MS": "8000"},
@@ -128,8 +130,8 @@ def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline):
     pipeline.wait_published(pipeline.produced - 1)
 
     outputs = pipeline.outputs()
-    last_old = max(r.msg_id for r in outputs if r.engine_id == "a")
-    first_new = min(r.msg_id for r in outputs if r.engine_id == "b")
+    last_old = max(r.msg_id for r in outputs if r.engine_id == "a" and r.msg_id is not None)
+    first_new = min(r.msg_id for r in outputs if r.engine_id == "b" and r.msg_id is not None)
     result = audit(outputs, pipeline.produced)
     assert ranges(result.duplicated) == []
     assert ranges(result.missing) == [(last_old + 1, first_new - 1)]
@@ -143,7 +145,9 @@ def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline):
     assert "UNCOVERED msg_id" in b.log_path.read_text()
 
 
-def test_bad_input_of_every_kind_goes_to_the_dead_letter_topic_without_a_restart(pipeline):
+def test_bad_input_of_every_kind_goes_to_the_dead_letter_topic_without_a_restart(
+    pipeline: Pipeline,
+):
     a, b = start_pair(pipeline)
     pids = {a.pid, b.pid}
     total = 5_000
@@ -167,7 +171,7 @@ def test_bad_input_of_every_kind_goes_to_the_dead_letter_topic_without_a_restart
     assert {e.get("/pipeline")["state"] for e in (a, b)} == {"running"}
 
 
-def test_a_zookeeper_restart_under_load_keeps_one_active_and_no_gap(pipeline, settings):
+def test_a_zookeeper_restart_under_load_keeps_one_active_and_no_gap(pipeline: Pipeline, settings):
     a, b = start_pair(pipeline)
     supervisor = Supervisor(Layout.of(settings))
     total = 12_000
