@@ -53,19 +53,10 @@ DEFAULT_ARGS = {
 def persist_standby_state() -> None:
     @task
     def pick_standby() -> str:
-        from twinstream.operate import (
-            airflow_engine,
-            observe,
-            pick_standby,
-            refusals_fail_fast,
-            zk_leader,
-        )
+        from twinstream.operate import observe_engines, pick_standby, refusals_fail_fast, zk_leader
 
         settings = load_settings()
-        views = []
-        for engine_id in settings.engine_ids:
-            with airflow_engine(engine_id, settings) as engine:
-                views.append(observe(engine))
+        views = observe_engines(settings)
         with refusals_fail_fast():
             return pick_standby(views, zk_leader(settings))
 

@@ -52,13 +52,10 @@ def watch_engines() -> None:
         from airflow.sdk import Variable
 
         from twinstream.config import load_settings
-        from twinstream.operate import airflow_engine, observe, watch
+        from twinstream.operate import observe_engines, watch
 
         settings = load_settings()
-        views = []
-        for engine_id in settings.engine_ids:
-            with airflow_engine(engine_id, settings) as engine:
-                views.append(observe(engine))
+        views = observe_engines(settings)
         remembered = json.loads(Variable.get(INCIDENTS, default="{}"))
         to_restore, incidents = watch(views, remembered, time.time(), settings.watch_grace_s)
         Variable.set(INCIDENTS, json.dumps(incidents))

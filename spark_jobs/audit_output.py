@@ -15,30 +15,21 @@ import argparse
 import json
 import logging
 import sys
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from twinstream.audit import Cursor, Findings, find_problems, validate
 from twinstream.config import Settings, SettingsError, load_settings
+from twinstream.hostmetrics import FIELDS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("twinstream.audit")
 
-VALUE_COLUMNS = (
-    "host",
-    "ts",
-    "cpu_user",
-    "cpu_system",
-    "mem_used_mb",
-    "mem_free_mb",
-    "window_count",
-    "cpu_user_avg20",
-    "mem_used_sum20",
-)
+# The value's fields besides msg_id: the input's, then the statistics.
+VALUE_COLUMNS = (*FIELDS, "window_count", "cpu_user_avg20", "mem_used_sum20")
 VALUE_SCHEMA = (
     "host STRING, ts STRING, cpu_user DOUBLE, cpu_system DOUBLE, mem_used_mb LONG, "
     "mem_free_mb LONG, msg_id LONG, window_count LONG, cpu_user_avg20 DOUBLE, "
@@ -87,18 +78,10 @@ def next_offset(df: DataFrame, end: int, start: int) -> int:
 
 
 def inbound_end(settings: Settings) -> int:
-    from confluent_kafka import Consumer, TopicPartition
+    from twinstream.kafka import watermarks
 
-    from twinstream.kafka import consumer_config
-
-    consumer = Consumer(consumer_config(settings, f"twinstream-audit-{uuid.uuid4()}"))
-    try:
-        _, high = consumer.get_watermark_offsets(
-            TopicPartition(settings.inbound_topic, 0), timeout=30
-        )
-    finally:
-        consumer.close()
-    return max(0, int(high) - settings.audit_inflight_msgs)
+    _, high = watermarks(settings, settings.inbound_topic, timeout_s=30)
+    return max(0, high - settings.audit_inflight_msgs)
 
 
 def audit(

@@ -153,7 +153,7 @@ class Engine:
                     f"Kafka's log of {topic} starts at {log_start} (retention deleted the rest)"
                 )
             return None
-        history = [i.snapshot_id for i in snapshot.list_snapshots(self.settings.snapshot_dir)]
+        history = snapshot.snapshot_ids(self.settings.snapshot_dir)
         published = self._last_published.last_msg_ids(
             [self.settings.outbound_topic, self.settings.dlq_topic]
         )

@@ -25,6 +25,7 @@ import httpx
 import psutil
 from confluent_kafka.admin import AdminClient
 
+from twinstream.audit import merge_ranges
 from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.hostmetrics import Output, reference
 from twinstream.kafka import admin_config, ensure_topics, topic_specs
@@ -329,14 +330,8 @@ def audit(records: list[Record], expected: int) -> Audit:
     return Audit(collections.Counter(r.msg_id for r in records if r.msg_id is not None), expected)
 
 
-def ranges(ids: list[int]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for i in ids:
-        if merged and merged[-1][1] == i - 1:
-            merged[-1] = (merged[-1][0], i)
-        else:
-            merged.append((i, i))
-    return merged
+# The tests' and benchmarks' name for the audit's range merging.
+ranges = merge_ranges
 
 
 @contextlib.contextmanager

@@ -111,6 +111,21 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
     ]
 
 
+def watermarks(settings: Settings, topic: str, timeout_s: float = 15.0) -> tuple[int, int]:
+    """(log-start offset, high watermark) of a one-partition topic, with a short-lived
+    consumer (long-lived clients ask their own consumer instead)."""
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(consumer_config(settings, f"twinstream-marks-{uuid.uuid4()}"))
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+    finally:
+        consumer.close()
+    return int(low), int(high)
+
+
 class TopicShapeError(RuntimeError):
     """An existing topic's partitions or replication differ and cannot be fixed in place."""
 

@@ -167,7 +167,7 @@ def verify_persisted(settings: Settings, manifest: Mapping[str, Any]) -> str:
 
 def prune(settings: Settings, keep: int) -> list[str]:
     deleted = snapshot.prune(settings.snapshot_dir, settings.pipeline, keep)
-    left = [i.snapshot_id for i in snapshot.list_snapshots(settings.snapshot_dir)]
+    left = snapshot.snapshot_ids(settings.snapshot_dir)
     log.info("pruned %s snapshot(s) %s; kept %s", len(deleted), deleted, left)
     return deleted
 
@@ -197,18 +197,9 @@ def assess(view: EngineView, force: bool) -> str:
 
 
 def inbound_log_start(settings: Settings) -> int:
-    from confluent_kafka import Consumer, TopicPartition
+    from twinstream.kafka import watermarks
 
-    from twinstream.kafka import consumer_config
-
-    consumer = Consumer(consumer_config(settings, f"twinstream-ops-{uuid.uuid4()}"))
-    try:
-        low, _ = consumer.get_watermark_offsets(
-            TopicPartition(settings.inbound_topic, 0), timeout=15
-        )
-        return int(low)
-    finally:
-        consumer.close()
+    return watermarks(settings, settings.inbound_topic)[0]
 
 
 def choose_snapshot(settings: Settings, requested: str, log_start: int) -> str:
@@ -420,6 +411,15 @@ def airflow_engine(engine_id: str, settings: Settings) -> EngineClient:
     from airflow.sdk import Connection
 
     return engine_client_factory(settings, Connection.get)(engine_id)
+
+
+def observe_engines(settings: Settings) -> list[EngineView]:
+    """Every configured engine, through its Airflow connection (inside a task only)."""
+    views = []
+    for engine_id in settings.engine_ids:
+        with airflow_engine(engine_id, settings) as engine:
+            views.append(observe(engine))
+    return views
 
 
 def engine_client_factory(

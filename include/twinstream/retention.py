@@ -359,10 +359,13 @@ def gather(
     from twinstream import snapshot
 
     rate, log_start = measure_inbound(settings)
-    newest = next(
-        (i.manifest for i in snapshot.list_snapshots(settings.snapshot_dir) if i.manifest),
-        None,
-    )
+    # The newest that verifies: checksums are read only down to the first valid snapshot.
+    try:
+        newest: snapshot.Manifest | None = snapshot.choose(
+            settings.snapshot_dir, settings.pipeline, "latest"
+        )
+    except snapshot.SnapshotError:
+        newest = None
     return Facts(
         inbound=topic_facts(admin, settings.inbound_topic),
         outbound=topic_facts(admin, settings.outbound_topic),

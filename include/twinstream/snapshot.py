@@ -272,6 +272,14 @@ def verify(path: Path, pipeline: str | None = None) -> Manifest:
     return manifest
 
 
+def snapshot_ids(snapshot_dir: Path) -> list[str]:
+    """The finished snapshots' ids, newest first, without reading them (no checksums)."""
+    if not snapshot_dir.is_dir():
+        return []
+    names = (p.name for p in snapshot_dir.iterdir() if p.is_dir())
+    return sorted((n for n in names if not n.endswith(TMP_SUFFIX)), reverse=True)
+
+
 def list_snapshots(snapshot_dir: Path, pipeline: str | None = None) -> list[SnapshotInfo]:
     """Every snapshot folder, newest first, each verified (half-written ones included, as
     invalid, so that an operator sees them)."""

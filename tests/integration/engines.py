@@ -32,11 +32,6 @@ def processed(engine) -> int:
     return -1 if value is None else int(value)
 
 
-def start_pair(pipeline: Pipeline, active_env=None, standby_env=None):
-    """Start `a`, wait until it is active, then start `b` as its standby."""
-    return pipeline.start_pair(active_env, standby_env)
-
-
 def assert_exactly_once_and_as_reference(pipeline: Pipeline, total: int):
     outputs = pipeline.outputs()
     result = audit(outputs, pipeline.produced)

@@ -17,7 +17,6 @@ from tests.integration.engines import (
     assert_exactly_once_and_as_reference,
     processed,
     published,
-    start_pair,
 )
 from twinstream.harness import Pipeline, audit, ranges, wait_for
 from twinstream.publisher import BROKEN_KINDS
@@ -29,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engi
 
 
 def test_kill_9_of_the_active_under_load_loses_and_repeats_nothing(pipeline: Pipeline):
-    a, b = start_pair(pipeline)
+    a, b = pipeline.start_pair()
     total = 15_000
     load = pipeline.load(total, rate=1000, broken_every=97)
     wait_for(lambda: published(a) >= 4000, 60, "the active publishing under load")
@@ -47,7 +46,7 @@ def test_kill_9_of_the_active_under_load_loses_and_repeats_nothing(pipeline: Pip
 
 
 def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline: Pipeline):
-    a, b = start_pair(pipeline)
+    a, b = pipeline.start_pair()
     total = 12_000
     load = pipeline.load(total, rate=1000)
     wait_for(lambda: published(a) >= 3000, 60, "the active publishing under load")
@@ -97,7 +96,7 @@ def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline: Pipeline):
 def test_takeover_by_a_standby_ahead_or_behind_is_gapless(
     pipeline: Pipeline, case, active_env, standby_env
 ):
-    a, b = start_pair(pipeline, active_env, standby_env)
+    a, b = pipeline.start_pair(active_env, standby_env)
     # Long enough that the engines' different rhythms open a lead or a lag under load.
     total = 30_000
     load = pipeline.load(total, rate=1000)
@@ -115,8 +114,7 @@ def test_takeover_by_a_standby_ahead_or_behind_is_gapless(
 
 
 def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline: Pipeline):
-    a, b = start_pair(
-        pipeline,
+    a, b = pipeline.start_pair(
         {"TWINSTREAM_TRIGGER_INTERVAL_MS": "8000"},
         {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100", "TWINSTREAM_NUM_BUFFERED_MSGS": "30"},
     )
@@ -148,7 +146,7 @@ def test_a_buffer_too_small_to_cover_reports_the_exact_missing_range(pipeline: P
 def test_bad_input_of_every_kind_goes_to_the_dead_letter_topic_without_a_restart(
     pipeline: Pipeline,
 ):
-    a, b = start_pair(pipeline)
+    a, b = pipeline.start_pair()
     pids = {a.pid, b.pid}
     total = 5_000
     first = pipeline.produced  # msg_id of the load's first record (after the warm-up)
@@ -172,7 +170,7 @@ def test_bad_input_of_every_kind_goes_to_the_dead_letter_topic_without_a_restart
 
 
 def test_a_zookeeper_restart_under_load_keeps_one_active_and_no_gap(pipeline: Pipeline, settings):
-    a, b = start_pair(pipeline)
+    a, b = pipeline.start_pair()
     supervisor = Supervisor(Layout.of(settings))
     total = 12_000
     load = pipeline.load(total, rate=1000)

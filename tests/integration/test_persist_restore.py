@@ -20,7 +20,6 @@ from tests.integration.engines import (
     assert_exactly_once_and_as_reference,
     load_dag,
     processed,
-    start_pair,
     task_states,
 )
 from twinstream import snapshot
@@ -98,7 +97,7 @@ def _standby(pipeline: Pipeline) -> EngineProcess:
 def test_persisting_the_standby_never_pauses_the_output_and_survives_a_takeover(
     pipeline: Pipeline,
 ):
-    start_pair(pipeline)
+    pipeline.start_pair()
 
     def longest_pause_of_the_output(during: Callable[[Stalls], None]) -> float:
         """While 30,000 events arrive at 1,000/s, until the last one is published."""
@@ -168,7 +167,7 @@ def test_a_lost_engine_comes_back_from_the_latest_snapshot_through_airflow(
     pipeline: Pipeline, dag_run_env
 ):
     dag_run_env(pipeline)
-    a, b = start_pair(pipeline)
+    a, b = pipeline.start_pair()
     pipeline.join_load(pipeline.load(4_000, rate=1000))
     wait_for(lambda: _in_sync(b), 120, "the standby in sync")
 
@@ -221,7 +220,7 @@ def test_a_lost_engine_comes_back_from_the_latest_snapshot_through_airflow(
 
 
 def test_damaged_and_expired_snapshots_are_refused_and_cold_still_works(pipeline: Pipeline):
-    _a, b = start_pair(pipeline)
+    _a, b = pipeline.start_pair()
     manifests = []
     for _ in range(3):
         pipeline.join_load(pipeline.load(1_000, rate=0))

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from tests.integration.engines import load_dag, start_pair, task_states
+from tests.integration.engines import load_dag, task_states
 from twinstream import retention
 from twinstream.audit import Cursor
 from twinstream.config import load_settings
@@ -101,7 +101,7 @@ def _copy_outbound(pipeline: Pipeline, target: str, drop: range, repeat: range) 
 def test_the_audit_passes_a_clean_output_and_names_the_ranges_of_a_broken_copy(
     pipeline: Pipeline, dag_run_env, monkeypatch, tmp_path
 ):
-    start_pair(pipeline)
+    pipeline.start_pair()
     pipeline.join_load(pipeline.load(3_000, rate=0, broken_every=50))
     pipeline.wait_published(pipeline.produced - 1)
     dag_run_env(pipeline)

@@ -229,3 +229,13 @@ def test_checkpoint_problems_are_named(tmp_path):
         folder.rmdir()
     (cp / "state").rmdir()
     assert "no state store" in str(snapshot.checkpoint_problem(cp, TOPIC))
+
+
+def test_snapshot_ids_lists_finished_snapshots_without_reading_them(tmp_path, clock):
+    snaps = tmp_path / "snaps"
+    assert snapshot.snapshot_ids(snaps) == []
+    cp = fake_checkpoint(tmp_path / "engine")
+    made = [write(snaps, cp, clock).snapshot_id for _ in range(2)]
+    (snaps / made[1] / snapshot.BUFFER).write_text("")  # damaged still counts as history
+    (snaps / "20991231T000000.000000Z-a-b1.tmp").mkdir()
+    assert snapshot.snapshot_ids(snaps) == made[::-1]
