@@ -175,9 +175,12 @@ def ensure_topics(
     specs = list(specs)
     deadline = clock() + timeout_s
     attempt = 1
+    # A create that timed out may still have taken effect; the retry then finds the topic
+    # present, and must still report it as created by this run, not as found unchanged.
+    requested: set[str] = set()
     while True:
         try:
-            return _ensure_topics_once(admin, specs, timeout_s)
+            return _ensure_topics_once(admin, specs, timeout_s, requested)
         except KafkaException as exc:
             if not is_transient(exc) or clock() >= deadline:
                 raise
@@ -187,13 +190,14 @@ def ensure_topics(
 
 
 def _ensure_topics_once(
-    admin: AdminClient, specs: list[TopicSpec], timeout_s: float
+    admin: AdminClient, specs: list[TopicSpec], timeout_s: float, requested: set[str]
 ) -> list[TopicChange]:
     existing = admin.list_topics(timeout=timeout_s).topics
     changes: dict[str, TopicChange] = {}
 
     missing = [s for s in specs if s.name not in existing]
     if missing:
+        requested.update(s.name for s in missing)
         futures = admin.create_topics(
             [
                 NewTopic(
@@ -215,6 +219,7 @@ def _ensure_topics_once(
                 # Another `up` (or a compose init container) may have won the race.
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
+                requested.discard(name)
         existing = admin.list_topics(timeout=timeout_s).topics
 
     for spec in specs:
@@ -233,7 +238,8 @@ def _ensure_topics_once(
         current = describe_topic_configs(admin, spec.name, timeout_s)
         drift = {k: v for k, v in spec.configs.items() if current.get(k) != v}
         if not drift:
-            changes[spec.name] = TopicChange(spec.name, "unchanged")
+            action = "created" if spec.name in requested else "unchanged"
+            changes[spec.name] = TopicChange(spec.name, action)
             continue
         alter_topic_configs(admin, spec.name, drift, timeout_s)
         changes[spec.name] = TopicChange(

@@ -45,3 +45,32 @@ def session(
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def stop_session(spark: SparkSession, timeout_s: float = 30.0) -> None:
+    """Stop the session and the JVM pyspark started for it, by pid.
+
+    `SparkSession.stop()` leaves the gateway JVM running until Python exits; in a long
+    test process it then keeps Kafka clients that log against a stack already torn down."""
+    import subprocess
+
+    from pyspark import SparkContext
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc: subprocess.Popen[bytes] | None = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if proc is None:
+        return
+    # The launcher keeps the JVM's stdin: closing it is the JVM's own signal to exit.
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout_s)

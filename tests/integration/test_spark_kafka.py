@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import uuid
 
+import psutil
 import pytest
 from confluent_kafka.admin import AdminClient
 
 from twinstream.kafka import TopicSpec, admin_config, ensure_topics
-from twinstream.spark import kafka_jars, session
+from twinstream.spark import kafka_jars, session, stop_session
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def spark(stack, settings):
+    from pyspark import SparkContext
+
     spark = session(settings, "twinstream-connector-test")
+    jvm_pid = SparkContext._gateway.proc.pid  # type: ignore[union-attr]
     yield spark
-    spark.stop()
+    stop_session(spark)
+    # Otherwise the JVM outlives the module and its Kafka clients log against the stack
+    # after teardown, as they once did at the end of a CI run.
+    assert not psutil.pid_exists(jvm_pid), f"Spark's JVM (pid {jvm_pid}) outlived the test"
 
 
 def test_connector_jars_are_the_fetched_ones(settings):

@@ -27,12 +27,15 @@ def _done(value=None, exc=None):
 
 
 class FakeAdmin:
-    def __init__(self, topics=None, race=False, failures=()):
+    def __init__(self, topics=None, race=False, failures=(), lost_replies=0):
         # name -> (partitions, rf, configs)
         self.topics = dict(topics or {})
         self.race = race
         # Error codes the next create_topics calls fail with, one per call.
         self.failures = list(failures)
+        # How many create_topics calls take effect but answer with a timeout, as a
+        # controller still electing leaders for RF 3 can do.
+        self.lost_replies = lost_replies
         self.created = []
         self.altered = []
 
@@ -48,9 +51,14 @@ class FakeAdmin:
             code = self.failures.pop(0)
             return {t.topic: _done(exc=KafkaException(KafkaError(code))) for t in new_topics}
         result = {}
+        lost = self.lost_replies > 0
+        self.lost_replies -= 1
         for t in new_topics:
             self.topics[t.topic] = (t.num_partitions, t.replication_factor, dict(t.config))
-            if self.race:
+            if lost:
+                err = KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
+                result[t.topic] = _done(exc=err)
+            elif self.race:
                 err = KafkaException(KafkaError(KafkaError.TOPIC_ALREADY_EXISTS))
                 result[t.topic] = _done(exc=err)
             else:
@@ -121,6 +129,17 @@ def test_a_cluster_still_settling_is_retried_until_the_topics_exist(settings):
     changes = ensure_topics(cast(Any, admin), topic_specs(settings), sleep=sleeps.append)
     assert [c.action for c in changes] == ["created"] * 3
     assert len(sleeps) == 2
+
+
+def test_a_create_that_timed_out_but_took_effect_is_still_reported_created(settings):
+    # What CI once saw: the retry found all three topics present and called them unchanged.
+    admin = FakeAdmin(lost_replies=1)
+    sleeps: list[float] = []
+    changes = ensure_topics(cast(Any, admin), topic_specs(settings), sleep=sleeps.append)
+    assert [c.action for c in changes] == ["created"] * 3
+    assert len(sleeps) == 1
+    again = ensure_topics(cast(Any, admin), topic_specs(settings))
+    assert [c.action for c in again] == ["unchanged"] * 3
 
 
 def test_a_transient_error_past_the_deadline_is_raised(settings):
