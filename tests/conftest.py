@@ -1,16 +1,136 @@
-"""Airflow configuration for every test in this process, set before Airflow is imported.
+"""Shared by every test directory.
 
+Airflow configuration for every test in this process, set before Airflow is imported:
 Airflow reads its configuration once, on import. DagBag parsing needs no database, and the
 DAG runs of the integration tests (`dag.test()`) use a SQLite database of their own in a
 temporary AIRFLOW_HOME: never ~/airflow, never a running stack's.
+
+The stack fixtures: a real stack (ZooKeeper, three KRaft brokers, Airflow) on its own ports
+and state folder, started once per test session through the same code as `make up`, shared
+by tests/integration and tests/chaos, and stopped by pid after. Unit tests never ask for it.
 """
+
+from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 
-from twinstream.config import REPO_ROOT
+import pytest
+
+from twinstream.config import REPO_ROOT, Settings, load_settings
+from twinstream.harness import Pipeline
+from twinstream.stack import core
+from twinstream.stack.layout import Layout
+from twinstream.stack.supervisor import Supervisor
 
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="twinstream-airflow-test-"))
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO_ROOT / "dags"))
+
+# Ports apart from the defaults, so a developer's running `make up` stack is left alone.
+TEST_ENV = {
+    "TWINSTREAM_ZK_PORT": "22181",
+    "TWINSTREAM_KAFKA_PORTS": "29092,29093,29094",
+    "TWINSTREAM_KAFKA_CONTROLLER_PORTS": "29192,29193,29194",
+    "TWINSTREAM_AIRFLOW_PORT": "28080",
+    "TWINSTREAM_ENGINE_ADMIN_PORTS": "28701,28702",
+    # Non-default retentions prove they come from configuration.
+    "TWINSTREAM_INBOUND_RETENTION_MS": str(3 * 24 * 3600 * 1000),
+    "TWINSTREAM_OUTBOUND_RETENTION_MS": str(2 * 24 * 3600 * 1000),
+    "TWINSTREAM_DLQ_RETENTION_MS": str(5 * 24 * 3600 * 1000),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `stack_teardown` stop the shared stack, so they run after all others."""
+    items.sort(key=lambda item: item.get_closest_marker("stack_teardown") is not None)
+
+
+@pytest.fixture(scope="session")
+def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    env = {**TEST_ENV, "TWINSTREAM_STATE_DIR": str(tmp_path_factory.mktemp("stack"))}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield env
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def settings(stack_env: dict[str, str]) -> Settings:
+    return load_settings()
+
+
+@pytest.fixture(scope="session")
+def stack(settings: Settings) -> Iterator[core.UpReport]:
+    try:
+        report = core.up(settings)
+        yield report
+    finally:
+        core.down(settings)
+
+
+@pytest.fixture(scope="module")
+def quiet_stack_engines(stack, settings) -> Iterator[None]:
+    """The stack's own engines idle on another pipeline; stopping them leaves the two
+    cores to the engines under test. They are started again for the tests after these."""
+    supervisor = Supervisor(Layout.of(settings))
+    for engine_id in settings.engine_ids:
+        supervisor.stop(f"engine-{engine_id}")
+    yield
+    for engine_id in settings.engine_ids:
+        supervisor.start(f"engine-{engine_id}")
+    core.wait_for_one_active(settings, echo=lambda _line: None, timeout_s=120)
+
+
+@pytest.fixture
+def pipeline(stack_env, tmp_path) -> Iterator[Pipeline]:
+    p = Pipeline(stack_env, tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop_all()
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """A migrated SQLite metadata database for `dag.test()` in the AIRFLOW_HOME that
+    tests/conftest.py set for this process (not the stack's Airflow)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    airflow = Path(sys.executable).with_name("airflow")
+    subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True, timeout=300)
+
+
+@pytest.fixture
+def dag_run_env(monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> Callable[[Pipeline], None]:
+    """Point this process's TWINSTREAM_* settings and engine connections at a pipeline, as
+    the stack does for Airflow's task processes."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from twinstream.kafka import client_config
+    from twinstream.stack.launch import engine_connections
+
+    def use(pipeline: Pipeline) -> None:
+        kafka = {"conn_type": "kafka", "extra": client_config(pipeline.settings)}
+        spark = {"conn_type": "spark", "host": "local[2]"}
+        for key, value in {
+            **pipeline.env,
+            **engine_connections(pipeline.settings),
+            "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(kafka),
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark),
+            # SparkSubmitOperator calls spark-submit from PATH, as the stack's Airflow does.
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        }.items():
+            monkeypatch.setenv(key, value)
+
+    return use

@@ -97,6 +97,11 @@ class EngineClient:
         result: dict[str, Any] = self._call("POST", "/pipeline/stop", timeout_s=120.0)
         return result
 
+    def start(self) -> dict[str, Any]:
+        # Starts the query and joins the election; Spark's start takes seconds.
+        result: dict[str, Any] = self._call("POST", "/pipeline/start", timeout_s=120.0)
+        return result
+
     def persist(self) -> dict[str, Any]:
         # Stops the standby's query, copies, restarts it: seconds, longer on a large state.
         result: dict[str, Any] = self._call("POST", "/pipeline/persist", timeout_s=600.0)

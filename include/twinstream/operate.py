@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from twinstream import snapshot
 from twinstream.config import Settings
 from twinstream.engine_client import EngineClient, EngineError
+from twinstream.subscriber import Record
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class Engine(Protocol):
     def server(self) -> dict[str, Any]: ...
     def pipeline(self) -> dict[str, Any]: ...
     def stop(self) -> dict[str, Any]: ...
+    def start(self) -> dict[str, Any]: ...
     def persist(self) -> dict[str, Any]: ...
     def restore(self, snapshot: str) -> dict[str, Any]: ...
     def buffer(self, last: int) -> list[dict[str, Any]]: ...
@@ -254,14 +256,17 @@ class SyncCheck:
     message: str
 
 
-def sync_check(engine: Engine, started_at: float, wait_s: float, now: float) -> SyncCheck:
-    """One look at a restoring engine: done when in sync; OperateError when it failed or
-    the wait is over. The message is the progress line for the sensor's log."""
+def sync_check(
+    engine: Engine, started_at: float, wait_s: float, now: float, since: str = "the restore"
+) -> SyncCheck:
+    """One look at a restoring (or restarted) engine: done when in sync; OperateError when
+    it failed or the wait is over. The message is the progress line for the sensor's log."""
     info = engine.pipeline()
     elapsed = now - started_at
+    rate = info.get("events_per_s")
     line = (
         f"engine {engine.engine_id}: {info['state']}, lag {info.get('lag')}, "
-        f"{info.get('events_per_s')} events/s, {elapsed:.0f} s since the restore"
+        f"{'-' if rate is None else rate} events/s, {elapsed:.0f} s since {since}"
     )
     if info["state"] not in WORKING:
         raise OperateError(f"{line}: the pipeline is {info['state']}: {info.get('reason')}")
@@ -307,18 +312,32 @@ def published_since(
     settings: Settings, first_msg_id: int, timeout_s: float = 60.0
 ) -> dict[int, tuple[str, str | None, str]]:
     """msg_id -> (kind, key, value) of the committed records with msg_id >= first_msg_id in
-    the outbound and dead-letter topics. Reads back from the end of each topic in growing
-    spans: outbound offsets are not msg_ids (transaction markers take offsets too)."""
+    the outbound and dead-letter topics."""
+    return {
+        r.msg_id: (kind, r.key, r.value)
+        for kind, r in committed_since(settings, first_msg_id, timeout_s)
+        if r.msg_id is not None
+    }
+
+
+def committed_since(
+    settings: Settings, first_msg_id: int, timeout_s: float = 60.0
+) -> list[tuple[str, Record]]:
+    """(kind, record) of every committed record with msg_id >= first_msg_id (or none) in
+    the outbound ("out") and dead-letter ("dlq") topics, duplicates included. Reads back
+    from the end of each topic in growing spans: outbound offsets are not msg_ids
+    (transaction markers take offsets too)."""
     from confluent_kafka import Consumer, TopicPartition
 
     from twinstream.kafka import consumer_config
     from twinstream.subscriber import read_committed
 
-    found: dict[int, tuple[str, str | None, str]] = {}
+    found: list[tuple[str, Record]] = []
     consumer = Consumer(consumer_config(settings, f"twinstream-ops-{uuid.uuid4()}"))
     try:
         for kind, topic in (("out", settings.outbound_topic), ("dlq", settings.dlq_topic)):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=15)
+            partition = TopicPartition(topic, 0)
+            low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s)
             span = 1024
             while True:
                 start = max(low, high - span)
@@ -327,9 +346,7 @@ def published_since(
                 if start == low or (ids and min(ids) < first_msg_id):
                     break
                 span *= 4
-            for r in records:
-                if r.msg_id is not None and r.msg_id >= first_msg_id:
-                    found[r.msg_id] = (kind, r.key, r.value)
+            found.extend((kind, r) for r in records if r.msg_id is None or r.msg_id >= first_msg_id)
     finally:
         consumer.close()
     return found

@@ -51,6 +51,11 @@ class FakeEngine:
         self.info["state"] = "stopped"
         return self.pipeline()
 
+    def start(self):
+        self.calls.append("start")
+        self.info["state"] = "running"
+        return self.pipeline()
+
     def persist(self):
         self.calls.append("persist")
         return {"snapshot_id": "s", "next_offset": 1, "size_bytes": 2}
@@ -151,6 +156,9 @@ def test_sync_check_reports_progress_then_done_then_times_out():
     check = operate.sync_check(engine, started_at=100.0, wait_s=60, now=110.0)
     assert not check.done
     assert check.message == ("engine b: restoring, lag 500, 900.0 events/s, 10 s since the restore")
+    engine.info["events_per_s"] = None
+    check = operate.sync_check(engine, 100.0, wait_s=60, now=110.0, since="its start")
+    assert check.message == "engine b: restoring, lag 500, - events/s, 10 s since its start"
     with pytest.raises(OperateError, match="not in sync after the 60 s allowed"):
         operate.sync_check(engine, started_at=100.0, wait_s=60, now=161.0)
     engine.info.update(state="running", in_sync=True, lag=3)

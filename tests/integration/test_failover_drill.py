@@ -1,0 +1,85 @@
+"""The failover_drill DAG, run by `dag.test()` against two real engines under load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integration.engines import assert_exactly_once_and_as_reference, load_dag, task_states
+from twinstream.harness import Pipeline, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
+
+
+def _return_value(run: Any, task_id: str) -> Any:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        xcom = session.scalars(
+            XComModel.get_many(
+                run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key="return_value"
+            )
+        ).first()
+        assert xcom is not None, f"{task_id} returned nothing"
+        return XComModel.deserialize_value(xcom)
+
+
+def _in_sync_standby(engine: Any) -> bool:
+    server, info = engine.try_get("/server") or {}, engine.try_get("/pipeline") or {}
+    return bool(server.get("role") == "standby" and info.get("in_sync"))
+
+
+def test_the_drill_hands_over_audits_and_puts_the_stopped_engine_back(
+    pipeline: Pipeline, dag_run_env
+):
+    dag_run_env(pipeline)
+    a, b = pipeline.start_pair()
+    wait_for(lambda: _in_sync_standby(b), 120, "b an in-sync standby")
+    old_epoch = a.get("/server")["epoch"]
+    load = pipeline.load(40_000, rate=500)
+    wait_for(lambda: (a.get("/pipeline")["last_msg_id_published"] or 0) > 2000, 60, "output")
+
+    run = load_dag("failover_drill").test()
+    assert run.state == "success", task_states(run)
+
+    # What the drill says, checked against the engines themselves.
+    takeover = _return_value(run, "stop_active")
+    assert takeover["stopped"] == "a"
+    assert takeover["new_active"] == "b"
+    assert takeover["old_epoch"] == old_epoch
+    assert takeover["new_epoch"] > old_epoch
+    assert 0 < takeover["role_s"] < 10
+    assert takeover["first_output_s"] is not None
+    assert b.get("/server")["role"] == "active"
+    assert b.get("/server")["epoch"] == takeover["new_epoch"]
+    assert _in_sync_standby(a)
+    audited = _return_value(run, "audit")
+    assert audited["ok"]
+    assert audited["first_msg_id"] <= takeover["last_published_before"] < audited["end_msg_id"]
+    line = _return_value(run, "report")
+    assert "0 missing, 0 duplicated" in line
+    print(line)
+
+    # A second drill hands back the other way: the stopped engine really rejoined.
+    run = load_dag("failover_drill").test()
+    assert run.state == "success", task_states(run)
+    assert _return_value(run, "stop_active")["new_active"] == "a"
+
+    pipeline.join_load(load)
+    pipeline.wait_published(pipeline.produced - 1)
+    assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
+
+
+def test_the_drill_refuses_without_an_in_sync_standby(pipeline: Pipeline, dag_run_env):
+    dag_run_env(pipeline)
+    a = pipeline.start("a")
+    pipeline.wait_running(a)
+    wait_for(lambda: a.role() == "active", 30, "a active")
+    run = load_dag("failover_drill").test()
+    assert task_states(run)["plan"] == "failed"
+    assert task_states(run)["stop_active"] == "upstream_failed"
+    # The refusal stopped nothing.
+    assert a.role() == "active"
+    assert a.get("/pipeline")["state"] == "running"

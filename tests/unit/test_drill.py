@@ -1,0 +1,202 @@
+"""The failover drill's logic with fake engines, a fake outbound tail and a fake clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from twinstream import drill
+from twinstream.config import load_settings
+from twinstream.drill import Takeover
+from twinstream.engine_client import EngineError
+from twinstream.operate import EngineView, OperateError
+
+
+def view(engine_id: str, role="standby", in_sync=True, **kw: Any) -> EngineView:
+    fields: dict[str, Any] = {"zk_state": "CONNECTED", "state": "running", "lag": 0, **kw}
+    return EngineView(engine_id, True, role, in_sync=in_sync, **fields)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Engine:
+    """An engine whose role flips to active at `active_at` on the shared clock."""
+
+    base_url = "http://fake"
+
+    def __init__(self, engine_id: str, clock: Clock, role: str, active_at: float | None = None):
+        self.engine_id = engine_id
+        # The epoch this engine holds when active: the old active 7, a successor 8.
+        self.epoch = 7 if role == "active" else 8
+        self.clock = clock
+        self._role = role
+        self.active_at = active_at
+        self.calls: list[str] = []
+        self.published: list[int | None] = [41]
+        self.unreachable_until = 0.0
+
+    def server(self) -> dict[str, Any]:
+        if self.clock.now < self.unreachable_until:
+            raise EngineError(self.engine_id, "GET /server", None, "refused")
+        role = self._role
+        if self.active_at is not None and self.clock.now >= self.active_at:
+            role = "active"
+        return {"role": role, "zk_state": "CONNECTED", "epoch": self.epoch}
+
+    def pipeline(self) -> dict[str, Any]:
+        value = self.published.pop(0) if len(self.published) > 1 else self.published[0]
+        return {"last_msg_id_published": value}
+
+    def stop(self) -> dict[str, Any]:
+        self.calls.append("stop")
+        self._role = "none"
+        return {}
+
+    def start(self) -> dict[str, Any]:
+        self.calls.append("start")
+        return {}
+
+    def persist(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def restore(self, snapshot: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def buffer(self, last: int) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+
+class Tail:
+    """The outbound topic: the new epoch's first record becomes visible at `first_at`."""
+
+    def __init__(self, clock: Clock, first_at: float | None) -> None:
+        self.clock = clock
+        self.first_at = first_at
+
+    def poll(self, timeout_s: float) -> int | None:
+        self.clock.now += timeout_s
+        if self.first_at is not None and self.clock.now >= self.first_at:
+            return 8
+        return 7
+
+
+def test_the_plan_needs_one_active_agreed_by_zookeeper_and_an_in_sync_standby():
+    views = [view("a", role="active"), view("b")]
+    assert drill.plan(views, "a") == {"active": "a", "standbys": ["b"]}
+    with pytest.raises(OperateError, match="ZooKeeper names b the leader"):
+        drill.plan(views, "b")
+    with pytest.raises(OperateError, match=r"no in-sync standby.*restore_and_resync"):
+        drill.plan([view("a", role="active"), view("b", in_sync=False)], "a")
+    with pytest.raises(OperateError, match="exactly one running active"):
+        drill.plan([view("a"), view("b")], None)
+    with pytest.raises(OperateError, match="exactly one running active"):
+        drill.plan([view("a", role="active", zk_state="SUSPENDED"), view("b")], "a")
+
+
+def test_the_takeover_is_timed_from_the_stop_to_the_role_and_to_the_first_output():
+    clock = Clock()
+    a = Engine("a", clock, "active")
+    b = Engine("b", clock, "standby", active_at=101.2)
+    # b's admin API is busy for a moment: the drill keeps looking instead of failing.
+    b.unreachable_until = 100.5
+    result = drill.stop_and_measure(a, {"b": b}, Tail(clock, first_at=101.9), clock=clock)
+    assert a.calls == ["stop"]
+    assert (result.stopped, result.old_epoch, result.last_published_before) == ("a", 7, 41)
+    assert (result.new_active, result.new_epoch) == ("b", 8)
+    assert result.role_s == pytest.approx(1.2, abs=0.11)
+    assert result.first_output_s == pytest.approx(1.9, abs=0.11)
+    assert f"b active in {result.role_s:.3f} s (epoch 8)" in result.describe()
+
+
+def test_no_output_without_input_is_reported_not_failed():
+    clock = Clock()
+    a, b = Engine("a", clock, "active"), Engine("b", clock, "standby", active_at=101.0)
+    result = drill.stop_and_measure(a, {"b": b}, Tail(clock, None), timeout_s=10, clock=clock)
+    assert result.first_output_s is None
+    assert "first output of the new epoch not seen" in result.describe()
+    assert clock.now == pytest.approx(110, abs=0.2)  # waited the whole timeout, no longer
+
+
+def test_no_takeover_restarts_the_stopped_engine_and_fails():
+    clock = Clock()
+    a, b = Engine("a", clock, "active"), Engine("b", clock, "standby")
+    with pytest.raises(OperateError, match=r"no standby of \['b'\] became active.*started again"):
+        drill.stop_and_measure(a, {"b": b}, Tail(clock, None), timeout_s=5, clock=clock)
+    assert a.calls == ["stop", "start"]
+
+
+def test_a_retried_stop_refuses_instead_of_stopping_the_new_active():
+    clock = Clock()
+    a = Engine("a", clock, "none")
+    with pytest.raises(OperateError, match=r"no longer the active.*trigger a new drill"):
+        drill.stop_and_measure(a, {}, Tail(clock, None), clock=clock)
+    assert a.calls == []
+
+
+def test_the_window_audit_names_gaps_and_duplicates():
+    takeover = {"last_published_before": 1500}
+    first, end = drill.window_bounds(takeover, 1600)
+    assert (first, end) == (501, 1601)
+    clean = [("out", i) for i in range(0, 1700)]
+    assert drill.audit_window(clean, first, end)["records"] == 1100
+    broken = [("out", i) for i in range(first, end) if i != 1501] + [("dlq", 1502)]
+    with pytest.raises(OperateError, match=r"missing 1501.*duplicated 1502"):
+        drill.audit_window(broken, first, end)
+
+
+def test_the_window_cannot_be_audited_before_new_output():
+    with pytest.raises(OperateError, match="published nothing after msg_id 1500"):
+        drill.window_bounds({"last_published_before": 1500}, 1500)
+    with pytest.raises(OperateError, match="nothing had been published"):
+        drill.window_bounds({"last_published_before": None}, 10)
+
+
+def test_the_handover_audit_waits_for_new_output_with_progress(monkeypatch, caplog, tmp_path):
+    clock = Clock()
+    b = Engine("b", clock, "active")
+    b.published = [1500, 1500, 1502]
+    monkeypatch.setattr(
+        "twinstream.operate.committed_since",
+        lambda _settings, first: [
+            ("out", type("R", (), {"msg_id": i})()) for i in range(first, 1503)
+        ],
+    )
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.now += seconds
+
+    caplog.set_level("INFO")
+    report = drill.audit_handover(
+        load_settings(state_dir=tmp_path),
+        b,
+        {"last_published_before": 1500},
+        clock=clock,
+        sleep=sleep,
+    )
+    assert report["ok"]
+    assert report["end_msg_id"] == 1503
+    assert len(slept) == 2
+    assert "waiting for b to publish past msg_id 1500" in caplog.text
+
+
+def test_the_figures_line_has_everything_operators_compare():
+    takeover = Takeover("a", 7, 41, "b", 8, 1.234, 1.9)
+    line = drill.figures(
+        drill.as_dict(takeover),
+        {"first_msg_id": 0, "end_msg_id": 100, "records": 100},
+        "engine a: in sync, role standby",
+    )
+    assert "stopped a (epoch 7" in line
+    assert "b active in 1.234 s (epoch 8)" in line
+    assert "first output of the new epoch 1.900 s" in line
+    assert "msg_id 0..99: 100 records, 0 missing, 0 duplicated" in line
+    assert line.endswith("engine a: in sync, role standby")
