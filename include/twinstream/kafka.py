@@ -111,19 +111,38 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
     ]
 
 
-def watermarks(settings: Settings, topic: str, timeout_s: float = 15.0) -> tuple[int, int]:
+def watermarks(
+    settings: Settings,
+    topic: str,
+    timeout_s: float = 15.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[int, int]:
     """(log-start offset, high watermark) of a one-partition topic, with a short-lived
-    consumer (long-lived clients ask their own consumer instead)."""
+    consumer (long-lived clients ask their own consumer instead). A transient error (the
+    partition's leader just died, its successor not yet known) is retried until
+    `timeout_s`."""
     import uuid
 
     from confluent_kafka import Consumer, TopicPartition
 
+    deadline = clock() + timeout_s
     consumer = Consumer(consumer_config(settings, f"twinstream-marks-{uuid.uuid4()}"))
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+        while True:
+            try:
+                # Short tries: one spent waiting on a dead leader would use up the budget.
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, 0), timeout=min(5.0, max(1.0, deadline - clock()))
+                )
+                return int(low), int(high)
+            except KafkaException as exc:
+                if not is_transient(exc) or clock() >= deadline:
+                    raise
+                log.info("watermarks of %s: %s; retrying", topic, exc)
+                sleep(0.5)
     finally:
         consumer.close()
-    return int(low), int(high)
 
 
 class TopicShapeError(RuntimeError):
@@ -151,6 +170,9 @@ _TRANSIENT = {
     KafkaError._ALL_BROKERS_DOWN,
     KafkaError.NOT_CONTROLLER,
     KafkaError.REQUEST_TIMED_OUT,
+    # A partition's leader just died and its successor is not known yet.
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
 }
 
 

@@ -2,7 +2,7 @@
 
 from concurrent.futures import Future
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -14,6 +14,7 @@ from twinstream.kafka import (
     ensure_topics,
     producer_config,
     topic_specs,
+    watermarks,
 )
 
 
@@ -179,3 +180,42 @@ def test_client_configs_are_durable_and_transaction_aware(settings):
     assert consumer["isolation.level"] == "read_committed"
     assert consumer["enable.auto.commit"] is False
     assert producer_config(settings, acks="1")["acks"] == "1"
+
+
+class FlakyConsumer:
+    """get_watermark_offsets fails with the given error codes first, then answers."""
+
+    failures: ClassVar[list[int]] = []
+
+    def __init__(self, _config):
+        self.closed = False
+
+    def get_watermark_offsets(self, _partition, timeout):
+        assert timeout >= 1.0
+        if FlakyConsumer.failures:
+            raise KafkaException(KafkaError(FlakyConsumer.failures.pop(0)))
+        return 3, 42
+
+    def close(self):
+        self.closed = True
+
+
+def test_watermarks_ride_out_a_leader_change_but_not_a_real_error(settings, monkeypatch):
+    monkeypatch.setattr("confluent_kafka.Consumer", FlakyConsumer)
+    # What a chaos run saw right after the inbound partition's leader was killed.
+    FlakyConsumer.failures = [KafkaError._DESTROY_BROKER, KafkaError.NOT_LEADER_FOR_PARTITION]
+    sleeps: list[float] = []
+    assert watermarks(settings, "t", sleep=sleeps.append) == (3, 42)
+    assert len(sleeps) == 2
+    FlakyConsumer.failures = [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
+        watermarks(settings, "t", sleep=sleeps.append)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    FlakyConsumer.failures = [KafkaError._DESTROY_BROKER] * 100
+    with pytest.raises(KafkaException, match="DESTROY_BROKER"):
+        watermarks(settings, "t", timeout_s=5.0, clock=lambda: now[0], sleep=sleep)
+    assert now[0] == 5.0
