@@ -15,13 +15,14 @@ export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
 export TWINSTREAM_JARS_DIR ?= $(JARS)
 
-.PHONY: help install system-deps up status down test lint typecheck unit dags integration screenshots constraints clean
+.PHONY: help install system-deps up status down test lint typecheck unit dags integration chaos screenshots constraints clean
 
 help:
 	@echo "make up      install everything and start the local stack (ZooKeeper, Kafka x3, Airflow)"
 	@echo "make status  show every service of the stack and its pid"
 	@echo "make down    stop everything the stack started"
 	@echo "make test    install everything and run lint, type checks and all tests"
+	@echo "make chaos   the full chaos suite: 100 kill -9 failovers, a broker and ZooKeeper down"
 	@echo "make clean   stop the stack and delete its state (.twinstream/) and the virtualenv"
 
 install: system-deps $(VENV)/.installed $(JARS)/.installed
@@ -81,11 +82,15 @@ dags: install
 integration: install
 	$(BIN)/pytest tests/integration
 
+# The whole chaos suite; `make test` runs it with 10 failovers instead of 100.
+chaos: install
+	TWINSTREAM_CHAOS_FAILOVERS=100 $(BIN)/pytest tests/chaos
+
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest tests/unit tests/dags tests/integration
+	$(BIN)/pytest --durations=15 tests/unit tests/dags tests/integration tests/chaos
 
 # Screenshots of the Airflow UI for the README; the stack must be up (`make up`).
 screenshots: install

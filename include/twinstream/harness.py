@@ -357,3 +357,123 @@ def bench_pipeline(prefix: str) -> Iterator[Pipeline]:
         pipeline.stop_all()
         for name in paused:
             supervisor.start(name)
+
+
+class OutputSampler(threading.Thread):
+    """Records committed to the outbound and dead-letter topics over time, from their
+    high watermarks every `every_s` (a transactional batch adds one marker offset; the
+    benchmarks' batches are thousands of records, so the count is within a fraction of a
+    percent)."""
+
+    def __init__(self, settings: Settings, topics: Iterable[str], every_s: float = 0.5) -> None:
+        super().__init__(daemon=True, name="output-sampler")
+        from twinstream.kafka import watermarks
+
+        self._watermarks = watermarks
+        self.settings = settings
+        self.topics = list(topics)
+        self.every_s = every_s
+        self.base = self._count()
+        self.samples: list[tuple[float, int]] = []  # (monotonic time, records since start)
+        self._stop_event = threading.Event()
+        self.start()
+
+    def _count(self) -> int:
+        return sum(self._watermarks(self.settings, t)[1] for t in self.topics)
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.samples.append((time.monotonic(), self._count() - self.base))
+            self._stop_event.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(30)
+
+    @property
+    def latest(self) -> int:
+        return self.samples[-1][1] if self.samples else 0
+
+    def drain_rate(self, total: int) -> tuple[float, float]:
+        return drain_rate(self.samples, total)
+
+
+def drain_rate(samples: Iterable[tuple[float, int]], total: int) -> tuple[float, float]:
+    """(events/s, seconds) from the first sample with output to the first with `total`:
+    what draining a backlog costs once the query runs, without its start-up."""
+    samples = list(samples)
+    first = next(((t, n) for t, n in samples if n > 0), None)
+    end = next((t for t, n in samples if n >= total), None)
+    if first is None or end is None or end <= first[0]:
+        raise ValueError(f"the samples do not cover a drain of {total} outputs: {samples[-3:]}")
+    return (total - first[1]) / (end - first[0]), end - first[0]
+
+
+def machine() -> str:
+    """The machine a benchmark ran on, for its figures."""
+    import platform
+
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    memory = psutil.virtual_memory().total / 2**30
+    return (
+        f"{os.cpu_count()} cores ({model or platform.machine()}), {memory:.0f} GiB, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}"
+    )
+
+
+class VisibleTimes:
+    """msg_id -> wall-clock time its output became visible to a read_committed consumer of
+    the outbound and dead-letter topics (from their ends when created)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from twinstream.kafka import watermarks
+
+        self.settings = settings
+        self.seen: dict[int, float] = {}
+        self._done = threading.Event()
+        self._starts = {
+            t: watermarks(settings, t)[1] for t in (settings.outbound_topic, settings.dlq_topic)
+        }
+        self._threads = [
+            threading.Thread(target=self._follow, args=(t,), daemon=True) for t in self._starts
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _follow(self, topic: str) -> None:
+        offset = self._starts[topic]
+        while not self._done.is_set():
+            # Short idle timeouts: the loop notices stop() even while no output arrives.
+            for record in read_committed(self.settings, topic, offset, 2.0, follow=True):
+                if record.msg_id is not None:
+                    self.seen.setdefault(record.msg_id, time.time())
+                offset = record.offset + 1
+
+    def stop(self) -> None:
+        self._done.set()
+        for thread in self._threads:
+            thread.join(10)
+
+    def latencies(self, first: int, count: int) -> dict[int, float]:
+        """msg_id -> seconds from the inbound record's timestamp (set by the producer) to
+        its output being visible, for the inbound offsets first..first+count-1 seen."""
+        inbound = read_committed(
+            self.settings, self.settings.inbound_topic, first, max_records=count
+        )
+        return {
+            r.offset: self.seen[r.offset] - r.timestamp_ms / 1000
+            for r in inbound
+            if r.offset in self.seen
+        }
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("no values")
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

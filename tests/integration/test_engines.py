@@ -20,9 +20,6 @@ from tests.integration.engines import (
 )
 from twinstream.harness import Pipeline, audit, ranges, wait_for
 from twinstream.publisher import BROKEN_KINDS
-from twinstream.stack import health
-from twinstream.stack.layout import Layout
-from twinstream.stack.supervisor import Supervisor
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
@@ -167,29 +164,3 @@ def test_bad_input_of_every_kind_goes_to_the_dead_letter_topic_without_a_restart
         assert value["reason"].startswith(kind), (msg_id, value["reason"])
     assert {e.pid for e in (a, b) if e.proc.poll() is None} == pids
     assert {e.get("/pipeline")["state"] for e in (a, b)} == {"running"}
-
-
-def test_a_zookeeper_restart_under_load_keeps_one_active_and_no_gap(pipeline: Pipeline, settings):
-    a, b = pipeline.start_pair()
-    supervisor = Supervisor(Layout.of(settings))
-    total = 12_000
-    load = pipeline.load(total, rate=1000)
-    wait_for(lambda: published(a) >= 2000, 60, "the active publishing under load")
-    supervisor.stop("zookeeper")
-    try:
-        wait_for(lambda: not health.zookeeper(settings)[0], 10, "ZooKeeper down")
-        outage_end = time.monotonic() + 3
-        wait_for(lambda: time.monotonic() >= outage_end, 10, "a 3 s ZooKeeper outage")
-    finally:
-        supervisor.start("zookeeper")
-    wait_for(lambda: health.zookeeper(settings)[0], 30, "ZooKeeper back")
-    pipeline.join_load(load)
-    pipeline.wait_published(pipeline.produced - 1, timeout_s=180)
-    assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
-    # An ex-active whose session expired during the outage hears LOST when it reconnects.
-    wait_for(
-        lambda: sorted(e.role() or "none" for e in (a, b)) == ["active", "standby"],
-        30,
-        "one active and one standby",
-    )
-    assert pipeline.active() is not None

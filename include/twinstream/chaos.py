@@ -1,0 +1,227 @@
+"""Failures inflicted on a running stack's own engines, for the chaos suite and the
+failover benchmark: the engines run under the stack's supervisord (autorestart), as in
+production under a process supervisor, and are reached through their admin APIs.
+
+Every process touched is addressed by the pid supervisord reports; nothing by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psutil
+
+from twinstream.audit import Findings, find_problems
+from twinstream.config import Settings
+from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
+from twinstream.engine_client import EngineClient, EngineError
+from twinstream.harness import Load, wait_for
+from twinstream.publisher import synthetic
+from twinstream.stack.layout import Layout
+from twinstream.stack.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+KINDS = ("kill", "sigstop", "expire")
+
+
+class SupervisedEngines:
+    """The stack's engines: their supervisord programs and admin APIs."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.supervisor = Supervisor(Layout.of(settings))
+        token = settings.secret("admin_token")
+        self.clients = {
+            e: EngineClient(e, settings.engine_admin_url(e), token, timeout_s=5.0)
+            for e in settings.engine_ids
+        }
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+    def pid(self, engine_id: str) -> int:
+        info = self.supervisor.process(f"engine-{engine_id}")
+        return info.pid if info.state == "RUNNING" else 0
+
+    def _status(self, engine_id: str) -> tuple[dict[str, object], dict[str, object]] | None:
+        try:
+            client = self.clients[engine_id]
+            return client.server(), client.pipeline()
+        except EngineError:
+            return None
+
+    def is_standby_in_sync(self, engine_id: str) -> bool:
+        status = self._status(engine_id)
+        if status is None:
+            return False
+        server, info = status
+        return bool(server["role"] == "standby" and info["state"] == "running" and info["in_sync"])
+
+    def wait_pair(self, timeout_s: float = 180.0) -> tuple[str, str]:
+        """(active, standby) once one engine is active with a live session and another is
+        an in-sync standby."""
+
+        def pair() -> tuple[str, str] | None:
+            actives, standbys = [], []
+            for engine_id in self.clients:
+                status = self._status(engine_id)
+                if status is None:
+                    continue
+                server, _info = status
+                if server["role"] == "active" and server["zk_state"] == "CONNECTED":
+                    actives.append(engine_id)
+                elif self.is_standby_in_sync(engine_id):
+                    standbys.append(engine_id)
+            if len(actives) == 1 and standbys:
+                return actives[0], standbys[0]
+            return None
+
+        result: tuple[str, str] = wait_for(pair, timeout_s, "an active and an in-sync standby")
+        return result
+
+    def wait_restarted(self, engine_id: str, old_pid: int, timeout_s: float = 120.0) -> int:
+        """The pid supervisord restarted the engine with."""
+
+        def restarted() -> int:
+            pid = self.pid(engine_id)
+            return pid if pid and pid != old_pid else 0
+
+        pid: int = wait_for(restarted, timeout_s, f"supervisord to restart engine {engine_id}")
+        return pid
+
+
+def process_tree(pid: int) -> set[int]:
+    """The engine and its children (Spark's JVM), noted before a kill."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return {pid} | {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    return {pid}
+
+
+def wait_gone(pids: set[int], timeout_s: float = 60.0) -> None:
+    """A killed engine's JVM exits when its stdin (the dead driver's pipe) closes."""
+
+    def gone() -> bool:
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    return False
+        return True
+
+    wait_for(gone, timeout_s, f"processes {sorted(pids)} of a killed engine to exit")
+
+
+def granted_session_s(settings: Settings) -> float:
+    """ZooKeeper grants no session shorter than 2 x tickTime, whatever the client asks."""
+    return max(settings.zk_session_timeout_s, 2 * settings.zk_tick_ms / 1000)
+
+
+def audit_range(settings: Settings, first: int, end: int) -> Findings:
+    """Every msg_id first..end-1 exactly once in the committed outbound and dead-letter
+    topics."""
+    from twinstream.operate import committed_since
+
+    ids = [
+        r.msg_id
+        for _kind, r in committed_since(settings, first)
+        if r.msg_id is None or r.msg_id < end
+    ]
+    return find_problems(ids, first, end)
+
+
+@dataclass
+class Round:
+    kind: str
+    takeover: Takeover
+    rejoin_s: float  # from the failure to the victim being an in-sync standby again
+
+
+def failover_round(
+    engines: SupervisedEngines, kind: str, takeover_timeout_s: float = 60.0
+) -> Round:
+    """Inflict one failure on the active and measure the takeover and the rejoin.
+
+    kill: SIGKILL; supervisord restarts the engine, which resumes from its checkpoint as a
+    standby. sigstop: the active freezes (a zombie) until its successor has published,
+    then resumes and must find itself fenced and step down. expire: the active freezes just
+    long enough for its ZooKeeper session to expire, then resumes mid-takeover."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown failure {kind!r}; one of {KINDS}")
+    active, standby = engines.wait_pair()
+    client = engines.clients[active]
+    server = client.server()
+    result = Takeover(active, int(server["epoch"]), client.pipeline()["last_msg_id_published"])
+    pid = engines.pid(active)
+    if pid != server["pid"]:
+        raise AssertionError(f"engine {active}: supervisord says pid {pid}, itself {server['pid']}")
+    tree = process_tree(pid)
+    with KafkaEpochTail(engines.settings) as tail:
+        started = time.monotonic()
+        if kind == "kill":
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            if kind == "expire":
+                # The freeze itself is the failure: 2.5 granted session timeouts, so the
+                # session has expired and the successor is taking over when it resumes.
+                time.sleep(2.5 * granted_session_s(engines.settings))
+                os.kill(pid, signal.SIGCONT)
+            measure_takeover(
+                result, {standby: engines.clients[standby]}, tail, started, takeover_timeout_s
+            )
+        finally:
+            if kind != "kill":
+                os.kill(pid, signal.SIGCONT)
+    if result.role_s is None:
+        raise AssertionError(f"{kind}: no takeover within {takeover_timeout_s} s: {result}")
+    if kind == "kill":
+        wait_gone(tree)
+        engines.wait_restarted(active, pid)
+    wait_for(lambda: engines.is_standby_in_sync(active), 240, f"engine {active} back in sync")
+    rejoin_s = time.monotonic() - started
+    log.info(
+        "%s of %s: %s; back as standby after %.1f s", kind, active, result.describe(), rejoin_s
+    )
+    return Round(kind, result, rejoin_s)
+
+
+@dataclass
+class SteadyLoad:
+    """Synthetic records to the inbound topic at `rate`/s until stopped; `sent` counts
+    the records handed to the producer (each acknowledged, or publish raises)."""
+
+    settings: Settings
+    rate: float
+    sent: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _load: Load | None = None
+
+    def start(self) -> SteadyLoad:
+        def records() -> Iterator[bytes]:
+            for record in synthetic(10**10, max_record_bytes=self.settings.max_record_bytes):
+                if self._stop.is_set():
+                    return
+                self.sent += 1
+                yield record
+
+        self._load = Load(self.settings, records(), self.rate, "steady-load")
+        return self
+
+    def stop(self, timeout_s: float = 120.0) -> int:
+        self._stop.set()
+        assert self._load is not None
+        self._load.join(timeout_s)
+        if self._load.is_alive():
+            raise AssertionError("the load did not stop")
+        if self._load.errors:
+            raise AssertionError(f"the load failed: {self._load.errors}")
+        return self.sent

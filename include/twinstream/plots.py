@@ -1,0 +1,52 @@
+"""Benchmark plots (matplotlib, headless): series over time with events marked."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def rate_series(samples: Sequence[tuple[float, int]], t0: float) -> tuple[list[float], list[float]]:
+    """Records/s between successive (time, count) samples, at seconds since `t0`."""
+    xs, ys = [], []
+    for (t1, n1), (t2, n2) in itertools.pairwise(samples):
+        if t2 > t1:
+            xs.append(t2 - t0)
+            ys.append((n2 - n1) / (t2 - t1))
+    return xs, ys
+
+
+def plot(
+    path: Path,
+    title: str,
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    ylabel: str,
+    marks: Sequence[tuple[float, str]] = (),
+    xlabel: str = "seconds",
+    second: tuple[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]] | None = None,
+) -> Path:
+    """One panel (two with `second`: its y label and series), vertical lines at `marks`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = 2 if second else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels), sharex=True, squeeze=False)
+    groups = [(ylabel, series)] + ([second] if second else [])
+    for ax, (label, lines) in zip(axes[:, 0], groups, strict=True):
+        for name, (xs, ys) in lines.items():
+            ax.plot(xs, ys, label=name, linewidth=1)
+        for i, (x, mark) in enumerate(marks):
+            ax.axvline(x, color="red", alpha=0.4, linewidth=0.8, label=mark if i == 0 else None)
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper right", fontsize=8)
+    axes[0, 0].set_title(title)
+    axes[-1, 0].set_xlabel(xlabel)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,213 @@
+"""Chaos against the real stack: its own two engines under its supervisord, steady load on
+its inbound topic, and failures inflicted by pid. After each scenario every inbound offset
+of the scenario must be in the outbound or dead-letter topic exactly once.
+
+`make test` runs TWINSTREAM_CHAOS_FAILOVERS=10 kill -9 failovers; `make chaos` runs 100.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from twinstream.chaos import SteadyLoad, SupervisedEngines, audit_range, failover_round
+from twinstream.config import Settings
+from twinstream.harness import wait_for
+from twinstream.kafka import admin_config, watermarks
+from twinstream.publisher import publish, synthetic
+from twinstream.stack import health
+from twinstream.subscriber import read_committed
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+FAILOVERS = int(os.environ.get("TWINSTREAM_CHAOS_FAILOVERS", "10"))
+# events/s: steady, well inside what one engine sustains on two cores, and light enough
+# that a restarted engine's Spark start is not starved by the active's batches.
+RATE = 200.0
+
+
+@pytest.fixture(scope="module")
+def engines(stack, settings: Settings) -> Iterator[SupervisedEngines]:
+    engines = SupervisedEngines(settings)
+    # A standby is in sync only once it has processed something: give both engines input
+    # (other modules pause them; supervisord has started them again).
+    publish(settings, synthetic(500, max_record_bytes=settings.max_record_bytes))
+    engines.wait_pair(timeout_s=300)
+    yield engines
+    engines.close()
+
+
+def inbound_end(settings: Settings) -> int:
+    return watermarks(settings, settings.inbound_topic)[1]
+
+
+def wait_all_published(engines: SupervisedEngines, last_msg_id: int) -> None:
+    def published() -> bool:
+        for client in engines.clients.values():
+            with contextlib.suppress(Exception):
+                info = client.pipeline()
+                if (info["last_msg_id_published"] or -1) >= last_msg_id:
+                    return True
+        return False
+
+    wait_for(published, 300, f"msg_id {last_msg_id} published", every_s=1.0)
+
+
+def assert_exactly_once(engines: SupervisedEngines, first: int, sent: int) -> None:
+    end = inbound_end(engines.settings)
+    # Nothing acknowledged went missing on the way in, and nothing else was written.
+    assert end - first == sent, f"inbound grew by {end - first}, the load sent {sent}"
+    wait_all_published(engines, end - 1)
+    findings = audit_range(engines.settings, first, end)
+    assert findings.ok, findings.summary()
+
+
+# Each round: takeover, supervisord's restart, Spark's start and catch-up (about a minute).
+@pytest.mark.timeout(600 + 240 * FAILOVERS)
+def test_kill9_failovers_alternate_between_the_engines_and_lose_nothing(engines, settings):
+    first = inbound_end(settings)
+    load = SteadyLoad(settings, RATE).start()
+    rounds = []
+    try:
+        for n in range(1, FAILOVERS + 1):
+            result = failover_round(engines, "kill")
+            rounds.append(result)
+            print(f"failover {n}/{FAILOVERS}: {result.takeover.describe()}", flush=True)
+    finally:
+        sent = load.stop()
+    victims = [r.takeover.stopped for r in rounds]
+    assert all(a != b for a, b in itertools.pairwise(victims)), victims
+    assert len(set(victims)) == 2
+    for r in rounds:
+        # The standby is hot: it takes over within seconds, not a Spark restart's minute.
+        assert r.takeover.role_s is not None
+        assert r.takeover.role_s < 10, r.takeover.describe()
+        assert r.takeover.first_output_s is not None, r.takeover.describe()
+    assert_exactly_once(engines, first, sent)
+
+
+def test_a_broker_killed_under_load_loses_nothing(engines, settings):
+    admin = AdminClient(admin_config(settings))
+    partition = (
+        admin.list_topics(settings.inbound_topic, timeout=10)
+        .topics[settings.inbound_topic]
+        .partitions[0]
+    )
+    # The inbound partition's leader: the broker whose loss matters most.
+    name = f"kafka-{partition.leader}"
+    first = inbound_end(settings)
+    load = SteadyLoad(settings, RATE).start()
+    try:
+        wait_for(lambda: load.sent > 1000, 60, "the load running")
+        pid = engines.supervisor.process(name).pid
+        os.kill(pid, signal.SIGKILL)
+        # Hold it down (supervisord would restart it at once): a real outage.
+        engines.supervisor.stop(name)
+        killed_at = load.sent
+
+        def writes_continue() -> bool:
+            try:
+                return inbound_end(settings) > first + killed_at + 5000
+            except KafkaException:
+                return False  # the controller has not moved the leadership yet
+
+        # acks=all with min.insync.replicas=2: the two others keep taking writes.
+        wait_for(writes_continue, 120, f"inbound writes continuing with {name} down")
+        engines.supervisor.start(name)
+
+        def back_in_sync() -> bool:
+            meta = admin.list_topics(settings.inbound_topic, timeout=10)
+            return len(meta.topics[settings.inbound_topic].partitions[0].isrs) == 3
+
+        wait_for(back_in_sync, 180, f"{name} back in the inbound topic's ISR", every_s=1.0)
+    finally:
+        engines.supervisor.start(name)
+        sent = load.stop()
+    assert_exactly_once(engines, first, sent)
+
+
+class OutputTimes(threading.Thread):
+    """When each committed outbound record became visible."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(daemon=True)
+        self.settings = settings
+        self.seen: list[tuple[float, int | None]] = []
+        self.done = threading.Event()
+        self.start_offset = watermarks(settings, settings.outbound_topic)[1]
+        self.start()
+
+    def run(self) -> None:
+        offset = self.start_offset
+        while not self.done.is_set():
+            # Short idle timeouts: the loop notices `done` even while no output arrives.
+            for record in read_committed(
+                self.settings, self.settings.outbound_topic, offset, idle_timeout_s=2, follow=True
+            ):
+                self.seen.append((time.monotonic(), record.msg_id))
+                offset = record.offset + 1
+
+
+class ServingSince(threading.Thread):
+    """The first moment ZooKeeper serves (its `srvr` reports a mode), polled every 50 ms."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(daemon=True)
+        self.settings = settings
+        self.since: float | None = None
+        self.start()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 120
+        while self.since is None and time.monotonic() < deadline:
+            if health.zookeeper(self.settings)[0]:
+                self.since = time.monotonic()
+            else:
+                time.sleep(0.05)
+
+
+def test_zookeeper_down_for_30s_holds_the_output_and_resumes_within_5s(engines, settings):
+    down_s = 30.0
+    engines.wait_pair()
+    first = inbound_end(settings)
+    load = SteadyLoad(settings, RATE).start()
+    times = OutputTimes(settings)
+    try:
+        wait_for(lambda: len(times.seen) > 1000, 60, "output flowing")
+        stopped = time.monotonic()
+        engines.supervisor.stop("zookeeper")
+        # The outage is the scenario: hold ZooKeeper down for its whole length.
+        while (left := down_s - (time.monotonic() - stopped)) > 0:
+            print(f"ZooKeeper down, {left:.0f} s to go; {load.sent} records sent", flush=True)
+            time.sleep(min(5.0, left))
+        # supervisord's start returns only after `startsecs`, by when ZooKeeper has long been
+        # serving: note the moment it serves from a thread that is already watching.
+        serving = ServingSince(settings)
+        engines.supervisor.start("zookeeper")
+        back = wait_for(lambda: serving.since, 60, "ZooKeeper serving", every_s=0.1)
+        resumed = wait_for(
+            lambda: next((t for t, _ in times.seen if t > back), None), 30, "output resuming"
+        )
+    finally:
+        engines.supervisor.start("zookeeper")
+        sent = load.stop()
+        times.done.set()
+    # SUSPENDED stops commits: nothing committed while no engine could know it leads
+    # (a transaction already committing when ZooKeeper went is given 2 s).
+    during = [m for t, m in times.seen if stopped + 2 < t < back]
+    assert during == [], f"{len(during)} records committed while ZooKeeper was down"
+    assert resumed - back < 5, f"output resumed {resumed - back:.1f} s after ZooKeeper"
+    print(f"ZooKeeper serving again: output resumed {resumed - back:.2f} s later", flush=True)
+    assert_exactly_once(engines, first, sent)
+    # An ex-active whose session expired meanwhile hears LOST when it reconnects and
+    # steps down: one active and one in-sync standby again.
+    engines.wait_pair(timeout_s=120)

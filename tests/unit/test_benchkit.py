@@ -1,0 +1,51 @@
+"""The benchmark helpers' arithmetic: drain rates and rate series from watermark samples."""
+
+from __future__ import annotations
+
+import pytest
+
+from twinstream.chaos import KINDS, granted_session_s
+from twinstream.config import load_settings
+from twinstream.harness import drain_rate
+from twinstream.plots import plot, rate_series
+
+
+def test_the_drain_rate_leaves_the_start_up_out():
+    # 3 s of start-up without output, then 1000 outputs/s until 4000.
+    samples = [(0.0, 0), (1.0, 0), (2.0, 0), (3.0, 500), (4.0, 1500), (5.0, 2500), (6.5, 4000)]
+    rate, seconds = drain_rate(samples, 4000)
+    assert seconds == pytest.approx(3.5)
+    assert rate == pytest.approx(3500 / 3.5)
+
+
+def test_a_drain_that_never_finished_is_an_error_not_a_figure():
+    with pytest.raises(ValueError, match="do not cover a drain of 4000"):
+        drain_rate([(0.0, 0), (1.0, 100), (2.0, 300)], 4000)
+    with pytest.raises(ValueError, match="do not cover"):
+        drain_rate([(0.0, 0), (1.0, 0)], 10)
+
+
+def test_rate_series_differences_successive_samples():
+    xs, ys = rate_series([(10.0, 0), (10.5, 100), (11.5, 400), (11.5, 400)], t0=10.0)
+    assert xs == [0.5, 1.5]
+    assert ys == [200.0, 300.0]
+
+
+def test_a_plot_is_written(tmp_path):
+    path = plot(
+        tmp_path / "p.png",
+        "t",
+        {"rate": ([0, 1, 2], [1, 2, 3])},
+        "events/s",
+        marks=[(1.0, "kill")],
+        second=("ms", {"latency": ([0, 1], [5, 6])}),
+    )
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_expiry_freeze_outlasts_the_session_zookeeper_grants(tmp_path):
+    settings = load_settings(state_dir=tmp_path)
+    # The client asks for 0.2 s; with tickTime 500 ms ZooKeeper grants no less than 1 s.
+    assert settings.zk_session_timeout_s < 1.0
+    assert granted_session_s(settings) == 1.0
+    assert KINDS == ("kill", "sigstop", "expire")
