@@ -1,18 +1,28 @@
-"""Failover benchmark: kill -9 the active engine N times under steady load.
+"""Failover benchmark: takeovers under steady load, against the supervisor-restart baseline.
 
     make up                      # the local stack must be running
-    .venv/bin/python bench/failover.py --kills 10 --rate 1000
+    .venv/bin/python bench/failover.py --rounds 20 --rate 1000
 
-Runs a pipeline of its own (topics, election path, transactional id) with two engine
-processes on the running local stack. The stack's own engines are stopped for the run, so
-that the two cores go to the engines measured, and started again at the end. Each round
-waits until the standby is in sync, kills the active with SIGKILL, and measures the
-takeover time: from the kill to the first record of the new epoch visible to a
-read_committed consumer of the outbound topic. The killed engine is restarted (as
-supervisord would) and resumes from its checkpoint as the new standby. At the end every
-inbound offset is checked to be in the outbound or dead-letter topic exactly once.
+Works on the running local stack's own two engines, under its supervisord (autorestart),
+with steady synthetic load on its inbound topic. Three failures of the active, `--rounds`
+each, every round waiting first for an in-sync standby:
+  kill     SIGKILL; supervisord restarts the engine, which resumes from its checkpoint
+           and rejoins as the standby;
+  sigstop  the active freezes (a zombie) until its successor has published, then resumes
+           and must find itself fenced and step down;
+  expire   the active freezes for 2.5 ZooKeeper session timeouts: its session expires,
+           it resumes while the successor takes over.
+Takeover time = from the failure to the first record of the new election epoch visible to
+a read_committed consumer of the outbound topic; also the time until the successor reports
+itself active, and until the victim is an in-sync standby again.
 
-Prints the figures and writes them as JSON to docs/bench/failover.json.
+Baseline (`--baseline-rounds`): the usual alternative, one engine and no standby, restarted
+by supervisord after kill -9 (a single Spark query under a supervisor): its takeover is
+from the kill to its first output after the restart.
+
+At the end every inbound offset of the run is checked to be in the outbound or dead-letter
+topic exactly once. Prints the figures, writes docs/bench/failover.json and
+docs/bench/failover.png (output rate over time, failures marked).
 """
 
 from __future__ import annotations
@@ -20,131 +30,136 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from twinstream.config import REPO_ROOT
-from twinstream.harness import (
-    EngineProcess,
-    Load,
-    Pipeline,
-    audit,
-    bench_pipeline,
-    ranges,
-    wait_for,
-)
-from twinstream.publisher import synthetic
-from twinstream.subscriber import read_committed
+from twinstream.chaos import KINDS, SteadyLoad, SupervisedEngines, audit_range, failover_round
+from twinstream.config import REPO_ROOT, load_settings
+from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
+from twinstream.harness import OutputSampler, machine, wait_for
+from twinstream.kafka import watermarks
+from twinstream.plots import plot, rate_series
 
 
-class Tail(threading.Thread):
-    """Follows the outbound topic and notes when each epoch's first record arrived."""
+def summary(values: list[float]) -> dict[str, Any]:
+    ordered = sorted(values)
+    return {
+        "n": len(values),
+        "median": round(statistics.median(ordered), 3),
+        "p99": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3),
+        "worst": round(ordered[-1], 3),
+        "all": [round(v, 3) for v in values],
+    }
 
-    def __init__(self, pipeline: Pipeline) -> None:
-        super().__init__(daemon=True)
-        self.pipeline = pipeline
-        self.first_seen: dict[int, float] = {}
-        self.stop = threading.Event()
-        self.start()
 
-    def run(self) -> None:
-        settings = self.pipeline.settings
-        while not self.stop.is_set():
-            for record in read_committed(
-                settings, settings.outbound_topic, start_offset=0, idle_timeout_s=3600, follow=True
-            ):
-                if record.epoch is not None and record.epoch not in self.first_seen:
-                    self.first_seen[record.epoch] = time.monotonic()
-                if self.stop.is_set():
-                    return
+def baseline_round(engines: SupervisedEngines) -> float:
+    """kill -9 the only engine; seconds until supervisord's restart publishes again."""
+    (active,) = [e for e in engines.clients if engines.pid(e)]
+    client = engines.clients[active]
+    wait_for(lambda: client.server()["role"] == "active", 300, f"engine {active} active")
+    result = Takeover(active, int(client.server()["epoch"]), None)
+    pid = engines.pid(active)
+    with KafkaEpochTail(engines.settings) as tail:
+        started = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        measure_takeover(result, engines.clients, tail, started, timeout_s=600)
+    if result.first_output_s is None:
+        raise SystemExit(f"baseline: no output within 600 s of the kill: {result.describe()}")
+    print(f"  baseline: {result.describe()}", flush=True)
+    return result.first_output_s
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=20, help="failures of each kind")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    parser.add_argument("--baseline-rounds", type=int, default=5)
     parser.add_argument("--rate", type=float, default=1000.0, help="inbound events per second")
-    parser.add_argument(
-        "--output", type=Path, default=REPO_ROOT / "docs" / "bench" / "failover.json"
-    )
+    parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
     args = parser.parse_args()
 
-    takeovers: list[float] = []
-    with bench_pipeline("twinstream-bench-failover-") as pipeline:
-        engines = {e: pipeline.start(e) for e in ("a", "b")}
-        pipeline.wait_running(*engines.values())
-        tail = Tail(pipeline)
-        # Steady load until every round is done, however long restarts and resyncs take.
-        stop_load = threading.Event()
-        sent = [0]
+    settings = load_settings()
+    engines = SupervisedEngines(settings)
+    if not engines.supervisor.is_running():
+        raise SystemExit("the local stack is not running: start it with `make up`")
+    engines.wait_pair()
+    first = watermarks(settings, settings.inbound_topic)[1]
+    t0 = time.monotonic()
+    sampler = OutputSampler(settings, [settings.outbound_topic, settings.dlq_topic])
+    load = SteadyLoad(settings, args.rate).start()
+    marks: list[tuple[float, str]] = []
+    takeovers: dict[str, list[float]] = {k: [] for k in args.kinds}
+    to_active: dict[str, list[float]] = {k: [] for k in args.kinds}
+    rejoin: dict[str, list[float]] = {k: [] for k in args.kinds}
+    baseline: list[float] = []
+    try:
+        for kind in args.kinds:
+            for n in range(1, args.rounds + 1):
+                marks.append((time.monotonic() - t0, kind))
+                r = failover_round(engines, kind)
+                if r.takeover.first_output_s is None or r.takeover.role_s is None:
+                    raise SystemExit(f"{kind}: no output after the takeover: {r.takeover}")
+                takeovers[kind].append(r.takeover.first_output_s)
+                to_active[kind].append(r.takeover.role_s)
+                rejoin[kind].append(r.rejoin_s)
+                print(f"{kind} {n}/{args.rounds}: {r.takeover.describe()}", flush=True)
+        if args.baseline_rounds:
+            standby = engines.wait_pair()[1]
+            engines.supervisor.stop(f"engine-{standby}")
+            try:
+                for n in range(1, args.baseline_rounds + 1):
+                    marks.append((time.monotonic() - t0, "baseline kill"))
+                    baseline.append(baseline_round(engines))
+                    print(f"baseline {n}/{args.baseline_rounds}: {baseline[-1]:.1f} s")
+            finally:
+                engines.supervisor.start(f"engine-{standby}")
+            engines.wait_pair(timeout_s=600)
+    finally:
+        sent = load.stop()
+    end = first + sent
+    print(f"waiting for all {sent:,} events of the run to be published", flush=True)
 
-        def steady() -> Iterator[bytes]:
-            for record in synthetic(10**9, max_record_bytes=pipeline.settings.max_record_bytes):
-                if stop_load.is_set():
-                    return
-                sent[0] += 1
-                yield record
+    def published() -> bool:
+        return any(
+            (engines.clients[e].pipeline()["last_msg_id_published"] or -1) >= end - 1
+            for e in engines.clients
+            if engines.pid(e)
+        )
 
-        load = Load(pipeline.settings, steady(), args.rate, "load")
-        for round_no in range(1, args.kills + 1):
-            active: EngineProcess = wait_for(pipeline.active, 60, "an active engine")
-            standby = next(e for e in pipeline.engines.values() if e is not active)
+    wait_for(published, 600, "the run's last event published", every_s=1.0)
+    sampler.stop()
+    findings = audit_range(settings, first, end)
+    engines.close()
 
-            def standby_in_sync(s: EngineProcess = standby) -> bool:
-                return bool((s.try_get("/pipeline") or {}).get("in_sync"))
-
-            wait_for(standby_in_sync, 120, "standby in sync")
-            epoch = int(active.get("/server")["epoch"])
-            active.kill9()
-            killed = time.monotonic()
-
-            def next_epoch(old: int = epoch) -> int | None:
-                return next((e for e in tail.first_seen if e > old), None)
-
-            new_epoch = int(wait_for(next_epoch, 30, "the new epoch's first record"))
-            takeover = tail.first_seen[new_epoch] - killed
-            takeovers.append(takeover)
-            print(
-                f"round {round_no:2d}: killed {active.engine_id} (epoch {epoch}), "
-                f"{standby.engine_id} published epoch {new_epoch} after {takeover:.3f} s",
-                flush=True,
-            )
-            restarted = pipeline.start(active.engine_id)
-            pipeline.wait_running(restarted)
-        print("stopping the load; waiting for the output to catch up", flush=True)
-        stop_load.set()
-        Pipeline.join_load(load, timeout_s=120)
-        total = sent[0]
-        pipeline.wait_published(total - 1, timeout_s=300)
-        tail.stop.set()
-        outputs = pipeline.outputs()
-        result = audit(outputs, total)
-        gaps, dups = ranges(result.missing), ranges(result.duplicated)
-
-    figures = {
-        "kills": len(takeovers),
+    figures: dict[str, Any] = {
         "rate_per_s": args.rate,
-        "messages": total,
-        "takeover_s": {
-            "median": round(statistics.median(takeovers), 3),
-            "p90": round(sorted(takeovers)[int(0.9 * (len(takeovers) - 1))], 3),
-            "worst": round(max(takeovers), 3),
-            "all": [round(t, 3) for t in takeovers],
-        },
-        "gaps": len(result.missing),
-        "gap_ranges": gaps[:20],
-        "duplicates": len(result.duplicated),
-        "duplicate_ranges": dups[:20],
-        "machine": f"{os.cpu_count()} cores",
+        "messages": sent,
+        "takeover_to_first_output_s": {k: summary(v) for k, v in takeovers.items() if v},
+        "takeover_to_active_s": {k: summary(v) for k, v in to_active.items() if v},
+        "back_as_in_sync_standby_s": {k: summary(v) for k, v in rejoin.items() if v},
+        "baseline_supervisor_restart_s": summary(baseline) if baseline else None,
+        "gaps": findings.missing,
+        "duplicates": findings.duplicated,
+        "machine": machine(),
     }
     print(json.dumps(figures, indent=2))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(figures, indent=2) + "\n")
-    return 0 if not gaps and not dups else 1
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "failover.json").write_text(json.dumps(figures, indent=2) + "\n")
+    path = plot(
+        args.output / "failover.png",
+        f"Output rate under {args.rate:,.0f} events/s with failures of the active",
+        {"output events/s": rate_series(sampler.samples, t0)},
+        "output events/s",
+        marks=marks,
+        xlabel="seconds",
+    )
+    print(f"wrote {path}")
+    return 0 if findings.ok else 1
 
 
 if __name__ == "__main__":

@@ -1,154 +1,214 @@
-"""Persist and restore benchmark: how long a lost engine takes to be a hot standby again.
+"""Persist and restore benchmark: what a persist costs the active, and how long a lost
+engine takes to be a hot standby again.
 
     make up                      # the local stack must be running
-    .venv/bin/python bench/persist_restore.py --backlog 1000000
+    .venv/bin/python bench/persist_restore.py --backlogs 100000 1000000 --rate 1000
 
 Runs a pipeline of its own with two engines on the running local stack (whose own engines
-are stopped meanwhile). Persists the standby `b` (timing the persist and the snapshot's
-size), then loses it: kill -9 and its checkpoint deleted, as when a machine dies. While it
-is gone, `--backlog` events arrive and the active publishes them. Then `b` is restored from
-the snapshot and the time until it is in sync (lag under TWINSTREAM_IN_SYNC_LAG) is
-measured, with the lag and replay rate every second. Finally its buffered outputs are
-compared with the published ones and every inbound offset is checked to be in the outbound
-or dead-letter topic exactly once.
+are stopped meanwhile), under steady input at `--rate` events/s throughout.
 
-Prints the figures, writes them to docs/bench/persist_restore.json and the lag curve to
-docs/bench/persist_restore.png.
+1. Persist cost: the active's end-to-end latency (producer timestamp to output visible to
+   a read_committed consumer) over `--window` seconds without a persist, then over the
+   same length with the standby `b` persisted at its start: p50, p99, max of each, and the
+   persist's duration and snapshot size.
+2. Restore, per backlog: `b` is persisted, then lost (kill -9 and its checkpoint deleted,
+   as when a machine dies); while it is gone the backlog arrives on top of the steady
+   input and the active publishes it. Then `b` is restored from the snapshot and the time
+   until it is in sync (lag under TWINSTREAM_IN_SYNC_LAG) is measured, with the lag every
+   second. Replay rate = events replayed / that time; divided by the steady input rate it
+   says how many times faster than real time a lost engine catches up.
+3. `b`'s buffered outputs are compared with the published ones, and every inbound offset is
+   checked to be in the outbound or dead-letter topic exactly once.
+
+Prints the figures, writes docs/bench/persist_restore.json and docs/bench/persist_restore.png
+(the lag of each restore over time).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from twinstream.chaos import SteadyLoad
 from twinstream.config import REPO_ROOT
 from twinstream.engine_client import EngineClient
-from twinstream.harness import audit, bench_pipeline, ranges, wait_for
+from twinstream.harness import (
+    EngineProcess,
+    Pipeline,
+    VisibleTimes,
+    audit,
+    bench_pipeline,
+    machine,
+    percentile,
+    ranges,
+    wait_for,
+)
+from twinstream.kafka import watermarks
 from twinstream.operate import check_buffer
+from twinstream.plots import plot
+
+
+def inbound_end(pipeline: Pipeline) -> int:
+    return watermarks(pipeline.settings, pipeline.settings.inbound_topic)[1]
+
+
+def persist(b: EngineProcess) -> tuple[float, dict[str, Any]]:
+    started = time.monotonic()
+    response = b.post("/pipeline/persist", timeout_s=600)
+    response.raise_for_status()
+    return time.monotonic() - started, response.json()
+
+
+def latency_window(
+    pipeline: Pipeline, visible: VisibleTimes, seconds: float, during: Any = None
+) -> tuple[dict[str, int], Any]:
+    """Latency figures of the input produced over `seconds`, running `during()` at the
+    start of the window."""
+    first = inbound_end(pipeline)
+    result = during() if during else None
+    wait_for(lambda: inbound_end(pipeline) > first, 30, "input flowing")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:  # the window is the measurement, not a wait
+        time.sleep(min(5.0, deadline - time.monotonic()))
+    end = inbound_end(pipeline)
+    wait_for(lambda: (end - 1) in visible.seen, 120, "the window's last output", every_s=0.5)
+    values = list(visible.latencies(first, end - first).values())
+    figures = {
+        "events": len(values),
+        "p50_ms": round(1000 * percentile(values, 0.5)),
+        "p99_ms": round(1000 * percentile(values, 0.99)),
+        "max_ms": round(1000 * max(values)),
+    }
+    return figures, result
+
+
+def restore_cycle(
+    pipeline: Pipeline, a: EngineProcess, b: EngineProcess, backlog: int, rate: float
+) -> tuple[EngineProcess, dict[str, Any]]:
+    wait_for(lambda: b.get("/pipeline")["in_sync"], 600, "b in sync")
+    persist_s, manifest = persist(b)
+    print(f"persisted b in {persist_s:.2f} s ({manifest['size_bytes']:,} bytes)", flush=True)
+    b.kill9()
+    shutil.rmtree(pipeline.settings.engine_dir("b"))
+    print(f"b lost; a backlog of {backlog:,} events arrives", flush=True)
+    pipeline.join_load(pipeline.load(backlog, rate=0), timeout_s=3600)
+
+    def a_caught_up() -> bool:
+        info = a.get("/pipeline")
+        print(f"  active a: lag {info['lag']}", flush=True)
+        return bool((info["lag"] or 0) <= pipeline.settings.in_sync_lag)
+
+    wait_for(a_caught_up, 3600, "the active through the backlog", every_s=10)
+
+    b = pipeline.start("b")
+    wait_for(lambda: (b.try_get("/pipeline") or {}).get("state") == "stopped", 300, "b up")
+    b.remember_tree()
+    started = time.monotonic()
+    report = b.post("/pipeline/restore", {"snapshot": manifest["snapshot_id"]})
+    report.raise_for_status()
+    samples: list[tuple[float, int]] = []
+    while True:
+        info = b.get("/pipeline")
+        elapsed = time.monotonic() - started
+        samples.append((elapsed, info["lag"] or 0))
+        print(f"  {elapsed:6.0f} s: {info['state']}, lag {info['lag']}", flush=True)
+        if info["in_sync"]:
+            break
+        if elapsed > 3600 or info["state"] not in ("restoring", "running"):
+            raise SystemExit(f"b did not get in sync: {info}")
+        time.sleep(1.0)
+    in_sync_s = time.monotonic() - started
+    replayed = int(info["last_msg_id_processed"]) + 1 - int(manifest["next_offset"])
+    replay_rate = replayed / in_sync_s
+    print(f"b in sync {in_sync_s:.1f} s after the restore request", flush=True)
+    return b, {
+        "backlog_events": backlog,
+        "persist_s": round(persist_s, 2),
+        "snapshot_bytes": manifest["size_bytes"],
+        "replayed_events": replayed,
+        "restore_to_in_sync_s": round(in_sync_s, 1),
+        "replay_events_per_s": round(replay_rate),
+        "replay_rate_over_input_rate": round(replay_rate / rate, 1),
+        "lag_samples": samples,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--backlog", type=int, default=1_000_000, help="events to replay")
+    parser.add_argument("--backlogs", type=int, nargs="+", default=[100_000, 1_000_000, 5_000_000])
+    parser.add_argument("--rate", type=float, default=1000.0, help="steady input, events/s")
+    parser.add_argument("--window", type=float, default=60.0, help="latency window, seconds")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
-    parser.add_argument("--no-audit", action="store_true", help="skip the exactly-once audit")
     args = parser.parse_args()
 
+    restores = []
     with bench_pipeline("twinstream-bench-restore-") as pipeline:
         a, b = pipeline.start_pair()
-        pipeline.join_load(pipeline.load(20_000, rate=0))
-        wait_for(lambda: b.get("/pipeline")["in_sync"], 300, "b in sync")
-
-        started = time.monotonic()
-        response = b.post("/pipeline/persist", timeout_s=600)
-        response.raise_for_status()
-        persist_s = time.monotonic() - started
-        manifest = response.json()
-        print(
-            f"persisted b in {persist_s:.2f} s: {manifest['snapshot_id']}, "
-            f"{manifest['size_bytes']:,} bytes, next offset {manifest['next_offset']}",
-            flush=True,
-        )
-
-        b.kill9()
-        shutil.rmtree(pipeline.settings.engine_dir("b"))
-        print(f"b lost; publishing a backlog of {args.backlog:,} events", flush=True)
-        started = time.monotonic()
-        pipeline.join_load(pipeline.load(args.backlog, rate=0), timeout_s=3600)
-        print(f"  published in {time.monotonic() - started:.0f} s", flush=True)
-
-        def a_caught_up() -> bool:
-            info = a.get("/pipeline")
-            print(f"  active a: lag {info['lag']}", flush=True)
-            return bool((info["last_msg_id_published"] or -1) >= pipeline.produced - 1)
-
-        wait_for(a_caught_up, 3600, "the active through the backlog", every_s=10)
-
-        b = pipeline.start("b")
-        wait_for(lambda: (b.try_get("/pipeline") or {}).get("state") == "stopped", 300, "b up")
-        b.remember_tree()
-        started = time.monotonic()
-        report = b.post("/pipeline/restore", {"snapshot": manifest["snapshot_id"]})
-        report.raise_for_status()
-        samples: list[dict[str, Any]] = []
-        while True:
-            info = b.get("/pipeline")
-            elapsed = time.monotonic() - started
-            samples.append(
-                {"t": round(elapsed, 1), "lag": info["lag"], "rate": info["events_per_s"]}
+        load = SteadyLoad(pipeline.settings, args.rate).start()
+        visible = VisibleTimes(pipeline.settings)
+        try:
+            wait_for(lambda: b.get("/pipeline")["in_sync"], 300, "b in sync")
+            quiet, _ = latency_window(pipeline, visible, args.window)
+            print(f"latency without a persist: {quiet}", flush=True)
+            with_persist, (persist_s, manifest) = latency_window(
+                pipeline, visible, args.window, during=lambda: persist(b)
             )
-            print(
-                f"  {elapsed:6.0f} s: {info['state']}, lag {info['lag']}, "
-                f"{info['events_per_s']} events/s",
-                flush=True,
-            )
-            if info["in_sync"]:
-                break
-            if elapsed > 3600 or info["state"] not in ("restoring", "running"):
-                raise SystemExit(f"b did not get in sync: {info}")
-            time.sleep(1.0)
-        in_sync_s = time.monotonic() - started
-        print(f"b in sync {in_sync_s:.1f} s after the restore request", flush=True)
+            print(f"latency with a persist ({persist_s:.2f} s): {with_persist}", flush=True)
+            for backlog in args.backlogs:
+                b, figures = restore_cycle(pipeline, a, b, backlog, args.rate)
+                restores.append(figures)
+            client = EngineClient("b", b.url, b.token, timeout_s=60)
+            comparison = check_buffer(client, pipeline.settings, 2000)
+            client.close()
+        finally:
+            sent = load.stop()
+            visible.stop()
+        pipeline.produced += sent
+        pipeline.wait_published(pipeline.produced - 1, timeout_s=600)
+        result = audit(pipeline.outputs(), pipeline.produced)
 
-        client = EngineClient("b", b.url, b.token, timeout_s=60)
-        comparison = check_buffer(client, pipeline.settings, 2000)
-        client.close()
-        audit_result: dict[str, Any] = {"skipped": True}
-        if not args.no_audit:
-            result = audit(pipeline.outputs(), pipeline.produced)
-            audit_result = {
-                "messages": pipeline.produced,
-                "gaps": ranges(result.missing)[:20],
-                "duplicates": ranges(result.duplicated)[:20],
-            }
-
-    replayed = pipeline.produced - int(manifest["next_offset"])
     figures = {
-        "backlog_events": args.backlog,
-        "replayed_events": replayed,
-        "persist_s": round(persist_s, 2),
-        "snapshot_bytes": manifest["size_bytes"],
-        "restore_to_in_sync_s": round(in_sync_s, 1),
-        "replay_events_per_s": round(replayed / in_sync_s),
+        "steady_input_per_s": args.rate,
+        "persist": {
+            "duration_s": round(persist_s, 2),
+            "snapshot_bytes": manifest["size_bytes"],
+            "active_latency_without_persist": quiet,
+            "active_latency_with_persist": with_persist,
+        },
+        "restores": [{k: v for k, v in r.items() if k != "lag_samples"} for r in restores],
         "buffer_compared": comparison.compared,
         "buffer_mismatches": len(comparison.mismatches),
-        "audit": audit_result,
-        "machine": f"{os.cpu_count()} cores",
-        "lag_samples": samples,
+        "messages": pipeline.produced,
+        "gaps": ranges(result.missing)[:20],
+        "duplicates": ranges(result.duplicated)[:20],
+        "machine": machine(),
     }
-    print(json.dumps({k: v for k, v in figures.items() if k != "lag_samples"}, indent=2))
+    print(json.dumps(figures, indent=2))
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "persist_restore.json").write_text(json.dumps(figures, indent=2) + "\n")
-    _plot(samples, args.output / "persist_restore.png", args.backlog)
-    bad = audit_result.get("gaps") or audit_result.get("duplicates") or comparison.mismatches
-    return 1 if bad else 0
-
-
-def _plot(samples: list[dict[str, Any]], path: Path, backlog: int) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot")
-        return
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.plot([s["t"] for s in samples], [s["lag"] or 0 for s in samples])
-    ax.set_xlabel("seconds since the restore request")
-    ax.set_ylabel("lag (events)")
-    ax.set_title(f"Restore of engine b: replaying a backlog of {backlog:,} events")
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    series = {
+        f"backlog {r['backlog_events']:,}": (
+            [t for t, _ in r["lag_samples"]],
+            [lag for _, lag in r["lag_samples"]],
+        )
+        for r in restores
+    }
+    path = plot(
+        args.output / "persist_restore.png",
+        f"Restore of a lost engine under {args.rate:,.0f} events/s: lag until in sync",
+        series,
+        "lag (events)",
+        xlabel="seconds since the restore request",
+    )
     print(f"wrote {path}")
+    bad = figures["gaps"] or figures["duplicates"] or comparison.mismatches
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,136 @@
+"""Latency benchmark: end-to-end latency at steady input rates, with a hot standby running.
+
+    make up                      # the local stack must be running
+    .venv/bin/python bench/latency.py --rates 1000 5000 20000 --seconds 60
+
+A private pipeline with an active and a standby engine. For each rate in turn, synthetic
+events are produced (acks=all) for `--seconds`; a read_committed consumer of the outbound
+and dead-letter topics notes when each msg_id becomes visible. Latency = that moment minus
+the inbound record's timestamp (set by the producer when it sends), both on this machine's
+clock. Per rate: p50, p99 and max latency over the step (its first 10 s left out as
+warm-up), the input rate achieved, and whether the lag grew: an unsustained rate shows as a
+lag that rises through the step. Prints the figures, writes docs/bench/latency.json and
+docs/bench/latency.png (latency and output rate over time, steps marked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from twinstream.config import REPO_ROOT
+from twinstream.harness import (
+    OutputSampler,
+    Pipeline,
+    VisibleTimes,
+    bench_pipeline,
+    machine,
+    percentile,
+    wait_for,
+)
+from twinstream.plots import plot, rate_series
+
+WARM_UP_S = 10.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rates", type=float, nargs="+", default=[1000, 5000, 20000])
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of each step")
+    parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
+    args = parser.parse_args()
+
+    steps: list[dict[str, Any]] = []
+    lag_samples: list[tuple[float, int]] = []
+    points: list[tuple[float, float]] = []
+    with bench_pipeline("twinstream-bench-latency-") as pipeline:
+        s = pipeline.settings
+        a, _b = pipeline.start_pair()
+        visible = VisibleTimes(s)
+        sampler = OutputSampler(s, [s.outbound_topic, s.dlq_topic])
+        t0, wall_t0 = time.monotonic(), time.time()
+        for rate in args.rates:
+            first = pipeline.produced
+            count = int(rate * args.seconds)
+            print(f"step {rate:,.0f} events/s for {args.seconds:.0f} s", flush=True)
+            started = time.monotonic()
+            load = pipeline.load(count, rate=rate)
+            lags = []
+            while load.is_alive():
+                lag = a.get("/pipeline")["lag"] or 0
+                lags.append(lag)
+                lag_samples.append((time.monotonic() - t0, lag))
+                time.sleep(1.0)
+            Pipeline.join_load(load, timeout_s=600)
+            sent_s = time.monotonic() - started
+            last = pipeline.produced - 1
+
+            def last_visible(last: int = last) -> bool:
+                return last in visible.seen
+
+            wait_for(last_visible, 600, f"msg_id {last} visible", every_s=0.5)
+            measured = visible.latencies(first, count)
+            # The step's first WARM_UP_S seconds of input are left out.
+            skip = int(rate * WARM_UP_S)
+            latencies = [v for m, v in measured.items() if m >= first + skip]
+            # Every 10th, for the plot: seconds since the start, latency in ms.
+            points.extend(
+                (visible.seen[m] - wall_t0, 1000 * v) for m, v in list(measured.items())[::10]
+            )
+            third = max(1, len(lags) // 3)
+            growing = statistics.mean(lags[-third:]) > statistics.mean(lags[:third]) + rate
+            step = {
+                "rate_target": rate,
+                "rate_achieved": round(count / sent_s),
+                "p50_ms": round(1000 * percentile(latencies, 0.50)),
+                "p99_ms": round(1000 * percentile(latencies, 0.99)),
+                "max_ms": round(1000 * max(latencies)),
+                "measured": len(latencies),
+                "lag_max": max(lags) if lags else 0,
+                "lag_growing": growing,
+                "ends_s": round(time.monotonic() - t0, 1),
+            }
+            steps.append(step)
+            print(json.dumps(step), flush=True)
+        sampler.stop()
+        visible.stop()
+
+    sustained = [st["rate_achieved"] for st in steps if not st["lag_growing"]]
+    figures = {
+        "steps": steps,
+        "highest_rate_sustained": max(sustained) if sustained else None,
+        "setup": "active + standby engines, synthetic hostmetrics, acks=all",
+        "machine": machine(),
+    }
+    print(json.dumps(figures, indent=2))
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "latency.json").write_text(json.dumps(figures, indent=2) + "\n")
+    path = plot(
+        args.output / "latency.png",
+        "Output rate and end-to-end latency at steady input rates (active + standby)",
+        {"output events/s": rate_series(sampler.samples, t0)},
+        "output events/s",
+        marks=[(st["ends_s"], "end of a rate step") for st in steps],
+        xlabel="seconds",
+        second=(
+            "latency (ms)",
+            {
+                "producer -> read_committed consumer": (
+                    [t for t, _ in points],
+                    [v for _, v in points],
+                )
+            },
+        ),
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
