@@ -145,6 +145,16 @@ class Election:
     def _lead(self) -> None:
         if self._stop.is_set():
             return
+        # A session lost while queued set _lost; kazoo's lock then queued again in the new
+        # session and has won in it. Forget that old loss, then check that the winning node
+        # still exists: a loss from here on sets _lost again. Leading on a stale flag would
+        # return at once and release the lock while the gate still believes it is active.
+        self._lost.clear()
+        if not self._holds_lock():
+            log.warning(
+                "election %s: won with a node that is gone; queueing again", self._identifier
+            )
+            return
         counter = self._client.Counter(self._epoch_path)
         counter += 1
         epoch = int(counter.value)
@@ -159,3 +169,12 @@ class Election:
             self._sleep(0.05)
         if not self._lost.is_set():
             self._on_step_down("resigned" if not self._stop.is_set() else "stopped")
+
+    def _holds_lock(self) -> bool:
+        lock = getattr(self._election, "lock", None)
+        if lock is None or lock.node is None:
+            return False
+        try:
+            return self._client.exists(f"{lock.path}/{lock.node}") is not None
+        except KazooException:
+            return False

@@ -15,13 +15,22 @@ class FakeCounter:
         return self
 
 
+class FakeLock:
+    def __init__(self, path, node):
+        self.path = path
+        self.node = node
+
+
 class FakeZkElection:
-    def __init__(self, client):
+    def __init__(self, client, path):
         self.client = client
         self.cancelled = False
+        self.lock = FakeLock(path, f"node-{client.runs:010d}")
 
     def run(self, func):
         self.client.runs += 1
+        # Whatever happened to the session while queued, kazoo's lock has now won.
+        self.client.before_win(self)
         func()
 
     def cancel(self):
@@ -34,15 +43,17 @@ class FakeClient:
     def __init__(self):
         self.listeners = []
         self.runs = 0
+        self.gone: set[str] = set()
+        self.before_win = lambda election: None
 
     def add_listener(self, listener):
         self.listeners.append(listener)
 
     def exists(self, path):
-        return True
+        return None if path in self.gone else object()
 
     def Election(self, path, identifier=None):
-        return FakeZkElection(self)
+        return FakeZkElection(self, path)
 
     def Counter(self, path):
         return FakeCounter()
@@ -97,3 +108,67 @@ def test_win_suspend_lose_and_win_again():
     ]
     assert client.runs >= 2
     assert election.zk_state == str(KazooState.LOST)
+
+
+def _lead_until(client, before_win, done) -> list[tuple[str, object]]:
+    """Run an election on `client` until `done(events)`; the events it saw."""
+    FakeCounter.value = 0
+    client.before_win = before_win
+    events: list[tuple[str, object]] = []
+
+    def sleep(_seconds):
+        if done(events):
+            election._stop.set()  # stop() would join this very thread
+
+    election = Election(
+        client,
+        "/twinstream/p/election",
+        "/twinstream/p/epoch",
+        "b",
+        on_elected=lambda epoch: events.append(("elected", epoch)),
+        on_step_down=lambda reason: events.append(("down", reason)),
+        on_connection=lambda ok: events.append(("connected", ok)),
+        sleep=sleep,
+    )
+    election.start()
+    thread = election._thread
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive()
+    return events
+
+
+def test_a_session_lost_while_queued_does_not_end_the_later_leadership():
+    """A standby's session expires while it waits in the queue; kazoo queues it again in
+    the new session and it wins there. It must lead until told otherwise, not return at
+    once on the old loss (which released the lock while the gate still said active)."""
+    client = FakeClient()
+    ticks = []
+
+    def lost_while_queued(_election):
+        if client.runs == 1:
+            client.emit(KazooState.SUSPENDED)
+            client.emit(KazooState.LOST)
+            client.emit(KazooState.CONNECTED)
+
+    def twenty_ticks(_events):
+        ticks.append(1)
+        return len(ticks) >= 20
+
+    events = _lead_until(client, lost_while_queued, twenty_ticks)
+    assert [e for e in events if e[0] == "elected"] == [("elected", 1)]
+    assert client.runs == 1
+    assert events[-1] == ("down", "stopped")
+
+
+def test_a_win_whose_node_is_gone_is_not_taken():
+    client = FakeClient()
+
+    def node_gone_on_first_win(election):
+        if client.runs == 1:
+            client.gone.add(f"{election.lock.path}/{election.lock.node}")
+
+    events = _lead_until(client, node_gone_on_first_win, lambda events: ("elected", 1) in events)
+    # The first win was refused (no epoch spent on it); the second, with a live node, led.
+    assert [e for e in events if e[0] == "elected"] == [("elected", 1)]
+    assert client.runs == 2
