@@ -8,10 +8,10 @@ with steady synthetic load on its inbound topic. Three failures of the active, `
 each, every round waiting first for an in-sync standby:
   kill     SIGKILL; supervisord restarts the engine, which resumes from its checkpoint
            and rejoins as the standby;
-  sigstop  the active freezes (a zombie) until its successor has published, then resumes
-           and must find itself fenced and step down;
-  expire   the active freezes for 2.5 ZooKeeper session timeouts: its session expires,
-           it resumes while the successor takes over.
+  sigstop  the active freezes (a zombie) until 5 s after its successor has published,
+           then resumes and must find itself fenced and step down;
+  expire   the active freezes for 2.5 granted ZooKeeper session timeouts: its session
+           expires, and it resumes while the successor is taking over.
 Takeover time = from the failure to the first record of the new election epoch visible to
 a read_committed consumer of the outbound topic; also the time until the successor reports
 itself active, and until the victim is an in-sync standby again.
@@ -87,11 +87,13 @@ def main() -> int:
     engines = SupervisedEngines(settings)
     if not engines.supervisor.is_running():
         raise SystemExit("the local stack is not running: start it with `make up`")
-    engines.wait_pair()
     first = watermarks(settings, settings.inbound_topic)[1]
     t0 = time.monotonic()
     sampler = OutputSampler(settings, [settings.outbound_topic, settings.dlq_topic])
+    # Before waiting for the pair: a standby counts as in sync only once it has
+    # processed input.
     load = SteadyLoad(settings, args.rate).start()
+    engines.wait_pair()
     marks: list[tuple[float, str]] = []
     takeovers: dict[str, list[float]] = {k: [] for k in args.kinds}
     to_active: dict[str, list[float]] = {k: [] for k in args.kinds}

@@ -30,6 +30,8 @@ from twinstream.stack.supervisor import Supervisor
 log = logging.getLogger(__name__)
 
 KINDS = ("kill", "sigstop", "expire")
+# How long a SIGSTOPped active stays frozen after its successor has published.
+ZOMBIE_AFTER_S = 5.0
 
 
 class SupervisedEngines:
@@ -150,9 +152,10 @@ def failover_round(
     """Inflict one failure on the active and measure the takeover and the rejoin.
 
     kill: SIGKILL; supervisord restarts the engine, which resumes from its checkpoint as a
-    standby. sigstop: the active freezes (a zombie) until its successor has published,
-    then resumes and must find itself fenced and step down. expire: the active freezes just
-    long enough for its ZooKeeper session to expire, then resumes mid-takeover."""
+    standby. sigstop: the active freezes (a zombie) until ZOMBIE_AFTER_S after its
+    successor has published, then resumes and must find itself fenced and step down.
+    expire: the active freezes just long enough for its ZooKeeper session to expire, then
+    resumes mid-takeover."""
     if kind not in KINDS:
         raise ValueError(f"unknown failure {kind!r}; one of {KINDS}")
     active, standby = engines.wait_pair()
@@ -163,22 +166,32 @@ def failover_round(
     if pid != server["pid"]:
         raise AssertionError(f"engine {active}: supervisord says pid {pid}, itself {server['pid']}")
     tree = process_tree(pid)
+    thaw: threading.Timer | None = None
     with KafkaEpochTail(engines.settings) as tail:
         started = time.monotonic()
         if kind == "kill":
             os.kill(pid, signal.SIGKILL)
         else:
             os.kill(pid, signal.SIGSTOP)
+        if kind == "expire":
+            # The freeze itself is the failure: 2.5 granted session timeouts, so the session
+            # has expired and the successor is taking over when it resumes. A timer ends it
+            # so that the takeover is watched during the freeze, not after it.
+            thaw = threading.Timer(
+                2.5 * granted_session_s(engines.settings), os.kill, (pid, signal.SIGCONT)
+            )
+            thaw.start()
         try:
-            if kind == "expire":
-                # The freeze itself is the failure: 2.5 granted session timeouts, so the
-                # session has expired and the successor is taking over when it resumes.
-                time.sleep(2.5 * granted_session_s(engines.settings))
-                os.kill(pid, signal.SIGCONT)
             measure_takeover(
                 result, {standby: engines.clients[standby]}, tail, started, takeover_timeout_s
             )
+            if kind == "sigstop" and result.first_output_s is not None:
+                # A zombie that wakes while its successor is publishing: the freeze is the
+                # failure under test, so it lasts a fixed time, not until some condition.
+                time.sleep(ZOMBIE_AFTER_S)
         finally:
+            if thaw is not None:
+                thaw.join()
             if kind != "kill":
                 os.kill(pid, signal.SIGCONT)
     if result.role_s is None:
