@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from twinstream.config import REPO_ROOT, Settings, load_settings
-from twinstream.harness import Pipeline
+from twinstream.harness import Pipeline, wait_for
 from twinstream.stack import core
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
@@ -76,16 +76,33 @@ def stack(settings: Settings) -> Iterator[core.UpReport]:
 
 
 @pytest.fixture(scope="module")
-def quiet_stack_engines(stack, settings) -> Iterator[None]:
+def quiet_stack_engines(stack, settings) -> None:
     """The stack's own engines idle on another pipeline; stopping them leaves the two
-    cores to the engines under test. They are started again for the tests after these."""
+    cores to the engines under test. They stay stopped until a module that needs them
+    (`stack_engines`) starts them: restarting them after each module cost about a minute
+    of Spark start-up per module, only for the next module to stop them again."""
     supervisor = Supervisor(Layout.of(settings))
     for engine_id in settings.engine_ids:
         supervisor.stop(f"engine-{engine_id}")
-    yield
+
+
+@pytest.fixture(scope="module")
+def stack_engines(stack, settings) -> str:
+    """The stack's own engines running under its supervisord, one of them active; the
+    active's id."""
+    supervisor = Supervisor(Layout.of(settings))
     for engine_id in settings.engine_ids:
         supervisor.start(f"engine-{engine_id}")
-    core.wait_for_one_active(settings, echo=lambda _line: None, timeout_s=120)
+
+    def settled() -> str | None:
+        roles = core.engine_roles(settings)
+        active = [e for e, role in roles.items() if role == "active"]
+        standby = [e for e, role in roles.items() if role == "standby"]
+        return active[0] if len(active) == 1 and len(standby) == len(roles) - 1 else None
+
+    # Spark's start on two shared cores: up to a few minutes when both start at once.
+    active: str = wait_for(settled, 300, "one active engine and the others standby")
+    return active
 
 
 @pytest.fixture

@@ -36,10 +36,10 @@ RATE = 200.0
 
 
 @pytest.fixture(scope="module")
-def engines(stack, settings: Settings) -> Iterator[SupervisedEngines]:
+def engines(stack_engines, settings: Settings) -> Iterator[SupervisedEngines]:
     engines = SupervisedEngines(settings)
     # A standby is in sync only once it has processed something: give both engines input
-    # (other modules pause them; supervisord has started them again).
+    # (other modules stop them; stack_engines has started them again).
     publish(settings, synthetic(500, max_record_bytes=settings.max_record_bytes))
     engines.wait_pair(timeout_s=300)
     yield engines

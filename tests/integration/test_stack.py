@@ -142,7 +142,7 @@ def test_airflow_answers_and_loads_the_dags_without_import_errors(stack, setting
     assert errors.json()["total_entries"] == 0, errors.json()
 
 
-def test_after_up_one_engine_is_active_and_the_other_standby(stack, settings):
+def test_after_up_one_engine_is_active_and_the_other_standby(stack_engines, settings):
     roles = core.engine_roles(settings)
     assert sorted(roles.values()) == ["active", "standby"], roles
     supervisor = Supervisor(Layout.of(settings))
@@ -150,7 +150,7 @@ def test_after_up_one_engine_is_active_and_the_other_standby(stack, settings):
         assert supervisor.process(f"engine-{engine_id}").state == "RUNNING"
 
 
-def test_the_engines_admin_api_rejects_a_missing_or_wrong_token(stack, settings):
+def test_the_engines_admin_api_rejects_a_missing_or_wrong_token(stack_engines, settings):
     token = (Layout.of(settings).root / "admin-token").read_text().strip()
     assert oct((Layout.of(settings).root / "admin-token").stat().st_mode & 0o777) == "0o600"
     for engine_id in settings.engine_ids:
