@@ -169,6 +169,7 @@ class Pipeline:
     ) -> None:
         self.name = f"t{uuid.uuid4().hex[:8]}"
         self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
         self.ports = {e: free_port() for e in engine_ids}
         self.env = {
             **base_env,
