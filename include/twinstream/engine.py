@@ -37,6 +37,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def is_in_sync(state: str, lag: int | None, in_sync_lag: int, query_reported: bool) -> bool:
+    """A hot standby's test: its pipeline works and its lag is known and small. Until the
+    current query has reported progress, the lag falls back to what the previous query of
+    this process processed: right after a start that says "in sync" of an engine that has
+    not read anything yet, so it counts only once the query has reported. A persist stops
+    the query on purpose and keeps the engine what it was."""
+    if state == "persisting":
+        return lag is not None and lag <= in_sync_lag
+    return (
+        state in ("running", "restoring")
+        and query_reported
+        and lag is not None
+        and (lag <= in_sync_lag)
+    )
+
+
 class Engine:
     def __init__(self, settings: Settings, engine_id: str) -> None:
         settings.engine_admin_port(engine_id)  # an unknown engine id fails here, by name
@@ -64,7 +80,7 @@ class Engine:
         self._restored_from: str | None = None
         self._restore_started = 0.0
         self._kafka_lock = threading.Lock()
-        self._hwm_consumer = Consumer(consumer_config(settings, f"twinstream-lag-{uuid.uuid4()}"))
+        self._hwm_consumer = Consumer(self._hwm_config())
         self._hwm: tuple[float, int | None] = (0.0, None)
         self._progress_cache: tuple[float, Any, dict[str, Any]] = (0.0, None, {})
         # Built ahead of a takeover, so that winning costs only the fence and the tail read.
@@ -404,10 +420,8 @@ class Engine:
         self.metrics.buffer_fill.set(status.buffer_fill)
         if lag is not None:
             self.metrics.lag.set(lag)
-        in_sync = (
-            self._state in ("running", "restoring", "persisting")
-            and lag is not None
-            and lag <= self.settings.in_sync_lag
+        in_sync = is_in_sync(
+            self._state, lag, self.settings.in_sync_lag, self._query_position() is not None
         )
         if in_sync and self._state == "restoring":
             self._state, self._reason = "running", ""
@@ -470,6 +484,9 @@ class Engine:
                 return int(partitions.get("0", 0))
         return None
 
+    def _hwm_config(self) -> dict[str, Any]:
+        return consumer_config(self.settings, f"twinstream-lag-{uuid.uuid4()}")
+
     def _high_watermark(self) -> int | None:
         fetched_at, value = self._hwm
         if time.monotonic() - fetched_at < 0.5:
@@ -481,8 +498,19 @@ class Engine:
                 )
             except Exception as exc:
                 log.warning(
-                    "engine %s: inbound high watermark unavailable: %s", self.engine_id, exc
+                    "engine %s: inbound high watermark unavailable: %s; asking again with a "
+                    "new consumer",
+                    self.engine_id,
+                    exc,
                 )
+                # Seen after a broker was killed and came back: this idle consumer kept
+                # the partition as unknown ("Local: Unknown partition") for minutes, so the
+                # lag stayed unknown and the engine never counted as in sync again. A new
+                # consumer fetches the cluster's metadata afresh.
+                old, self._hwm_consumer = self._hwm_consumer, Consumer(self._hwm_config())
+                old.close()
+                # Once per cache period, not once per status read.
+                self._hwm = (time.monotonic(), None)
                 return None
         self._hwm = (time.monotonic(), int(high))
         return int(high)

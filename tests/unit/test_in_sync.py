@@ -1,0 +1,29 @@
+"""When an engine counts as an in-sync standby: what the persist DAG, the drill and the
+restore sensor rely on."""
+
+import pytest
+
+from twinstream.engine import is_in_sync
+
+
+@pytest.mark.parametrize(
+    ("state", "lag", "reported", "expected"),
+    [
+        ("running", 0, True, True),
+        ("running", 5_000, True, True),  # the boundary: in_sync_lag itself is in sync
+        ("running", 5_001, True, False),
+        ("running", None, True, False),  # lag unknown (no high watermark)
+        # Just (re)started: the lag comes from what the previous query processed, so it
+        # must not count until the new query has reported a batch.
+        ("running", 0, False, False),
+        ("restoring", 10, False, False),
+        ("restoring", 10, True, True),
+        # A persist stops the query on purpose; the engine stays what it was.
+        ("persisting", 10, False, True),
+        ("persisting", None, False, False),
+        ("stopped", 0, True, False),
+        ("failed", 0, True, False),
+    ],
+)
+def test_in_sync(state, lag, reported, expected):
+    assert is_in_sync(state, lag, 5_000, reported) is expected
