@@ -43,7 +43,8 @@ def _consume(settings, topic, start, count):
     return [r.raw for r in read_committed(settings, topic, start_offset=start, max_records=count)]
 
 
-def test_up_reports_every_service_started(stack, settings):
+def test_up_reports_every_service_started(stack, stack_engines, settings):
+    # stack_engines: modules before this one may have stopped the engines to free the cores.
     assert stack.started_supervisor
     assert [t.action for t in stack.topics] == ["created"] * 3
     assert core.status(settings, echo=lambda _line: None) == 0
@@ -200,7 +201,7 @@ def test_election_znodes_are_closed_to_clients_without_the_pipelines_credentials
             client.close()
 
 
-def test_a_second_up_changes_nothing(stack, settings):
+def test_a_second_up_changes_nothing(stack, stack_engines, settings):
     pids_before = {p.name: p.pid for p in Supervisor(Layout.of(settings)).processes()}
     report = core.up(settings, echo=lambda _line: None)
     assert not report.changed, report
