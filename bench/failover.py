@@ -72,6 +72,27 @@ def baseline_round(engines: SupervisedEngines) -> float:
     return result.first_output_s
 
 
+def warm_up(engines: SupervisedEngines, timeout_s: float = 900.0) -> None:
+    """Freshly started engines run their first batches several times slower (JIT, Python
+    workers, RocksDB) and fall behind the load at first: wait, with a progress line,
+    until one is active and the other an in-sync standby."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            engines.wait_pair(timeout_s=15)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+        lags = {}
+        for engine_id, client in engines.clients.items():
+            try:
+                lags[engine_id] = client.pipeline()["lag"]
+            except Exception as exc:  # reported in the progress line, waited out
+                lags[engine_id] = f"unreachable ({exc})"
+        print(f"  warming up: lags {lags}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -93,7 +114,11 @@ def main() -> int:
     # Before waiting for the pair: a standby counts as in sync only once it has
     # processed input.
     load = SteadyLoad(settings, args.rate).start()
-    engines.wait_pair()
+    try:
+        warm_up(engines)
+    except BaseException:
+        load.stop()
+        raise
     marks: list[tuple[float, str]] = []
     takeovers: dict[str, list[float]] = {k: [] for k in args.kinds}
     to_active: dict[str, list[float]] = {k: [] for k in args.kinds}
