@@ -3,12 +3,14 @@ wired together. `spark_jobs/engine.py` is its command-line entry point."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -35,6 +37,23 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
+
+
+def query_position(progress: Mapping[str, Any], topic: str) -> int | None:
+    """The next inbound offset the query will read, from its last progress report; None
+    before the first report. PySpark 4 gives a source's endOffset as a JSON string (before
+    4.0 it was a dict): reading only the dict form found no position at all, ever."""
+    for source in progress.get("sources") or []:
+        end = source.get("endOffset") or {}
+        if isinstance(end, str):
+            try:
+                end = json.loads(end)
+            except ValueError:
+                continue
+        partitions = end.get(topic) if isinstance(end, dict) else None
+        if partitions:
+            return int(partitions.get("0", 0))
+    return None
 
 
 def is_in_sync(state: str, lag: int | None, in_sync_lag: int, query_reported: bool) -> bool:
@@ -477,12 +496,7 @@ class Engine:
         return round(float(rate), 1) if rate is not None else None
 
     def _query_position(self) -> int | None:
-        for source in self._progress().get("sources", []):
-            end = source.get("endOffset") or {}
-            partitions = end.get(self.settings.inbound_topic) if isinstance(end, dict) else None
-            if partitions:
-                return int(partitions.get("0", 0))
-        return None
+        return query_position(self._progress(), self.settings.inbound_topic)
 
     def _hwm_config(self) -> dict[str, Any]:
         return consumer_config(self.settings, f"twinstream-lag-{uuid.uuid4()}")

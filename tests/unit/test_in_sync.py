@@ -3,7 +3,7 @@ restore sensor rely on."""
 
 import pytest
 
-from twinstream.engine import is_in_sync
+from twinstream.engine import is_in_sync, query_position
 
 
 @pytest.mark.parametrize(
@@ -27,3 +27,20 @@ from twinstream.engine import is_in_sync
 )
 def test_in_sync(state, lag, reported, expected):
     assert is_in_sync(state, lag, 5_000, reported) is expected
+
+
+def test_the_query_position_from_pyspark_4s_progress_where_end_offsets_are_json_text():
+    progress = {"sources": [{"endOffset": '{"hostmetrics.in":{"0":1234}}'}]}
+    assert query_position(progress, "hostmetrics.in") == 1234
+
+
+def test_the_query_position_from_an_older_progress_where_end_offsets_are_a_dict():
+    progress = {"sources": [{"endOffset": {"hostmetrics.in": {"0": 77}}}]}
+    assert query_position(progress, "hostmetrics.in") == 77
+
+
+def test_no_query_position_before_the_first_report_or_for_another_topic():
+    assert query_position({}, "hostmetrics.in") is None
+    assert query_position({"sources": [{"endOffset": None}]}, "hostmetrics.in") is None
+    other = {"sources": [{"endOffset": '{"other.in":{"0":5}}'}]}
+    assert query_position(other, "hostmetrics.in") is None
