@@ -62,7 +62,18 @@ def test_the_drill_hands_over_audits_and_puts_the_stopped_engine_back(
     assert "0 missing, 0 duplicated" in line
     print(line)
 
-    # A second drill hands back the other way: the stopped engine really rejoined.
+    # A second drill hands back the other way: the stopped engine really rejoined. Its
+    # audit needs input after the handover, so it gets a load of its own (on a slow day
+    # the first one had ended by then, and the audit rightly refused a window it could
+    # not see).
+    pipeline.join_load(load)
+    published = b.get("/pipeline")["last_msg_id_published"]
+    load = pipeline.load(30_000, rate=500)
+    wait_for(
+        lambda: (b.get("/pipeline")["last_msg_id_published"] or 0) > published + 1000,
+        60,
+        "output of the second load",
+    )
     run = load_dag("failover_drill").test()
     assert run.state == "success", task_states(run)
     assert _return_value(run, "stop_active")["new_active"] == "a"
