@@ -38,7 +38,9 @@ def test_the_drill_hands_over_audits_and_puts_the_stopped_engine_back(
     a, b = pipeline.start_pair()
     wait_for(lambda: _in_sync_standby(b), 120, "b an in-sync standby")
     old_epoch = a.get("/server")["epoch"]
-    load = pipeline.load(40_000, rate=500)
+    # Input must still arrive after the handover for the audit to see past it, and
+    # dag.test() takes up to a minute to reach the stop on two busy cores: 200 s of load.
+    load = pipeline.load(100_000, rate=500)
     wait_for(lambda: (a.get("/pipeline")["last_msg_id_published"] or 0) > 2000, 60, "output")
 
     run = load_dag("failover_drill").test()
@@ -63,12 +65,11 @@ def test_the_drill_hands_over_audits_and_puts_the_stopped_engine_back(
     print(line)
 
     # A second drill hands back the other way: the stopped engine really rejoined. Its
-    # audit needs input after the handover, so it gets a load of its own (on a slow day
-    # the first one had ended by then, and the audit rightly refused a window it could
-    # not see).
+    # audit needs input after the handover too, so it gets a load of its own (when the
+    # input had ended before a stop, the audit rightly refused a window it could not see).
     pipeline.join_load(load)
     published = b.get("/pipeline")["last_msg_id_published"]
-    load = pipeline.load(30_000, rate=500)
+    load = pipeline.load(60_000, rate=500)
     wait_for(
         lambda: (b.get("/pipeline")["last_msg_id_published"] or 0) > published + 1000,
         60,
