@@ -207,7 +207,19 @@ class Engine:
             self.election.stop()
             self.gate.step_down(reason, rejoin=False)
             if self._query is not None:
-                self._query.stop()
+                try:
+                    self._query.stop()
+                except Exception as exc:
+                    # On SIGTERM to the process group the JVM's shutdown hook may stop the
+                    # SparkContext first; the query is gone either way, and the engine must
+                    # still leave ZooKeeper and close its clients.
+                    log.warning(
+                        "engine %s pipeline %s: the query did not stop cleanly (%s); "
+                        "Spark is probably shutting down already",
+                        self.engine_id,
+                        self.settings.pipeline,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    )
                 self._query = None
             self._state, self._reason = "stopped", reason
             self._restored_from = None
