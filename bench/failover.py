@@ -180,7 +180,7 @@ def main() -> int:
     path = plot(
         args.output / "failover.png",
         f"Output rate under {args.rate:,.0f} events/s with failures of the active",
-        {"output events/s": rate_series(sampler.samples, t0)},
+        {"output events/s, 3 s average": rate_series(sampler.samples, t0, window_s=3.0)},
         "output events/s",
         marks=marks,
         xlabel="seconds",

@@ -126,7 +126,7 @@ def main() -> int:
     path = plot(
         args.output / "latency.png",
         "Output rate and end-to-end latency at steady input rates (active + standby)",
-        {"output events/s": rate_series(sampler.samples, t0)},
+        {"output events/s, 5 s average": rate_series(sampler.samples, t0, window_s=5.0)},
         "output events/s",
         marks=[(st["ends_s"], "end of a rate step") for st in steps],
         xlabel="seconds",

@@ -151,12 +151,12 @@ def main() -> int:
     series = {}
     for key, sampler in samplers.items():
         first = next(t for t, n in sampler.samples if n > 0)
-        series[labels[key]] = rate_series(sampler.samples, first)
+        series[labels[key]] = rate_series(sampler.samples, first, window_s=5.0)
     path = plot(
         args.output / "throughput.png",
         f"Draining a backlog of {total:,} events",
         series,
-        "output events/s",
+        "output events/s (5 s average)",
         xlabel="seconds since the first output",
     )
     print(f"wrote {path}")

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-import itertools
+import bisect
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
-def rate_series(samples: Sequence[tuple[float, int]], t0: float) -> tuple[list[float], list[float]]:
-    """Records/s between successive (time, count) samples, at seconds since `t0`."""
-    xs, ys = [], []
-    for (t1, n1), (t2, n2) in itertools.pairwise(samples):
+def rate_series(
+    samples: Sequence[tuple[float, int]], t0: float, window_s: float = 0.0
+) -> tuple[list[float], list[float]]:
+    """Records/s at each (time, count) sample, at seconds since `t0`: over the trailing
+    `window_s` seconds, or since the previous sample when 0. Transactions make the output
+    arrive a whole micro-batch at a time, so per-sample rates swing between zero and twice
+    the throughput; a window of a few batches shows the rate a reader can see."""
+    xs: list[float] = []
+    ys: list[float] = []
+    times = [t for t, _ in samples]
+    for i, (t2, n2) in enumerate(samples):
+        # The newest sample at least `window_s` older; none before a whole window.
+        j = min(bisect.bisect_right(times, t2 - window_s) - 1, i - 1) if window_s else i - 1
+        if j < 0:
+            continue
+        t1, n1 = samples[j]
         if t2 > t1:
             xs.append(t2 - t0)
             ys.append((n2 - n1) / (t2 - t1))

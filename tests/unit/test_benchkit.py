@@ -31,6 +31,17 @@ def test_rate_series_differences_successive_samples():
     assert ys == [200.0, 300.0]
 
 
+def test_rate_series_over_a_window_smooths_batches():
+    # A batch of 100 lands every 2 s, sampled every 0.5 s.
+    samples = [(t / 2, 100 * (t // 4)) for t in range(0, 17)]
+    _, per_sample = rate_series(samples, t0=0.0)
+    assert max(per_sample) == 200.0
+    assert min(per_sample) == 0.0
+    xs, ys = rate_series(samples, t0=0.0, window_s=4.0)
+    assert xs[0] == 4.0  # none before a whole window
+    assert [y for x, y in zip(xs, ys, strict=True) if x >= 4.0] == [50.0] * 9
+
+
 def test_a_plot_is_written(tmp_path):
     path = plot(
         tmp_path / "p.png",
