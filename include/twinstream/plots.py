@@ -6,6 +6,8 @@ import bisect
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+MARK_COLOURS = ("red", "purple", "green", "black")
+
 
 def rate_series(
     samples: Sequence[tuple[float, int]], t0: float, window_s: float = 0.0
@@ -29,6 +31,19 @@ def rate_series(
     return xs, ys
 
 
+def mark_styles(marks: Sequence[tuple[float, str]]) -> list[tuple[float, str, str | None]]:
+    """(x, colour, legend entry) per mark: one colour and one legend entry per kind of mark
+    (kill, sigstop, persist...), so a run with several kinds tells them apart."""
+    kinds = list(dict.fromkeys(mark for _, mark in marks))
+    styles: list[tuple[float, str, str | None]] = []
+    labelled: set[str] = set()
+    for x, mark in marks:
+        colour = MARK_COLOURS[kinds.index(mark) % len(MARK_COLOURS)]
+        styles.append((x, colour, None if mark in labelled else mark))
+        labelled.add(mark)
+    return styles
+
+
 def plot(
     path: Path,
     title: str,
@@ -50,8 +65,8 @@ def plot(
     for ax, (label, lines) in zip(axes[:, 0], groups, strict=True):
         for name, (xs, ys) in lines.items():
             ax.plot(xs, ys, label=name, linewidth=1)
-        for i, (x, mark) in enumerate(marks):
-            ax.axvline(x, color="red", alpha=0.4, linewidth=0.8, label=mark if i == 0 else None)
+        for x, colour, legend in mark_styles(marks):
+            ax.axvline(x, color=colour, alpha=0.5, linewidth=0.8, label=legend)
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper right", fontsize=8)

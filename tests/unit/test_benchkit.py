@@ -7,7 +7,7 @@ import pytest
 from twinstream.chaos import KINDS, granted_session_s
 from twinstream.config import load_settings
 from twinstream.harness import drain_rate
-from twinstream.plots import plot, rate_series
+from twinstream.plots import mark_styles, plot, rate_series
 
 
 def test_the_drain_rate_leaves_the_start_up_out():
@@ -40,6 +40,15 @@ def test_rate_series_over_a_window_smooths_batches():
     xs, ys = rate_series(samples, t0=0.0, window_s=4.0)
     assert xs[0] == 4.0  # none before a whole window
     assert [y for x, y in zip(xs, ys, strict=True) if x >= 4.0] == [50.0] * 9
+
+
+def test_each_kind_of_mark_has_its_own_colour_and_one_legend_entry():
+    styles = mark_styles([(1.0, "sigstop"), (2.0, "sigstop"), (3.0, "expire"), (4.0, "expire")])
+    assert [legend for _, _, legend in styles] == ["sigstop", None, "expire", None]
+    colours = [colour for _, colour, _ in styles]
+    assert colours[0] == colours[1]
+    assert colours[2] == colours[3]
+    assert colours[0] != colours[2]
 
 
 def test_a_plot_is_written(tmp_path):
