@@ -72,25 +72,40 @@ def baseline_round(engines: SupervisedEngines) -> float:
     return result.first_output_s
 
 
-def warm_up(engines: SupervisedEngines, timeout_s: float = 900.0) -> None:
+def warm_up(
+    engines: SupervisedEngines,
+    load_started: float,
+    settle_s: float = 60.0,
+    timeout_s: float = 900.0,
+) -> None:
     """Freshly started engines run their first batches several times slower (JIT, Python
-    workers, RocksDB) and fall behind the load at first: wait, with a progress line,
-    until one is active and the other an in-sync standby."""
+    workers, RocksDB) and fall behind the load at first: wait, with a progress line, until
+    one is active and the other an in-sync standby, and not before `settle_s` of load. Idle
+    engines are "in sync" before the load has reached them: without the settle time the
+    first round of a run on a just-started stack struck while the standby was still far
+    behind (a 29 s takeover in a run whose other rounds took 1-3 s)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        try:
-            engines.wait_pair(timeout_s=15)
-            return
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
+        settled = time.monotonic() - load_started >= settle_s
+        if settled:
+            try:
+                engines.wait_pair(timeout_s=15)
+                return
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
         lags = {}
         for engine_id, client in engines.clients.items():
             try:
                 lags[engine_id] = client.pipeline()["lag"]
             except Exception as exc:  # reported in the progress line, waited out
                 lags[engine_id] = f"unreachable ({exc})"
-        print(f"  warming up: lags {lags}", flush=True)
+        print(
+            f"  warming up ({time.monotonic() - load_started:.0f} s of load): lags {lags}",
+            flush=True,
+        )
+        if not settled:
+            time.sleep(min(15.0, max(0.0, load_started + settle_s - time.monotonic())))
 
 
 def main() -> int:
@@ -101,6 +116,9 @@ def main() -> int:
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--baseline-rounds", type=int, default=5)
     parser.add_argument("--rate", type=float, default=1000.0, help="inbound events per second")
+    parser.add_argument(
+        "--settle", type=float, default=60.0, help="seconds of load before the first round"
+    )
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
     args = parser.parse_args()
 
@@ -115,7 +133,7 @@ def main() -> int:
     # processed input.
     load = SteadyLoad(settings, args.rate).start()
     try:
-        warm_up(engines)
+        warm_up(engines, time.monotonic(), args.settle)
     except BaseException:
         load.stop()
         raise
