@@ -7,28 +7,20 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.unit.fakes import FakeClock
 from twinstream.config import REPO_ROOT
 
 
 @pytest.fixture
 def failover():
     spec = importlib.util.spec_from_file_location("bench_failover", REPO_ROOT / "bench/failover.py")
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_failover"] = module
     spec.loader.exec_module(module)
     yield module
     del sys.modules["bench_failover"]
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def monotonic(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
 
 
 class Engines:
@@ -48,7 +40,7 @@ class Engines:
 def test_the_warm_up_waits_for_the_settle_time_even_when_the_pair_looks_ready(
     failover, monkeypatch, capsys
 ):
-    clock = Clock()
+    clock = FakeClock()
     monkeypatch.setattr(failover, "time", clock)
     engines = Engines(clock)
     failover.warm_up(engines, load_started=0.0, settle_s=60.0)
@@ -57,7 +49,7 @@ def test_the_warm_up_waits_for_the_settle_time_even_when_the_pair_looks_ready(
 
 
 def test_no_settle_time_once_the_load_has_run_long_enough(failover, monkeypatch):
-    clock = Clock()
+    clock = FakeClock()
     clock.now = 500.0
     monkeypatch.setattr(failover, "time", clock)
     engines = Engines(clock)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit.fakes import FakeClock
 from twinstream import drill
 from twinstream.config import load_settings
 from twinstream.drill import Takeover
@@ -18,20 +19,12 @@ def view(engine_id: str, role="standby", in_sync=True, **kw: Any) -> EngineView:
     return EngineView(engine_id, True, role, in_sync=in_sync, **fields)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Engine:
     """An engine whose role flips to active at `active_at` on the shared clock."""
 
     base_url = "http://fake"
 
-    def __init__(self, engine_id: str, clock: Clock, role: str, active_at: float | None = None):
+    def __init__(self, engine_id: str, clock: FakeClock, role: str, active_at: float | None = None):
         self.engine_id = engine_id
         # The epoch this engine holds when active: the old active 7, a successor 8.
         self.epoch = 7 if role == "active" else 8
@@ -76,7 +69,7 @@ class Engine:
 class Tail:
     """The outbound topic: the new epoch's first record becomes visible at `first_at`."""
 
-    def __init__(self, clock: Clock, first_at: float | None) -> None:
+    def __init__(self, clock: FakeClock, first_at: float | None) -> None:
         self.clock = clock
         self.first_at = first_at
 
@@ -101,7 +94,7 @@ def test_the_plan_needs_one_active_agreed_by_zookeeper_and_an_in_sync_standby():
 
 
 def test_the_takeover_is_timed_from_the_stop_to_the_role_and_to_the_first_output():
-    clock = Clock()
+    clock = FakeClock(100.0)
     a = Engine("a", clock, "active")
     b = Engine("b", clock, "standby", active_at=101.2)
     # b's admin API is busy for a moment: the drill keeps looking instead of failing.
@@ -116,7 +109,7 @@ def test_the_takeover_is_timed_from_the_stop_to_the_role_and_to_the_first_output
 
 
 def test_no_output_without_input_is_reported_not_failed():
-    clock = Clock()
+    clock = FakeClock(100.0)
     a, b = Engine("a", clock, "active"), Engine("b", clock, "standby", active_at=101.0)
     result = drill.stop_and_measure(a, {"b": b}, Tail(clock, None), timeout_s=10, clock=clock)
     assert result.first_output_s is None
@@ -125,7 +118,7 @@ def test_no_output_without_input_is_reported_not_failed():
 
 
 def test_no_takeover_restarts_the_stopped_engine_and_fails():
-    clock = Clock()
+    clock = FakeClock(100.0)
     a, b = Engine("a", clock, "active"), Engine("b", clock, "standby")
     with pytest.raises(OperateError, match=r"no standby of \['b'\] became active.*started again"):
         drill.stop_and_measure(a, {"b": b}, Tail(clock, None), timeout_s=5, clock=clock)
@@ -133,7 +126,7 @@ def test_no_takeover_restarts_the_stopped_engine_and_fails():
 
 
 def test_a_retried_stop_refuses_instead_of_stopping_the_new_active():
-    clock = Clock()
+    clock = FakeClock(100.0)
     a = Engine("a", clock, "none")
     with pytest.raises(OperateError, match=r"no longer the active.*trigger a new drill"):
         drill.stop_and_measure(a, {}, Tail(clock, None), clock=clock)
@@ -159,7 +152,7 @@ def test_the_window_cannot_be_audited_before_new_output():
 
 
 def test_the_handover_audit_waits_for_new_output_with_progress(monkeypatch, caplog, tmp_path):
-    clock = Clock()
+    clock = FakeClock(100.0)
     b = Engine("b", clock, "active")
     b.published = [1500, 1500, 1502]
     monkeypatch.setattr(

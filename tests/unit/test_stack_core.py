@@ -7,21 +7,11 @@ from typing import Any
 
 import pytest
 
+from tests.unit.fakes import FakeClock
 from twinstream.config import load_settings
 from twinstream.stack import core, health
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import ProcessInfo
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
 
 
 class FakeSupervisor:
