@@ -81,11 +81,17 @@ def test_kill9_failovers_alternate_between_the_engines_and_lose_nothing(engines,
         for n in range(1, FAILOVERS + 1):
             result = failover_round(engines, "kill")
             rounds.append(result)
-            print(f"failover {n}/{FAILOVERS}: {result.takeover.describe()}", flush=True)
+            swapped = "; roles swapped after it" if result.swapped else ""
+            print(f"failover {n}/{FAILOVERS}: {result.takeover.describe()}{swapped}", flush=True)
     finally:
         sent = load.stop()
     victims = [r.takeover.stopped for r in rounds]
-    assert all(a != b for a, b in itertools.pairwise(victims)), victims
+    # Each round kills the other engine, unless the previous victim came back as the
+    # active (its successor's session lost meanwhile): then it is the active again.
+    assert all(
+        now.takeover.stopped != before.takeover.stopped or before.swapped
+        for before, now in itertools.pairwise(rounds)
+    ), [(r.takeover.stopped, r.swapped) for r in rounds]
     assert len(set(victims)) == 2
     for r in rounds:
         # The standby is hot: it takes over within seconds, not a Spark restart's minute.

@@ -1,0 +1,87 @@
+"""A failover round's end: the pair whole again with the victim in it, whichever role the
+victim came back in. Fakes for the engines, the kill and the takeover measurement."""
+
+import contextlib
+import os
+import signal
+from typing import cast
+
+import pytest
+
+from twinstream import chaos
+
+
+class Client:
+    def server(self):
+        return {"epoch": 5, "pid": 123, "role": "active", "zk_state": "CONNECTED"}
+
+    def pipeline(self):
+        return {"last_msg_id_published": 10}
+
+
+class Engines:
+    """Active a and in-sync standby b; after the kill, the pairs of `after` in turn."""
+
+    settings = None
+
+    def __init__(self, after):
+        self.after = list(after)
+        self.clients = {"a": Client(), "b": Client()}
+
+    def wait_pair(self, timeout_s=180.0):
+        return ("a", "b")
+
+    def pid(self, engine_id):
+        return 123
+
+    def wait_restarted(self, engine_id, old_pid, timeout_s=120.0):
+        return 124
+
+    def current_pair(self):
+        return self.after.pop(0) if len(self.after) > 1 else self.after[0]
+
+
+def engines(*after):
+    return cast(chaos.SupervisedEngines, Engines(after))
+
+
+@pytest.fixture(autouse=True)
+def no_real_failure(monkeypatch):
+    killed = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    monkeypatch.setattr(chaos, "process_tree", lambda pid: {pid})
+    monkeypatch.setattr(chaos, "wait_gone", lambda pids: None)
+    monkeypatch.setattr(chaos, "KafkaEpochTail", lambda settings: contextlib.nullcontext())
+
+    def takeover(result, standbys, tail, started, timeout_s):
+        result.new_active, result.role_s, result.first_output_s = "b", 1.1, 1.5
+
+    monkeypatch.setattr(chaos, "measure_takeover", takeover)
+    return killed
+
+
+def test_the_victim_back_as_the_standby(no_real_failure):
+    r = chaos.failover_round(engines(None, ("b", "a")), "kill")
+    assert r.takeover.stopped == "a"
+    assert not r.swapped
+    assert no_real_failure == [(123, signal.SIGKILL)]
+
+
+def test_the_victim_back_as_the_active_after_its_successor_lost_its_session():
+    # Waiting for the victim to be the standby would time out: it is the active now.
+    r = chaos.failover_round(engines(None, ("a", "b")), "kill")
+    assert r.swapped
+
+
+def test_a_pair_without_the_victim_is_not_the_end_of_the_round(monkeypatch):
+    monkeypatch.setattr(chaos, "wait_for", fake_wait_for)
+    with pytest.raises(AssertionError, match="engine a back"):
+        chaos.failover_round(engines(("b", "c")), "kill")
+
+
+def fake_wait_for(condition, timeout_s, what, every_s=0.2):
+    """One look, then time out: the real wait would poll for `timeout_s`."""
+    value = condition()
+    if value:
+        return value
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
