@@ -16,7 +16,8 @@ Takeover time = from the failure to the first record of the new election epoch v
 a read_committed consumer of the outbound topic; also the time until the successor reports
 itself active, and until the pair is whole again: the victim back, normally as the in-sync
 standby (a role swap after the takeover, the successor's session lost meanwhile, is
-counted). A round that fails ends the run; the rounds before it are kept and audited.
+counted). A round that fails, or Ctrl-C, ends the run; the rounds before it are kept,
+audited and written.
 
 Baseline (`--baseline-rounds`): the usual alternative, one engine and no standby, restarted
 by supervisord after kill -9 (a single Spark query under a supervisor): its takeover is
@@ -160,10 +161,10 @@ def main() -> int:
                     swaps[kind] += r.swapped
                     swapped = "; roles swapped after it" if r.swapped else ""
                     print(f"{kind} {n}/{args.rounds}: {r.takeover.describe()}{swapped}", flush=True)
-        except AssertionError as exc:
+        except (AssertionError, KeyboardInterrupt) as exc:
             # The rounds done so far are measurements: keep them, audit the run and say
-            # where it stopped, rather than lose them all with a traceback.
-            stopped_early = str(exc)
+            # where it stopped (a failed round, or Ctrl-C), rather than lose them all.
+            stopped_early = str(exc) or "interrupted"
             print(f"run stopped early: {stopped_early}", flush=True)
         if args.baseline_rounds and stopped_early is None:
             standby = engines.wait_pair()[1]
