@@ -122,6 +122,12 @@ def main() -> int:
     parser.add_argument(
         "--settle", type=float, default=60.0, help="seconds of load before the first round"
     )
+    parser.add_argument(
+        "--rejoin-timeout",
+        type=float,
+        default=900.0,
+        help="seconds for a killed engine to be back in the pair (restart + catch-up)",
+    )
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
     args = parser.parse_args()
 
@@ -152,7 +158,7 @@ def main() -> int:
             for kind in args.kinds:
                 for n in range(1, args.rounds + 1):
                     marks.append((time.monotonic() - t0, kind))
-                    r = failover_round(engines, kind)
+                    r = failover_round(engines, kind, rejoin_timeout_s=args.rejoin_timeout)
                     if r.takeover.first_output_s is None or r.takeover.role_s is None:
                         raise AssertionError(f"{kind}: no output after the takeover: {r.takeover}")
                     takeovers[kind].append(r.takeover.first_output_s)

@@ -153,7 +153,10 @@ class Round:
 
 
 def failover_round(
-    engines: SupervisedEngines, kind: str, takeover_timeout_s: float = 60.0
+    engines: SupervisedEngines,
+    kind: str,
+    takeover_timeout_s: float = 60.0,
+    rejoin_timeout_s: float = 240.0,
 ) -> Round:
     """Inflict one failure on the active and measure the takeover and the rejoin.
 
@@ -215,7 +218,7 @@ def failover_round(
         return pair if pair is not None and active in pair else None
 
     pair: tuple[str, str] = wait_for(
-        rejoined, 240, f"engine {active} back, with an active and an in-sync standby"
+        rejoined, rejoin_timeout_s, f"engine {active} back, with an active and an in-sync standby"
     )
     rejoin_s = time.monotonic() - started
     swapped = pair[0] == active

@@ -85,3 +85,15 @@ def fake_wait_for(condition, timeout_s, what, every_s=0.2):
     if value:
         return value
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def test_the_rejoin_wait_is_the_callers_to_choose(monkeypatch):
+    waits = []
+
+    def record(condition, timeout_s, what, every_s=0.2):
+        waits.append((what, timeout_s))
+        return condition()
+
+    monkeypatch.setattr(chaos, "wait_for", record)
+    chaos.failover_round(engines(("b", "a")), "kill", rejoin_timeout_s=900.0)
+    assert ("engine a back, with an active and an in-sync standby", 900.0) in waits
