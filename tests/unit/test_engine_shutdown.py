@@ -14,7 +14,8 @@ def engine(monkeypatch):
     # Nothing here may reach a network: every client the constructor builds is a mock.
     for name in ("zk_client", "Consumer", "LastPublishedReader", "KafkaPublisher", "Election"):
         monkeypatch.setattr(engine_module, name, mock.MagicMock(name=name))
-    e = engine_module.Engine(load_settings(), "a")
+    # No stack has run on a fresh clone: no secret files; the ZooKeeper client is a mock.
+    e = engine_module.Engine(load_settings(zk_password="unit-test"), "a")
     e._state = "running"
     e._query = mock.MagicMock(name="query")
     e._spark = mock.MagicMock(name="spark")
