@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.start_pipeline()
     while not stop.wait(1.0):
         engine.check_query()
+        engine.track_active_position()
     engine.close()
     server.should_exit = True
     api.join(timeout=5)

@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     # The largest session timeout request ZooKeeper clamps to 2 x tickTime (1 s at 500 ms).
     zk_session_timeout_s: float = Field(default=0.2, gt=0)
     num_buffered_msgs: int = Field(default=10_000, ge=1)
+    # A standby also keeps outputs the active has not published yet, beyond
+    # num_buffered_msgs, up to this many: an overloaded active can fall far behind its
+    # standby, and what the standby dropped no takeover could publish.
+    max_buffered_msgs: int = Field(default=100_000, ge=1)
     window_retention_ms: int = Field(default=60 * 60 * 1000, ge=1000)
     max_record_bytes: int = Field(default=64 * 1024, ge=64)
     trigger_interval_ms: int = Field(default=250, ge=0)

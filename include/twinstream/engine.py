@@ -78,7 +78,13 @@ class Engine:
         self.settings = settings
         self.engine_id = engine_id
         self.metrics = EngineMetrics(engine_id, settings.pipeline)
-        self.gate = Gate(engine_id, settings.pipeline, settings.num_buffered_msgs, self.metrics)
+        self.gate = Gate(
+            engine_id,
+            settings.pipeline,
+            settings.num_buffered_msgs,
+            self.metrics,
+            max_buffer_size=settings.max_buffered_msgs,
+        )
         self.zk = zk_client(settings)
         self.election = Election(
             self.zk,
@@ -104,6 +110,10 @@ class Engine:
         self._progress_cache: tuple[float, Any, dict[str, Any]] = (0.0, None, {})
         # Built ahead of a takeover, so that winning costs only the fence and the tail read.
         self._last_published = LastPublishedReader(settings)
+        # A second reader for the standby's periodic look at the active's position: the
+        # takeover's must never wait behind it.
+        self._active_position = LastPublishedReader(settings)
+        self._active_position_read = 0.0
         self._spare: KafkaPublisher | None = None
         self._prepare_publisher()
 
@@ -231,8 +241,26 @@ class Engine:
         self.zk.close()
         self._hwm_consumer.close()
         self._last_published.close()
+        self._active_position.close()
         if self._spark is not None:
             self._spark.stop()
+
+    def track_active_position(self, every_s: float = 2.0) -> None:
+        """On a standby, tell the gate how far the active has published, so that it keeps
+        what the active has not published yet (called from the engine's main loop)."""
+        now = time.monotonic()
+        if self.gate.role != "standby" or now - self._active_position_read < every_s:
+            return
+        self._active_position_read = now
+        try:
+            self.gate.note_published(self._active_position())
+        except Exception as exc:  # the next look retries; the buffer keeps its floor of N
+            log.warning(
+                "engine %s pipeline %s: could not read the active's last published msg_id: %s",
+                self.engine_id,
+                self.settings.pipeline,
+                exc,
+            )
 
     def check_query(self) -> None:
         """Surface a query that died (it never stops on bad input; this is for bugs and

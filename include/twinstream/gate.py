@@ -6,9 +6,12 @@ transactional id. Rows are published exactly once as long as some engine that co
 still holds them in its buffer when it becomes active; when no engine does, the missing
 msg_id range is reported (log at ERROR, metric, admin API), never skipped silently.
 
-How: every engine, active or not, appends each batch's rows to a ring buffer of the last
-`num_buffered_msgs` rows. The active publishes the buffered rows whose msg_id is above the
-last published one, in one Kafka transaction per batch. A new active first fences (init
+How: every engine, active or not, appends each batch's rows to a buffer of at least the
+last `num_buffered_msgs` rows; a standby also keeps every row above the active's last
+published msg_id (as last read from the outbound topics), up to `max_buffered_msgs`, so a
+standby running ahead of a lagging active still covers the difference at takeover. The
+active publishes the buffered rows whose msg_id is above the last published one, in one
+Kafka transaction per batch. A new active first fences (init
 transactions on the shared transactional id aborts the old active's open transaction and
 makes its later commits fail), then reads the last committed msg_id from the outbound and
 dead-letter topics, then publishes what its buffer holds after it. A batch Spark replays
@@ -84,10 +87,18 @@ class Gate:
         pipeline: str,
         buffer_size: int,
         metrics: Metrics | None = None,
+        max_buffer_size: int | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.pipeline = pipeline
-        self._buffer: deque[Output] = deque(maxlen=buffer_size)
+        # In msg_id order. At least the last `buffer_size` rows; more while they are above
+        # the active's last published msg_id, up to `max_buffer_size` (see _trim).
+        self._buffer: deque[Output] = deque()
+        self._buffer_size = buffer_size
+        self._max_buffer_size = max(buffer_size, max_buffer_size or buffer_size)
+        # The active's last published msg_id as this standby last read it; None: unknown.
+        self._published_elsewhere: int | None = None
+        self._over_cap_reported = False
         self._lock = threading.RLock()
         self._metrics = metrics or NoMetrics()
         self._role = "none"
@@ -122,10 +133,19 @@ class Gate:
             # A standby never publishes from here: it skips the work on every batch.
             pending = self._pending(fresh) if self._role == "active" else []
             self._buffer.extend(fresh)
+            self._trim()
             if fresh:
                 self._last_processed = fresh[-1].msg_id
             self._metrics.processed(len(fresh))
             return self._publish(pending, batch_id)
+
+    def note_published(self, msg_id: int) -> None:
+        """A standby learns the active's last published msg_id: rows above it are kept
+        beyond `buffer_size` (up to the cap) until it has passed them."""
+        with self._lock:
+            if self._published_elsewhere is None or msg_id > self._published_elsewhere:
+                self._published_elsewhere = msg_id
+            self._trim()
 
     # -- what the election and ZooKeeper state listener call ----------------------------
 
@@ -214,7 +234,7 @@ class Gate:
                 last_msg_id_processed=self._last_processed,
                 last_msg_id_published=self._last_published,
                 buffer_fill=len(self._buffer),
-                buffer_size=self._buffer.maxlen or 0,
+                buffer_size=self._buffer_size,
                 uncovered_ranges=list(self._uncovered),
             )
 
@@ -232,12 +252,42 @@ class Gate:
             self._buffer.extend(sorted(rows, key=lambda r: r.msg_id))
             self._last_processed = self._buffer[-1].msg_id if self._buffer else None
             self._held = []
+            self._published_elsewhere = None
+            self._trim()
 
     @property
     def role(self) -> str:
         return self._role
 
     # -- internals ----------------------------------------------------------------------
+
+    def _trim(self) -> None:
+        """Drop the oldest rows beyond `buffer_size` that nobody needs any more: those the
+        active has published, or, with its position unknown (or this engine active),
+        all of them. Past `max_buffer_size` rows are dropped regardless, once reported:
+        a takeover then reports the range as uncovered."""
+        floor = self._published_elsewhere if self._role != "active" else None
+        while len(self._buffer) > self._buffer_size:
+            oldest = self._buffer[0].msg_id
+            if floor is None or oldest <= floor:
+                self._buffer.popleft()
+                self._over_cap_reported = False
+            elif len(self._buffer) > self._max_buffer_size:
+                if not self._over_cap_reported:
+                    self._over_cap_reported = True
+                    log.error(
+                        "engine %s pipeline %s: more than %s rows ahead of the active's last "
+                        "published msg_id %s; dropping from msg_id %s: a takeover now would "
+                        "not cover them",
+                        self.engine_id,
+                        self.pipeline,
+                        self._max_buffer_size,
+                        floor,
+                        oldest,
+                    )
+                self._buffer.popleft()
+            else:
+                break
 
     def _set_role(self, role: str) -> None:
         self._role = role

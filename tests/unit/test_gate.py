@@ -158,3 +158,55 @@ def test_rows_held_by_a_failed_commit_survive_the_ring_until_published():
     gate.on_batch(2, rows(7))
     assert publisher.transactions == [(list(range(8)), 7)]
     assert gate.status().uncovered_ranges == []
+
+
+def test_a_standby_keeps_what_the_active_has_not_published_beyond_n():
+    gate = Gate("b", "p", 3, max_buffer_size=100)
+    gate.joined()
+    gate.note_published(4)
+    gate.on_batch(0, rows(*range(0, 20)))
+    # 5..19 are unpublished: all kept, though N is 3.
+    assert [r.msg_id for r in gate.buffered()] == list(range(5, 20))
+    gate.note_published(15)
+    assert [r.msg_id for r in gate.buffered()] == [16, 17, 18, 19]
+    gate.note_published(30)
+    assert [r.msg_id for r in gate.buffered()] == [17, 18, 19]  # never below N
+
+
+def test_a_standby_far_ahead_of_a_lagging_active_still_covers_the_takeover(caplog):
+    # The loss the kill benchmark found: the active 3N behind its standby.
+    gate = Gate("b", "p", 10, max_buffer_size=1000)
+    gate.joined()
+    gate.note_published(99)
+    gate.on_batch(0, rows(*range(0, 130)))
+    publisher = FakePublisher()
+    with caplog.at_level(logging.ERROR):
+        gate.take_over(9, fence=lambda: publisher, last_committed=lambda: 99)
+    assert gate.status().uncovered_ranges == []
+    assert publisher.transactions == [(list(range(100, 130)), 9)]
+    assert "UNCOVERED" not in caplog.text
+
+
+def test_past_the_cap_a_standby_drops_and_says_so_once(caplog):
+    gate = Gate("b", "p", 3, max_buffer_size=5)
+    gate.joined()
+    gate.note_published(-1)
+    with caplog.at_level(logging.ERROR):
+        gate.on_batch(0, rows(*range(0, 8)))
+        gate.on_batch(1, rows(8, 9))
+    assert [r.msg_id for r in gate.buffered()] == [5, 6, 7, 8, 9]
+    assert caplog.text.count("more than 5 rows ahead") == 1
+
+
+def test_without_the_actives_position_the_buffer_is_the_last_n():
+    gate = Gate("b", "p", 3, max_buffer_size=100)
+    gate.joined()
+    gate.on_batch(0, rows(*range(0, 10)))
+    assert [r.msg_id for r in gate.buffered()] == [7, 8, 9]
+
+
+def test_an_active_keeps_only_the_last_n():
+    gate, _ = active_gate(buffer=3)
+    gate.note_published(-1)  # a stale position from its standby days does not count
+    gate.on_batch(0, rows(*range(0, 10)))
+    assert [r.msg_id for r in gate.buffered()] == [7, 8, 9]

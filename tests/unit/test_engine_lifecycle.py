@@ -1,5 +1,6 @@
-"""An engine's shutdown: it must leave ZooKeeper and close its clients even when Spark is
-already going down around it (SIGTERM reaches the whole process group, JVM included)."""
+"""An engine's lifecycle with every client mocked: its shutdown must leave ZooKeeper and
+close its clients even when Spark is already going down around it (SIGTERM reaches the
+whole process group, JVM included); a standby tracks how far the active has published."""
 
 from unittest import mock
 
@@ -47,3 +48,27 @@ def test_close_goes_on_when_the_jvm_already_stopped_the_spark_context(engine, ca
     assert engine._state == "stopped"
     assert engine._query is None
     assert "did not stop cleanly (An error occurred while calling o114.stop.)" in caplog.text
+
+
+def test_a_standby_tells_its_gate_how_far_the_active_has_published(engine):
+    engine.gate.joined()
+    engine._active_position.return_value = 41
+    engine.track_active_position(every_s=2.0)
+    assert engine.gate._published_elsewhere == 41
+    engine._active_position.return_value = 50
+    engine.track_active_position(every_s=2.0)  # too soon: no second read
+    assert engine._active_position.call_count == 1
+
+
+def test_the_active_does_not_look_for_its_own_position(engine):
+    engine.gate._role = "active"
+    engine.track_active_position(every_s=0.0)
+    engine._active_position.assert_not_called()
+
+
+def test_a_failed_read_is_logged_and_retried_later(engine, caplog):
+    engine.gate.joined()
+    engine._active_position.side_effect = RuntimeError("broker down")
+    engine.track_active_position(every_s=0.0)
+    assert "could not read the active's last published msg_id: broker down" in caplog.text
+    assert engine.gate._published_elsewhere is None
