@@ -36,10 +36,18 @@ import os
 import signal
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from twinstream.chaos import KINDS, SteadyLoad, SupervisedEngines, audit_range, failover_round
+from twinstream.chaos import (
+    KINDS,
+    Round,
+    SteadyLoad,
+    SupervisedEngines,
+    audit_range,
+    failover_round,
+)
 from twinstream.config import REPO_ROOT, load_settings
 from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
 from twinstream.harness import OutputSampler, machine, wait_for
@@ -111,6 +119,42 @@ def warm_up(
             time.sleep(min(15.0, max(0.0, load_started + settle_s - time.monotonic())))
 
 
+def run_rounds(
+    engines: SupervisedEngines,
+    args: argparse.Namespace,
+    rounds: dict[str, list[Round]],
+    marks: list[tuple[float, str]],
+    t0: float,
+) -> str | None:
+    """`args.rounds` failures of each kind into `rounds`; why the run stopped early, if it
+    did. The rounds done so far are measurements: a failed round or Ctrl-C ends the run
+    but keeps them, to be audited and written, rather than lose them all."""
+    try:
+        for kind in args.kinds:
+            for n in range(1, args.rounds + 1):
+                marks.append((time.monotonic() - t0, kind))
+                r = failover_round(engines, kind, rejoin_timeout_s=args.rejoin_timeout)
+                if r.takeover.first_output_s is None:
+                    raise AssertionError(f"{kind}: no output after the takeover: {r.takeover}")
+                rounds[kind].append(r)
+                swapped = "; roles swapped after it" if r.swapped else ""
+                print(f"{kind} {n}/{args.rounds}: {r.takeover.describe()}{swapped}", flush=True)
+    except (AssertionError, KeyboardInterrupt) as exc:
+        stopped = str(exc) or "interrupted"
+        print(f"run stopped early: {stopped}", flush=True)
+        return stopped
+    return None
+
+
+def per_kind(
+    rounds: dict[str, list[Round]], value: Callable[[Round], float | None]
+) -> dict[str, Any]:
+    """summary() of one figure per kind; rounds where it is None (none, see run_rounds and
+    failover_round) are left out."""
+    figures = {k: [x for r in v if (x := value(r)) is not None] for k, v in rounds.items()}
+    return {k: summary(v) for k, v in figures.items() if v}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -147,31 +191,10 @@ def main() -> int:
         load.stop()
         raise
     marks: list[tuple[float, str]] = []
-    takeovers: dict[str, list[float]] = {k: [] for k in args.kinds}
-    to_active: dict[str, list[float]] = {k: [] for k in args.kinds}
-    rejoin: dict[str, list[float]] = {k: [] for k in args.kinds}
-    swaps: dict[str, int] = {k: 0 for k in args.kinds}
+    rounds: dict[str, list[Round]] = {k: [] for k in args.kinds}
     baseline: list[float] = []
-    stopped_early: str | None = None
     try:
-        try:
-            for kind in args.kinds:
-                for n in range(1, args.rounds + 1):
-                    marks.append((time.monotonic() - t0, kind))
-                    r = failover_round(engines, kind, rejoin_timeout_s=args.rejoin_timeout)
-                    if r.takeover.first_output_s is None or r.takeover.role_s is None:
-                        raise AssertionError(f"{kind}: no output after the takeover: {r.takeover}")
-                    takeovers[kind].append(r.takeover.first_output_s)
-                    to_active[kind].append(r.takeover.role_s)
-                    rejoin[kind].append(r.rejoin_s)
-                    swaps[kind] += r.swapped
-                    swapped = "; roles swapped after it" if r.swapped else ""
-                    print(f"{kind} {n}/{args.rounds}: {r.takeover.describe()}{swapped}", flush=True)
-        except (AssertionError, KeyboardInterrupt) as exc:
-            # The rounds done so far are measurements: keep them, audit the run and say
-            # where it stopped (a failed round, or Ctrl-C), rather than lose them all.
-            stopped_early = str(exc) or "interrupted"
-            print(f"run stopped early: {stopped_early}", flush=True)
+        stopped_early = run_rounds(engines, args, rounds, marks, t0)
         if args.baseline_rounds and stopped_early is None:
             standby = engines.wait_pair()[1]
             engines.supervisor.stop(f"engine-{standby}")
@@ -203,11 +226,11 @@ def main() -> int:
     figures: dict[str, Any] = {
         "rate_per_s": args.rate,
         "messages": sent,
-        "takeover_to_first_output_s": {k: summary(v) for k, v in takeovers.items() if v},
-        "takeover_to_active_s": {k: summary(v) for k, v in to_active.items() if v},
+        "takeover_to_first_output_s": per_kind(rounds, lambda r: r.takeover.first_output_s),
+        "takeover_to_active_s": per_kind(rounds, lambda r: r.takeover.role_s),
         # From the failure until an active and an in-sync standby again, the victim one of them.
-        "back_as_in_sync_standby_s": {k: summary(v) for k, v in rejoin.items() if v},
-        "role_swaps_after_takeover": swaps,
+        "back_as_in_sync_standby_s": per_kind(rounds, lambda r: r.rejoin_s),
+        "role_swaps_after_takeover": {k: sum(r.swapped for r in v) for k, v in rounds.items()},
         "stopped_early": stopped_early,
         "baseline_supervisor_restart_s": summary(baseline) if baseline else None,
         "gaps": findings.missing,

@@ -34,13 +34,13 @@ def rate_series(
 def mark_styles(marks: Sequence[tuple[float, str]]) -> list[tuple[float, str, str | None]]:
     """(x, colour, legend entry) per mark: one colour and one legend entry per kind of mark
     (kill, sigstop, persist...), so a run with several kinds tells them apart."""
-    kinds = list(dict.fromkeys(mark for _, mark in marks))
+    colours: dict[str, str] = {}
     styles: list[tuple[float, str, str | None]] = []
-    labelled: set[str] = set()
     for x, mark in marks:
-        colour = MARK_COLOURS[kinds.index(mark) % len(MARK_COLOURS)]
-        styles.append((x, colour, None if mark in labelled else mark))
-        labelled.add(mark)
+        first = mark not in colours
+        if first:
+            colours[mark] = MARK_COLOURS[len(colours) % len(MARK_COLOURS)]
+        styles.append((x, colours[mark], mark if first else None))
     return styles
 
 
