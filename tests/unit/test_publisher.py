@@ -110,6 +110,7 @@ def test_the_paced_feeder_batches_its_sends_instead_of_a_request_per_record(monk
     )
     assert progress.acked == 100
     (config,) = _FakeProducer.configs
+    assert isinstance(config["linger.ms"], int)
     assert config["linger.ms"] >= 20
     assert config["acks"] == "all"
     assert now[0] == pytest.approx(0.1)  # paced: 100 records at 1,000/s
