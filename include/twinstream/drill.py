@@ -134,6 +134,9 @@ def measure_takeover(
     output of the new epoch until `timeout_s`: with no input arriving there is none, which
     is left as None, not failed."""
     next_role_check = 0.0
+    # Polled every 0.1 s: a standby that is down for the whole measurement (a benchmark's
+    # baseline stops it) printed hundreds of identical warnings. Once per outage instead.
+    unreachable: set[str] = set()
     while clock() - started < timeout_s:
         epoch = tail.poll(0.1)
         if result.first_output_s is None and epoch is not None and epoch > result.old_epoch:
@@ -144,8 +147,13 @@ def measure_takeover(
                 try:
                     seen = engine.server()
                 except EngineError as exc:
-                    log.warning("drill: engine %s: %s", engine_id, exc)
+                    if engine_id not in unreachable:
+                        unreachable.add(engine_id)
+                        log.warning("drill: engine %s: %s (still polled)", engine_id, exc)
                     continue
+                if engine_id in unreachable:
+                    unreachable.discard(engine_id)
+                    log.info("drill: engine %s answers again", engine_id)
                 if seen["role"] == "active" and seen["zk_state"] == "CONNECTED":
                     result.role_s = clock() - started
                     result.new_active, result.new_epoch = engine_id, int(seen["epoch"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -106,6 +107,23 @@ def test_the_takeover_is_timed_from_the_stop_to_the_role_and_to_the_first_output
     assert result.role_s == pytest.approx(1.2, abs=0.11)
     assert result.first_output_s == pytest.approx(1.9, abs=0.11)
     assert f"b active in {result.role_s:.3f} s (epoch 8)" in result.describe()
+
+
+def test_an_unreachable_standby_is_reported_once_per_outage_not_every_poll(caplog):
+    clock = FakeClock(100.0)
+    a = Engine("a", clock, "active")
+    b = Engine("b", clock, "standby", active_at=103.0)
+    b.unreachable_until = 102.0  # 20 polls of its admin API refused
+    down = Engine("c", clock, "standby")
+    down.unreachable_until = 1e9  # stopped for the whole measurement
+    caplog.set_level(logging.INFO, logger=drill.log.name)
+    result = drill.stop_and_measure(a, {"b": b, "c": down}, Tail(clock, 103.5), clock=clock)
+    assert result.new_active == "b"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert any("engine b" in w and "refused" in w for w in warnings)
+    assert any("engine c" in w for w in warnings)
+    assert "drill: engine b answers again" in caplog.text
 
 
 def test_no_output_without_input_is_reported_not_failed():
