@@ -1,10 +1,13 @@
 """The publish tool's inputs: synthetic data with broken records, CSV and JSONL files."""
 
 import json
-from typing import ClassVar
+from typing import Any
 
 import pytest
 
+from tests.unit.fakes import FakeClock
+from twinstream import publisher
+from twinstream.config import load_settings
 from twinstream.hostmetrics import Event, Rejection, parse
 from twinstream.publisher import BROKEN_KINDS, from_file, synthetic
 
@@ -66,19 +69,17 @@ def test_a_csv_without_the_fields_or_an_unknown_suffix_is_refused_by_name(tmp_pa
 class _FakeProducer:
     """Acknowledges every record at the next poll, as a healthy cluster would."""
 
-    configs: ClassVar[list[dict[str, object]]] = []
-
     def __init__(self, config: dict[str, object]) -> None:
-        self.configs.append(config)
-        self.pending: list[object] = []
+        self.config = config
+        self.pending: list[Any] = []
 
-    def produce(self, topic: str, value: bytes, on_delivery: object) -> None:
+    def produce(self, topic: str, value: bytes, on_delivery: Any) -> None:
         self.pending.append(on_delivery)
 
     def poll(self, _timeout: float) -> int:
         done, self.pending = self.pending, []
         for callback in done:
-            callback(None, None)  # type: ignore[operator]
+            callback(None, None)
         return len(done)
 
     def flush(self, _timeout: float) -> int:
@@ -89,28 +90,24 @@ class _FakeProducer:
 def test_the_paced_feeder_batches_its_sends_instead_of_a_request_per_record(monkeypatch):
     # At the 5 ms default linger, paced sends at 1,000/s cost most of a core in
     # librdkafka's broker thread, on the cores the engines under test need.
-    from twinstream import publisher
-    from twinstream.config import load_settings
+    made: list[_FakeProducer] = []
 
-    monkeypatch.setattr(publisher, "Producer", _FakeProducer)
-    _FakeProducer.configs.clear()
-    now = [0.0]
-    slept: list[float] = []
+    def producer(config: dict[str, object]) -> _FakeProducer:
+        made.append(_FakeProducer(config))
+        return made[-1]
 
-    def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        now[0] += seconds
-
+    monkeypatch.setattr(publisher, "Producer", producer)
+    clock = FakeClock()
     progress = publisher.publish(
         load_settings(zk_password="unit-test"),
         [b"{}"] * 100,
         rate=1000,
-        clock=lambda: now[0],
-        sleep=sleep,
+        clock=clock,
+        sleep=clock.sleep,
     )
     assert progress.acked == 100
-    (config,) = _FakeProducer.configs
+    (config,) = [p.config for p in made]
     assert isinstance(config["linger.ms"], int)
     assert config["linger.ms"] >= 20
     assert config["acks"] == "all"
-    assert now[0] == pytest.approx(0.1)  # paced: 100 records at 1,000/s
+    assert clock.now == pytest.approx(0.1)  # paced: 100 records at 1,000/s
