@@ -82,9 +82,11 @@ dags: install
 integration: install
 	$(BIN)/pytest tests/integration
 
-# The whole chaos suite; `make test` runs it with 10 failovers instead of 100.
+# The whole chaos suite; `make test` runs it with 10 failovers instead of 100. `-s`: the
+# run takes over an hour, so each failover's line is shown as it happens (and kept: pytest
+# would drop a passing test's captured output).
 chaos: install
-	TWINSTREAM_CHAOS_FAILOVERS=100 $(BIN)/pytest tests/chaos
+	TWINSTREAM_CHAOS_FAILOVERS=100 $(BIN)/pytest -s --durations=0 tests/chaos
 
 test: install
 	$(BIN)/ruff check .
