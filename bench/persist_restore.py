@@ -20,8 +20,11 @@ are stopped meanwhile), under steady input at `--rate` events/s throughout.
 3. `b`'s buffered outputs are compared with the published ones, and every inbound offset is
    checked to be in the outbound or dead-letter topic exactly once.
 
-Prints the figures, writes docs/bench/persist_restore.json and docs/bench/persist_restore.png
-(the lag of each restore over time).
+Prints the figures, writes docs/bench/persist_restore.json (after each stage, so a run
+that stops keeps what it measured), docs/bench/persist_latency.png (the active's latency
+over both windows, the persist marked) and docs/bench/persist_restore.png (the lag of each
+restore over time). A restore that fails, or Ctrl-C, ends the restores; the figures before
+it are audited and written.
 """
 
 from __future__ import annotations
@@ -65,9 +68,9 @@ def persist(b: EngineProcess) -> tuple[float, dict[str, Any]]:
 
 def latency_window(
     pipeline: Pipeline, visible: VisibleTimes, seconds: float, during: Any = None
-) -> tuple[dict[str, int], Any]:
+) -> tuple[dict[str, int], Any, dict[int, float]]:
     """Latency figures of the input produced over `seconds`, running `during()` at the
-    start of the window."""
+    start of the window; also each msg_id's latency."""
     first = inbound_end(pipeline)
     result = during() if during else None
     wait_for(lambda: inbound_end(pipeline) > first, 30, "input flowing")
@@ -76,14 +79,23 @@ def latency_window(
         time.sleep(min(5.0, deadline - time.monotonic()))
     end = inbound_end(pipeline)
     wait_for(lambda: (end - 1) in visible.seen, 120, "the window's last output", every_s=0.5)
-    values = list(visible.latencies(first, end - first).values())
+    latencies = visible.latencies(first, end - first)
+    values = list(latencies.values())
     figures = {
         "events": len(values),
         "p50_ms": round(1000 * percentile(values, 0.5)),
         "p99_ms": round(1000 * percentile(values, 0.99)),
         "max_ms": round(1000 * max(values)),
     }
-    return figures, result
+    return figures, result, latencies
+
+
+def latency_series(
+    visible: VisibleTimes, latencies: dict[int, float], t0: float
+) -> tuple[list[float], list[float]]:
+    """(seconds since t0 the output became visible, its latency), in msg_id order."""
+    ids = sorted(latencies)
+    return [visible.seen[i] - t0 for i in ids], [latencies[i] for i in ids]
 
 
 def restore_cycle(
@@ -119,7 +131,7 @@ def restore_cycle(
         if info["in_sync"]:
             break
         if elapsed > 3600 or info["state"] not in ("restoring", "running"):
-            raise SystemExit(f"b did not get in sync: {info}")
+            raise RuntimeError(f"b did not get in sync: {info}")
         time.sleep(1.0)
     in_sync_s = time.monotonic() - started
     replayed = int(info["last_msg_id_processed"]) + 1 - int(manifest["next_offset"])
@@ -137,6 +149,11 @@ def restore_cycle(
     }
 
 
+def write_figures(output: Path, figures: dict[str, Any]) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "persist_restore.json").write_text(json.dumps(figures, indent=2) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -147,25 +164,65 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
     args = parser.parse_args()
 
-    restores = []
+    figures: dict[str, Any] = {"steady_input_per_s": args.rate, "machine": machine()}
+    restores: list[dict[str, Any]] = []
+    stopped: str | None = None
+    comparison = None
     with bench_pipeline("twinstream-bench-restore-") as pipeline:
         a, b = pipeline.start_pair()
         load = SteadyLoad(pipeline.settings, args.rate).start()
         visible = VisibleTimes(pipeline.settings)
         try:
             wait_for(lambda: b.get("/pipeline")["in_sync"], 300, "b in sync")
-            quiet, _ = latency_window(pipeline, visible, args.window)
+            t0 = time.time()
+            quiet, _, quiet_latencies = latency_window(pipeline, visible, args.window)
             print(f"latency without a persist: {quiet}", flush=True)
-            with_persist, (persist_s, manifest) = latency_window(
+            persist_at = time.time() - t0
+            with_persist, (persist_s, manifest), persist_latencies = latency_window(
                 pipeline, visible, args.window, during=lambda: persist(b)
             )
             print(f"latency with a persist ({persist_s:.2f} s): {with_persist}", flush=True)
+            # The latency reader follows every output in Python: stopped now, so that the
+            # restores' replay does not share the two cores with it.
+            visible.stop()
+            figures["persist"] = {
+                "duration_s": round(persist_s, 2),
+                "snapshot_bytes": manifest["size_bytes"],
+                "active_latency_without_persist": quiet,
+                "active_latency_with_persist": with_persist,
+            }
+            write_figures(args.output, figures)
+            path = plot(
+                args.output / "persist_latency.png",
+                f"Active's end-to-end latency under {args.rate:,.0f} events/s, "
+                "without and with a persist of the standby",
+                {
+                    "without a persist": latency_series(visible, quiet_latencies, t0),
+                    "with a persist": latency_series(visible, persist_latencies, t0),
+                },
+                "latency (s)",
+                marks=[(persist_at, "persist of the standby")],
+            )
+            print(f"wrote {path}", flush=True)
             for backlog in args.backlogs:
-                b, figures = restore_cycle(pipeline, a, b, backlog, args.rate)
-                restores.append(figures)
-            client = EngineClient("b", b.url, b.token, timeout_s=60)
-            comparison = check_buffer(client, pipeline.settings, 2000)
-            client.close()
+                try:
+                    b, cycle = restore_cycle(pipeline, a, b, backlog, args.rate)
+                except (Exception, KeyboardInterrupt) as exc:
+                    # The restores so far are measurements: keep them, audit, write.
+                    stopped = f"restore of a {backlog:,}-event backlog: {exc!r}"
+                    print(f"run stopped early: {stopped}", flush=True)
+                    break
+                restores.append(cycle)
+                figures["restores"] = [
+                    {k: v for k, v in r.items() if k != "lag_samples"} for r in restores
+                ]
+                write_figures(args.output, figures)
+            if stopped is None:
+                client = EngineClient("b", b.url, b.token, timeout_s=60)
+                try:
+                    comparison = check_buffer(client, pipeline.settings, 2000)
+                finally:
+                    client.close()
         finally:
             sent = load.stop()
             visible.stop()
@@ -173,25 +230,18 @@ def main() -> int:
         pipeline.wait_published(pipeline.produced - 1, timeout_s=600)
         result = audit(pipeline.outputs(), pipeline.produced)
 
-    figures = {
-        "steady_input_per_s": args.rate,
-        "persist": {
-            "duration_s": round(persist_s, 2),
-            "snapshot_bytes": manifest["size_bytes"],
-            "active_latency_without_persist": quiet,
-            "active_latency_with_persist": with_persist,
-        },
-        "restores": [{k: v for k, v in r.items() if k != "lag_samples"} for r in restores],
-        "buffer_compared": comparison.compared,
-        "buffer_mismatches": len(comparison.mismatches),
-        "messages": pipeline.produced,
-        "gaps": ranges(result.missing)[:20],
-        "duplicates": ranges(result.duplicated)[:20],
-        "machine": machine(),
-    }
+    figures.update(
+        {
+            "buffer_compared": comparison.compared if comparison else None,
+            "buffer_mismatches": len(comparison.mismatches) if comparison else None,
+            "messages": pipeline.produced,
+            "gaps": ranges(result.missing)[:20],
+            "duplicates": ranges(result.duplicated)[:20],
+            "stopped_early": stopped,
+        }
+    )
     print(json.dumps(figures, indent=2))
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "persist_restore.json").write_text(json.dumps(figures, indent=2) + "\n")
+    write_figures(args.output, figures)
     series = {
         f"backlog {r['backlog_events']:,}": (
             [t for t, _ in r["lag_samples"]],
@@ -199,16 +249,17 @@ def main() -> int:
         )
         for r in restores
     }
-    path = plot(
-        args.output / "persist_restore.png",
-        f"Restore of a lost engine under {args.rate:,.0f} events/s: lag until in sync",
-        series,
-        "lag (events)",
-        xlabel="seconds since the restore request",
-    )
-    print(f"wrote {path}")
-    bad = figures["gaps"] or figures["duplicates"] or comparison.mismatches
-    return 1 if bad else 0
+    if series:
+        path = plot(
+            args.output / "persist_restore.png",
+            f"Restore of a lost engine under {args.rate:,.0f} events/s: lag until in sync",
+            series,
+            "lag (events)",
+            xlabel="seconds since the restore request",
+        )
+        print(f"wrote {path}")
+    bad = figures["gaps"] or figures["duplicates"] or (comparison and comparison.mismatches)
+    return 1 if bad or stopped else 0
 
 
 if __name__ == "__main__":
