@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,20 +49,9 @@ from twinstream.chaos import (
 )
 from twinstream.config import REPO_ROOT, load_settings
 from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
-from twinstream.harness import OutputSampler, machine, wait_for
+from twinstream.harness import OutputSampler, machine, summary, wait_for
 from twinstream.kafka import watermarks
 from twinstream.plots import plot, rate_series
-
-
-def summary(values: list[float]) -> dict[str, Any]:
-    ordered = sorted(values)
-    return {
-        "n": len(values),
-        "median": round(statistics.median(ordered), 3),
-        "p99": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3),
-        "worst": round(ordered[-1], 3),
-        "all": [round(v, 3) for v in values],
-    }
 
 
 def baseline_round(engines: SupervisedEngines) -> float:

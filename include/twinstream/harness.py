@@ -10,6 +10,7 @@ import os
 import secrets
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -471,6 +472,19 @@ class VisibleTimes:
             for r in inbound
             if r.offset in self.seen
         }
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    """A benchmark figure over rounds: count, median, p99 (the worst below 100 rounds),
+    worst, and every value in round order."""
+    ordered = sorted(values)
+    return {
+        "n": len(values),
+        "median": round(statistics.median(ordered), 3),
+        "p99": round(percentile(ordered, 0.99), 3),
+        "worst": round(ordered[-1], 3),
+        "all": [round(v, 3) for v in values],
+    }
 
 
 def percentile(values: Iterable[float], q: float) -> float:

@@ -6,7 +6,7 @@ import pytest
 
 from twinstream.chaos import KINDS, granted_session_s
 from twinstream.config import load_settings
-from twinstream.harness import drain_rate
+from twinstream.harness import drain_rate, summary
 from twinstream.plots import mark_styles, plot, rate_series
 
 
@@ -69,3 +69,10 @@ def test_the_expiry_freeze_outlasts_the_session_zookeeper_grants(tmp_path):
     assert settings.zk_session_timeout_s < 1.0
     assert granted_session_s(settings) == 1.0
     assert KINDS == ("kill", "sigstop", "expire")
+
+
+def test_a_summary_keeps_the_rounds_in_order_and_its_p99_is_the_worst_of_few():
+    figures = summary([2.0, 1.25, 9.5, 1.5])
+    assert figures == {"n": 4, "median": 1.75, "p99": 9.5, "worst": 9.5, "all": [2, 1.25, 9.5, 1.5]}
+    hundred = summary([float(i) for i in range(100)])
+    assert hundred["p99"] == 99.0
