@@ -51,7 +51,8 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(BIN)/python -c 'import pyspark, sys; v = pyspark.__version__; sys.exit(0 if v == "$(PYSPARK_PIN)" else f"pyspark is {v}, want $(PYSPARK_PIN)")'
 	@touch $@
 
-$(JARS)/.installed: java/pom.xml java/settings.xml java/kafka/pom.xml java/zookeeper/pom.xml java/spark-kafka/pom.xml
+$(JARS)/.installed: java/pom.xml java/settings.xml java/kafka/pom.xml java/zookeeper/pom.xml java/spark-kafka/pom.xml \
+		java/kafka-streams/pom.xml $(wildcard java/kafka-streams/src/main/java/io/twinstream/baseline/*.java)
 	@echo "== fetching jars from Maven Central into $(JARS)"
 	rm -rf $(JARS)
 	$(MVN) package -Dtwinstream.jars=$(JARS)
