@@ -7,8 +7,9 @@
 # ---------------------------------------------------------------------------------------------
 # Stage 1: the jars, fetched from Maven Central by the same command as `make install`
 # (java/pom.xml; java/settings.xml routes every repository to Central). Writes /jars/kafka,
-# /jars/zookeeper, /jars/spark-kafka and /jars/kafka-streams (bench/kafka_streams.py's baseline);
-# only spark-kafka is needed at runtime (the brokers and ZooKeeper run from their own images).
+# /jars/zookeeper, /jars/spark-kafka, and the benchmarks' baselines /jars/kafka-streams and
+# /jars/flink; only spark-kafka is needed at runtime (the brokers and ZooKeeper run from their
+# own images).
 # ---------------------------------------------------------------------------------------------
 FROM maven:3.9-eclipse-temurin-17 AS jars
 WORKDIR /build

@@ -52,7 +52,7 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	@touch $@
 
 $(JARS)/.installed: java/pom.xml java/settings.xml java/kafka/pom.xml java/zookeeper/pom.xml java/spark-kafka/pom.xml \
-		java/kafka-streams/pom.xml $(wildcard java/kafka-streams/src/main/java/io/twinstream/baseline/*.java)
+		java/kafka-streams/pom.xml java/flink/pom.xml $(wildcard java/*/src/main/java/io/twinstream/baseline/*.java)
 	@echo "== fetching jars from Maven Central into $(JARS)"
 	rm -rf $(JARS)
 	$(MVN) package -Dtwinstream.jars=$(JARS)

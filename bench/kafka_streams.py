@@ -25,76 +25,21 @@ ones before it are audited and written.
 from __future__ import annotations
 
 import argparse
-import json
-import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from twinstream.audit import find_problems
-from twinstream.baseline import Instance, pair
-from twinstream.chaos import SteadyLoad
-from twinstream.config import REPO_ROOT, Settings
-from twinstream.harness import OutputSampler, bench_pipeline, machine, summary, wait_for
-from twinstream.kafka import watermarks
-from twinstream.subscriber import read_committed
-
-
-class OutputTail(threading.Thread):
-    """(monotonic time visible, engine_id) of each committed output, from the topic's end."""
-
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(daemon=True, name="output-tail")
-        self.settings = settings
-        self.seen: list[tuple[float, str | None]] = []
-        self.done = threading.Event()
-        self.offset = watermarks(settings, settings.outbound_topic)[1]
-        self.start()
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            # Short idle timeouts: the loop notices `done` while no output arrives (as
-            # during a Kafka Streams takeover, for most of a minute).
-            for record in read_committed(
-                self.settings, self.settings.outbound_topic, self.offset, 2.0, follow=True
-            ):
-                self.seen.append((time.monotonic(), record.engine_id))
-                self.offset = record.offset + 1
-
-    def first_after(self, since: float, other_than: str) -> float | None:
-        """When the first output after `since` from another process than `other_than`
-        became visible."""
-        return next((t for t, engine in self.seen if t >= since and engine != other_than), None)
-
-    def stop(self) -> None:
-        self.done.set()
-        self.join(10)
-
-
-def figure(rounds: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
-    values = [r[key] for r in rounds if r.get(key) is not None]
-    return summary(values) if values else None
-
-
-def process_tag(instance: Instance) -> str:
-    """The engine_id its current process writes: instance name and start count."""
-    return f"{instance.name}.{instance.starts}"
-
-
-def progress(instances: dict[str, Instance], since: float, what: str) -> Callable[[], None]:
-    """A callable that prints, at most every 5 s, how long `what` has taken and where each
-    instance stands: the waits here last up to a minute."""
-    last = [time.monotonic()]
-
-    def report() -> None:
-        now = time.monotonic()
-        if now - last[0] >= 5.0:
-            last[0] = now
-            states = "; ".join(f"{n}: {i.status}" for n, i in instances.items())
-            print(f"  {now - since:5.1f} s {what}: {states}", flush=True)
-
-    return report
+from twinstream.baseline import (
+    Instance,
+    OutputTail,
+    arguments,
+    figure,
+    pair,
+    progress,
+    run_rounds,
+    write_run,
+)
+from twinstream.harness import bench_pipeline, wait_for
 
 
 def kill_round(
@@ -109,7 +54,7 @@ def kill_round(
         current_pair, args.rejoin_timeout, "an active and an in-sync standby"
     )
     victim = instances[active]
-    tag = process_tag(victim)
+    tag = victim.tag
     killed = time.monotonic()
     victim.kill9()
     victim.start()  # the supervisor's restart, at once
@@ -140,22 +85,10 @@ def kill_round(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=5, help="kills of the active")
-    parser.add_argument("--rate", type=float, default=1000.0, help="inbound events per second")
-    parser.add_argument(
-        "--settle", type=float, default=60.0, help="seconds of load before the first round"
-    )
-    parser.add_argument("--takeover-timeout", type=float, default=300.0)
+    parser = arguments(__doc__)
     parser.add_argument("--rejoin-timeout", type=float, default=600.0)
-    parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
     args = parser.parse_args()
 
-    rounds: list[dict[str, Any]] = []
-    marks: list[tuple[float, str]] = []
-    stopped: str | None = None
     with bench_pipeline("twinstream-bench-kstreams-") as pipeline:
         settings = pipeline.settings
         instances = {
@@ -166,82 +99,28 @@ def main() -> int:
         def current_pair() -> tuple[str, str] | None:
             return pair({n: i.status for n, i in instances.items()}, settings.in_sync_lag)
 
-        try:
-            first = watermarks(settings, settings.inbound_topic)[1]
-            t0 = time.monotonic()
-            sampler = OutputSampler(settings, [settings.outbound_topic])
-            tail = OutputTail(settings)
-            load = SteadyLoad(settings, args.rate).start()
-            try:
-                for instance in instances.values():
-                    instance.start()
-                print(f"instances started; {args.settle:.0f} s of load first", flush=True)
-                report = progress(instances, t0, "of load")
-                wait_for(
-                    lambda: report() or time.monotonic() - t0 >= args.settle,
-                    args.settle + 5,
-                    "the settle time",
-                )
-                try:
-                    for n in range(1, args.rounds + 1):
-                        result = kill_round(instances, tail, current_pair, args)
-                        marks.append((result.pop("killed_at") - t0, "kill"))
-                        rounds.append(result)
-                        shown = ", ".join(
-                            f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                            for k, v in result.items()
-                            if v is not None
-                        )
-                        print(f"kill {n}/{args.rounds}: {shown}", flush=True)
-                except (AssertionError, KeyboardInterrupt) as exc:
-                    stopped = str(exc) or "interrupted"
-                    print(f"run stopped early: {stopped}", flush=True)
-            finally:
-                sent = load.stop()
-            end = first + sent
-            print(f"waiting for all {sent:,} events of the run to be output", flush=True)
-            wait_for(
-                lambda: len(tail.seen) >= sent,
-                600,
-                "the run's events output",
-                every_s=1.0,
-            )
-            tail.stop()
-            sampler.stop()
-            ids = [r.msg_id for r in read_committed(settings, settings.outbound_topic, 0)]
-            findings = find_problems(ids, first, end)
-        finally:
-            # Every instance this run started, by pid, however the run ended.
-            for instance in instances.values():
-                instance.stop()
-
-    figures: dict[str, Any] = {
-        "system": "Kafka Streams 4.3.1, exactly_once_v2, num.standby.replicas=1, defaults else",
-        "rate_per_s": args.rate,
-        "messages": sent,
-        "takeover_to_first_output_s": figure(rounds, "first_output_s"),
-        "takeover_to_active_s": figure(rounds, "to_active_s"),
-        "back_in_pair_s": figure(rounds, "rejoin_s"),
-        "stopped_early": stopped,
-        "gaps": findings.missing,
-        "duplicates": findings.duplicated,
-        "machine": machine(),
-    }
-    print(json.dumps(figures, indent=2))
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "kafka_streams.json").write_text(json.dumps(figures, indent=2) + "\n")
-    from twinstream.plots import plot, rate_series
-
-    path = plot(
-        args.output / "kafka_streams.png",
+        run = run_rounds(
+            settings,
+            instances,
+            lambda tail: kill_round(instances, tail, current_pair, args),
+            args.rounds,
+            args.rate,
+            args.settle,
+        )
+    return write_run(
+        run,
+        args.output,
+        "kafka_streams",
         f"Kafka Streams with a standby replica: output rate under {args.rate:,.0f} events/s,"
         " kill -9 of the active",
-        {"output events/s, 3 s average": rate_series(sampler.samples, t0, window_s=3.0)},
-        "output events/s",
-        marks=marks,
+        {
+            "system": "Kafka Streams 4.3.1, exactly_once_v2, num.standby.replicas=1, else default",
+            "rate_per_s": args.rate,
+            "takeover_to_first_output_s": figure(run.rounds, "first_output_s"),
+            "takeover_to_active_s": figure(run.rounds, "to_active_s"),
+            "back_in_pair_s": figure(run.rounds, "rejoin_s"),
+        },
     )
-    print(f"wrote {path}")
-    return 0 if findings.ok and stopped is None else 1
 
 
 if __name__ == "__main__":

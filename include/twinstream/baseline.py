@@ -1,14 +1,17 @@
-"""The Kafka Streams alternative to a Twinstream pair, for bench/kafka_streams.py: instances
-of java/kafka-streams' StandbyPipeline (a stateful pipeline, exactly_once_v2, one standby
-replica, every other setting Kafka Streams' default), started and restarted by pid as a
-process supervisor would, and followed through the status lines they print.
+"""The usual alternatives to a Twinstream pair, for bench/kafka_streams.py and
+bench/flink.py: processes of java/kafka-streams' StandbyPipeline (a stateful pipeline,
+exactly_once_v2, one standby replica, every other setting Kafka Streams' default) and of
+java/flink's CheckpointedPipeline (a stateful pipeline with an exactly-once Kafka sink,
+restarted from its latest checkpoint), started and restarted by pid as a process
+supervisor would, and followed through the status lines they print.
 
-Its outputs carry the same `msg_id` and `engine_id` headers as a Twinstream engine's, so
+Their outputs carry the same `msg_id` and `engine_id` headers as a Twinstream engine's, so
 the same read_committed audit checks them for gaps and duplicates.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -17,16 +20,41 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from twinstream.audit import Findings, find_problems
 from twinstream.config import Settings
+from twinstream.harness import OutputSampler, summary, wait_for
+from twinstream.kafka import watermarks
 from twinstream.stack.render import java_command
+from twinstream.subscriber import read_committed
 
 log = logging.getLogger(__name__)
 
-MAIN = "io.twinstream.baseline.StandbyPipeline"
+
+@dataclass(frozen=True)
+class App:
+    """A baseline's main class, the jar folder `make install` builds it into, its heap."""
+
+    folder: str
+    jar_prefix: str
+    main: str
+    heap: str
+
+
+KAFKA_STREAMS = App(
+    "kafka-streams",
+    "twinstream-kafka-streams-baseline",
+    "io.twinstream.baseline.StandbyPipeline",
+    "256m",
+)
+# Flink's local MiniCluster (job manager and task manager in one JVM) wants more room.
+FLINK = App(
+    "flink", "twinstream-flink-baseline", "io.twinstream.baseline.CheckpointedPipeline", "768m"
+)
 # One input partition, as the Twinstream pipeline has: one task, 0_0.
 TASK = "0_0"
 _STATUS = re.compile(
@@ -73,16 +101,26 @@ def pair(statuses: Mapping[str, Status | None], max_lag: int) -> tuple[str, str]
 
 
 class Instance:
-    """One StandbyPipeline process. Its stdout is read by a thread: status lines update
-    `status` (and `active_since`, when this instance took the task); every line goes to
-    its log file."""
+    """One baseline process. Its stdout is read by a thread: Kafka Streams status lines
+    update `status` (and `active_since`, when this instance took the task); every line goes
+    to its log file."""
 
-    def __init__(self, name: str, settings: Settings, application_id: str, workdir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: Settings,
+        application_id: str,
+        workdir: Path,
+        app: App = KAFKA_STREAMS,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.name = name
+        self.app = app
+        self.extra_args = list(extra_args)
         self.settings = settings
         self.application_id = application_id
-        self.state_dir = workdir / f"kstreams-{name}"
-        self.log_path = workdir / f"kstreams-{name}.log"
+        self.state_dir = workdir / f"{app.folder}-{name}"
+        self.log_path = workdir / f"{app.folder}-{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.status: Status | None = None
         self.active_since: float | None = None
@@ -90,9 +128,9 @@ class Instance:
 
     def command(self) -> list[str]:
         return java_command(
-            MAIN,
-            self.settings.jars_dir / "kafka-streams",
-            "256m",
+            self.app.main,
+            self.settings.jars_dir / self.app.folder,
+            self.app.heap,
             [
                 self.settings.bootstrap_servers,
                 self.application_id,
@@ -101,18 +139,24 @@ class Instance:
                 # Its outputs' engine_id: which process wrote them, across restarts.
                 f"{self.name}.{self.starts}",
                 str(self.state_dir),
+                *self.extra_args,
             ],
             {},
         )
+
+    @property
+    def tag(self) -> str:
+        """The engine_id its current process writes."""
+        return f"{self.name}.{self.starts}"
 
     @property
     def pid(self) -> int:
         return self.proc.pid if self.proc is not None else 0
 
     def start(self) -> None:
-        jars = self.settings.jars_dir / "kafka-streams"
-        if not any(jars.glob("twinstream-kafka-streams-baseline*.jar")):
-            raise FileNotFoundError(f"no Kafka Streams baseline in {jars}: run `make install`")
+        jars = self.settings.jars_dir / self.app.folder
+        if not any(jars.glob(f"{self.app.jar_prefix}*.jar")):
+            raise FileNotFoundError(f"no {self.app.main} in {jars}: run `make install`")
         self.starts += 1
         self.status = None
         self.active_since = None
@@ -120,9 +164,9 @@ class Instance:
             self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
         threading.Thread(
-            target=self._read, args=(self.proc,), daemon=True, name=f"kstreams-{self.name}"
+            target=self._read, args=(self.proc,), daemon=True, name=f"{self.app.folder}-{self.name}"
         ).start()
-        log.info("kafka streams instance %s started, pid %s", self.name, self.proc.pid)
+        log.info("%s instance %s started, pid %s", self.app.folder, self.name, self.proc.pid)
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
@@ -158,3 +202,181 @@ class Instance:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             self.proc.wait(30)
+
+
+class OutputTail(threading.Thread):
+    """(monotonic time visible, engine_id) of each committed output, and the highest msg_id
+    seen, from the outbound topic's end when created."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(daemon=True, name="output-tail")
+        self.settings = settings
+        self.seen: list[tuple[float, str | None]] = []
+        self.last_msg_id = -1
+        self.done = threading.Event()
+        self.offset = watermarks(settings, settings.outbound_topic)[1]
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            # Short idle timeouts: the loop notices `done` while no output arrives (as
+            # during a Kafka Streams takeover, for most of a minute).
+            for record in read_committed(
+                self.settings, self.settings.outbound_topic, self.offset, 2.0, follow=True
+            ):
+                self.seen.append((time.monotonic(), record.engine_id))
+                if record.msg_id is not None:
+                    self.last_msg_id = max(self.last_msg_id, record.msg_id)
+                self.offset = record.offset + 1
+
+    def first_after(self, since: float, other_than: str) -> float | None:
+        """When the first output after `since` from another process than `other_than`
+        became visible."""
+        return next((t for t, engine in self.seen if t >= since and engine != other_than), None)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(10)
+
+
+def figure(rounds: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any] | None:
+    """summary() of one per-round figure, rounds without it left out; None if none has it."""
+    values = [r[key] for r in rounds if r.get(key) is not None]
+    return summary(values) if values else None
+
+
+def progress(
+    instances: Mapping[str, Instance], since: float, what: str, every_s: float = 5.0
+) -> Callable[[], None]:
+    """A callable that prints, at most every `every_s`, how long `what` has taken and where
+    each instance stands: the waits of a baseline's takeover last up to a minute."""
+    last = [time.monotonic()]
+
+    def report() -> None:
+        now = time.monotonic()
+        if now - last[0] >= every_s:
+            last[0] = now
+            states = "; ".join(f"{n}: {i.status or 'running'}" for n, i in instances.items())
+            print(f"  {now - since:5.1f} s {what}: {states}", flush=True)
+
+    return report
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The options every baseline benchmark takes; each adds its own."""
+    from twinstream.config import REPO_ROOT
+
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="kills of the active process")
+    parser.add_argument("--rate", type=float, default=1000.0, help="inbound events per second")
+    parser.add_argument(
+        "--settle", type=float, default=60.0, help="seconds of load before the first round"
+    )
+    parser.add_argument(
+        "--takeover-timeout", type=float, default=300.0, help="seconds for the first output"
+    )
+    parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
+    return parser
+
+
+@dataclass
+class Run:
+    """What a baseline benchmark measured: its rounds (each with `killed_at`, monotonic),
+    why it stopped early if it did, the load sent, the audit, and the output over time."""
+
+    rounds: list[dict[str, Any]]
+    stopped: str | None
+    sent: int
+    findings: Findings
+    samples: list[tuple[float, int]]
+    t0: float
+
+
+def run_rounds(
+    settings: Settings,
+    instances: Mapping[str, Instance],
+    one_round: Callable[[OutputTail], dict[str, Any]],
+    rounds: int,
+    rate: float,
+    settle_s: float,
+) -> Run:
+    """Start `instances` under steady load at `rate`, wait `settle_s`, run `one_round`
+    `rounds` times, then stop the load, wait for every event to be output and audit the
+    output exactly once. A round that fails, or Ctrl-C, ends the rounds; the ones before it
+    are kept. Every instance is stopped by pid at the end, however the run ended."""
+    from twinstream.chaos import SteadyLoad
+
+    done: list[dict[str, Any]] = []
+    stopped: str | None = None
+    try:
+        first = watermarks(settings, settings.inbound_topic)[1]
+        t0 = time.monotonic()
+        sampler = OutputSampler(settings, [settings.outbound_topic])
+        tail = OutputTail(settings)
+        load = SteadyLoad(settings, rate).start()
+        try:
+            for instance in instances.values():
+                instance.start()
+            print(f"started; {settle_s:.0f} s of load first", flush=True)
+            report = progress(instances, t0, "of load")
+            wait_for(
+                lambda: report() or time.monotonic() - t0 >= settle_s, settle_s + 5, "settling"
+            )
+            try:
+                for n in range(1, rounds + 1):
+                    result = one_round(tail)
+                    done.append(result)
+                    shown = ", ".join(
+                        f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in result.items()
+                        if v is not None and k != "killed_at"
+                    )
+                    print(f"kill {n}/{rounds}: {shown}", flush=True)
+            except (AssertionError, KeyboardInterrupt) as exc:
+                stopped = str(exc) or "interrupted"
+                print(f"run stopped early: {stopped}", flush=True)
+        finally:
+            sent = load.stop()
+        print(f"waiting for all {sent:,} events of the run to be output", flush=True)
+        wait_for(lambda: len(tail.seen) >= sent, 600, "the run's events output", every_s=1.0)
+        tail.stop()
+        sampler.stop()
+        ids = [r.msg_id for r in read_committed(settings, settings.outbound_topic, 0)]
+        findings = find_problems(ids, first, first + sent)
+    finally:
+        for instance in instances.values():
+            instance.stop()
+    return Run(done, stopped, sent, findings, sampler.samples, t0)
+
+
+def write_run(run: Run, output: Path, name: str, title: str, figures: dict[str, Any]) -> int:
+    """Print `figures` with the run's audit, write them to `output`/<name>.json and the
+    output rate over time, kills marked, to <name>.png; the exit status: 0 when every round
+    ran and the output holds every event exactly once."""
+    import json
+
+    from twinstream.harness import machine
+    from twinstream.plots import plot, rate_series
+
+    figures = {
+        **figures,
+        "messages": run.sent,
+        "stopped_early": run.stopped,
+        "gaps": run.findings.missing,
+        "duplicates": run.findings.duplicated,
+        "machine": machine(),
+    }
+    print(json.dumps(figures, indent=2))
+    output.mkdir(parents=True, exist_ok=True)
+    (output / f"{name}.json").write_text(json.dumps(figures, indent=2) + "\n")
+    path = plot(
+        output / f"{name}.png",
+        title,
+        {"output events/s, 3 s average": rate_series(run.samples, run.t0, window_s=3.0)},
+        "output events/s",
+        marks=[(r["killed_at"] - run.t0, "kill") for r in run.rounds],
+    )
+    print(f"wrote {path}")
+    return 0 if run.findings.ok and run.stopped is None else 1

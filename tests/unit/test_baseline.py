@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from twinstream.baseline import Instance, Status, pair, parse_status
+from twinstream.baseline import FLINK, Instance, Status, figure, pair, parse_status
 from twinstream.config import Settings
 
 
@@ -71,7 +71,7 @@ def test_the_instance_writes_which_process_it_is(tmp_path: Path):
         settings.inbound_topic,
         settings.outbound_topic,
         "a.2",
-        str(tmp_path / "kstreams-a"),
+        str(tmp_path / "kafka-streams-a"),
     ]
     assert f"{tmp_path / 'kafka-streams'}/*" in command
 
@@ -80,3 +80,23 @@ def test_starting_without_the_built_app_says_how_to_build_it(tmp_path: Path):
     settings = Settings(kafka_bootstrap="127.0.0.1:1", jars_dir=tmp_path)
     with pytest.raises(FileNotFoundError, match="make install"):
         Instance("a", settings, "app", tmp_path).start()
+
+
+def test_a_figure_leaves_out_rounds_without_it():
+    rounds = [{"to_active_s": 40.0}, {"to_active_s": None}, {"to_active_s": 50.0}, {}]
+    assert figure(rounds, "to_active_s") == {
+        "n": 2,
+        "median": 45.0,
+        "p99": 50.0,
+        "worst": 50.0,
+        "all": [40.0, 50.0],
+    }
+    assert figure(rounds[1:2], "to_active_s") is None
+
+
+def test_the_flink_job_gets_its_checkpoint_interval_and_a_bigger_heap(tmp_path: Path):
+    settings = Settings(kafka_bootstrap="127.0.0.1:1", jars_dir=tmp_path)
+    command = Instance("a", settings, "app", tmp_path, FLINK, ["1000"]).command()
+    assert command[-2:] == [str(tmp_path / "flink-a"), "1000"]
+    assert f"-Xmx{FLINK.heap}" in command
+    assert FLINK.main in command

@@ -34,8 +34,9 @@ REQUIRED_JARS = {
     "zookeeper": "zookeeper-3",
     "kafka": "kafka_2.13-",
     "spark-kafka": "spark-sql-kafka",
-    # bench/kafka_streams.py's baseline, built by the same Maven step.
+    # bench/kafka_streams.py's and bench/flink.py's baselines, built by the same Maven step.
     "kafka-streams": "twinstream-kafka-streams-baseline",
+    "flink": "twinstream-flink-baseline",
 }
 
 
