@@ -83,7 +83,12 @@ def test_starting_without_the_built_app_says_how_to_build_it(tmp_path: Path):
 
 
 def test_a_figure_leaves_out_rounds_without_it():
-    rounds = [{"to_active_s": 40.0}, {"to_active_s": None}, {"to_active_s": 50.0}, {}]
+    rounds: list[dict[str, float | None]] = [
+        {"to_active_s": 40.0},
+        {"to_active_s": None},
+        {"to_active_s": 50.0},
+        {},
+    ]
     assert figure(rounds, "to_active_s") == {
         "n": 2,
         "median": 45.0,
