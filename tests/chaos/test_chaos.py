@@ -198,21 +198,26 @@ def test_zookeeper_down_for_30s_holds_the_output_and_resumes_within_5s(engines, 
         # supervisord's start returns only after `startsecs`, by when ZooKeeper has long been
         # serving: note the moment it serves from a thread that is already watching.
         serving = ServingSince(settings)
+        restarted = time.monotonic()
         engines.supervisor.start("zookeeper")
         back = wait_for(lambda: serving.since, 60, "ZooKeeper serving", every_s=0.1)
         resumed = wait_for(
-            lambda: next((t for t, _ in times.seen if t > back), None), 30, "output resuming"
+            lambda: next((t for t, _ in times.seen if t > restarted), None), 30, "output resuming"
         )
     finally:
         engines.supervisor.start("zookeeper")
         sent = load.stop()
         times.done.set()
-    # SUSPENDED stops commits: nothing committed while no engine could know it leads
-    # (a transaction already committing when ZooKeeper went is given 2 s).
-    during = [m for t, m in times.seen if stopped + 2 < t < back]
+    # SUSPENDED stops commits: nothing committed while no engine could know it leads (a
+    # transaction already committing when ZooKeeper went is given 2 s). The window ends
+    # when ZooKeeper is started again, not when the probe sees it serve: an engine can
+    # reconnect and release its held output before the probe's next answer (seen in a
+    # `make chaos` run: the release 0.17 s after the session came back counted as "during").
+    during = [m for t, m in times.seen if stopped + 2 < t < restarted]
     assert during == [], f"{len(during)} records committed while ZooKeeper was down"
+    # Negative when an engine was back before the probe.
     assert resumed - back < 5, f"output resumed {resumed - back:.1f} s after ZooKeeper"
-    print(f"ZooKeeper serving again: output resumed {resumed - back:.2f} s later", flush=True)
+    print(f"ZooKeeper serving again: output resumed {resumed - back:+.2f} s from then", flush=True)
     assert_exactly_once(engines, first, sent)
     # An ex-active whose session expired meanwhile hears LOST when it reconnects and
     # steps down: one active and one in-sync standby again.
