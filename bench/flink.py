@@ -36,13 +36,13 @@ from twinstream.baseline import (
     OutputTail,
     arguments,
     figure,
+    output_caught_up,
     progress,
     run_rounds,
     write_run,
 )
 from twinstream.config import Settings
 from twinstream.harness import bench_pipeline, wait_for
-from twinstream.kafka import watermarks
 
 
 def kill_round(
@@ -53,8 +53,7 @@ def kill_round(
     instances = {instance.name: instance}
 
     def caught_up() -> bool:
-        end = watermarks(settings, settings.inbound_topic)[1]
-        return end - 1 - tail.last_msg_id <= settings.in_sync_lag
+        return output_caught_up(settings, tail)
 
     wait_for(caught_up, args.catch_up_timeout, "the output caught up with the input")
     tag = instance.tag

@@ -239,6 +239,13 @@ class OutputTail(threading.Thread):
         self.join(10)
 
 
+def output_caught_up(settings: Settings, tail: OutputTail) -> bool:
+    """The output is within TWINSTREAM_IN_SYNC_LAG events of the input: the steady state a
+    round must start from, and what a takeover has not finished before it reaches."""
+    end = watermarks(settings, settings.inbound_topic)[1]
+    return end - 1 - tail.last_msg_id <= settings.in_sync_lag
+
+
 def figure(rounds: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any] | None:
     """summary() of one per-round figure, rounds without it left out; None if none has it."""
     values = [r[key] for r in rounds if r.get(key) is not None]
