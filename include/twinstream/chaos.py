@@ -22,7 +22,7 @@ from twinstream.audit import Findings, find_problems
 from twinstream.config import Settings
 from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
 from twinstream.engine_client import EngineClient, EngineError
-from twinstream.harness import Load, wait_for
+from twinstream.harness import Load, wait_for, wait_gone
 from twinstream.publisher import synthetic
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
@@ -109,19 +109,6 @@ def process_tree(pid: int) -> set[int]:
     with contextlib.suppress(psutil.NoSuchProcess):
         return {pid} | {p.pid for p in psutil.Process(pid).children(recursive=True)}
     return {pid}
-
-
-def wait_gone(pids: set[int], timeout_s: float = 60.0) -> None:
-    """A killed engine's JVM exits when its stdin (the dead driver's pipe) closes."""
-
-    def gone() -> bool:
-        for pid in pids:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    return False
-        return True
-
-    wait_for(gone, timeout_s, f"processes {sorted(pids)} of a killed engine to exit")
 
 
 def granted_session_s(settings: Settings) -> float:

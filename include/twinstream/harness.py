@@ -47,6 +47,19 @@ def wait_for(
         time.sleep(every_s)
 
 
+def wait_gone(pids: set[int], timeout_s: float = 60.0) -> None:
+    """A killed engine's JVM exits when its stdin (the dead driver's pipe) closes."""
+
+    def gone() -> bool:
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    return False
+        return True
+
+    wait_for(gone, timeout_s, f"processes {sorted(pids)} of a killed engine to exit")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -116,9 +129,13 @@ class EngineProcess:
         self.tree.add(self.pid)
 
     def kill9(self) -> None:
+        """SIGKILL, and back once Spark's JVM has exited too: a caller that then deletes the
+        engine's folder, as when its disk is lost, raced the JVM still writing into it
+        (`Directory not empty` in a persist/restore benchmark)."""
         self.remember_tree()
         os.kill(self.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
+        wait_gone(self.tree)
 
     def stop(self) -> None:
         self.remember_tree()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from twinstream.chaos import KINDS, granted_session_s
 from twinstream.config import load_settings
-from twinstream.harness import drain_rate, summary
+from twinstream.harness import drain_rate, summary, wait_gone
 from twinstream.plots import mark_styles, plot, rate_series
 
 
@@ -76,3 +78,20 @@ def test_a_summary_keeps_the_rounds_in_order_and_its_p99_is_the_worst_of_few():
     assert figures == {"n": 4, "median": 1.75, "p99": 9.5, "worst": 9.5, "all": [2, 1.25, 9.5, 1.5]}
     hundred = summary([float(i) for i in range(100)])
     assert hundred["p99"] == 99.0
+
+
+def test_wait_gone_returns_once_a_process_has_exited():
+    proc = subprocess.Popen(["sleep", "0.3"])
+    wait_gone({proc.pid}, timeout_s=10)
+    # Exited: reaped or a zombie waiting to be (a killed engine's JVM is the latter).
+    assert proc.wait(timeout=1) == 0
+
+
+def test_wait_gone_says_which_processes_outlived_it():
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(AssertionError, match=str(proc.pid)):
+            wait_gone({proc.pid}, timeout_s=0.3)
+    finally:
+        proc.kill()
+        proc.wait()
