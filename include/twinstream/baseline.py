@@ -137,7 +137,7 @@ class Instance:
                 self.settings.inbound_topic,
                 self.settings.outbound_topic,
                 # Its outputs' engine_id: which process wrote them, across restarts.
-                f"{self.name}.{self.starts}",
+                self.tag,
                 str(self.state_dir),
                 *self.extra_args,
             ],
