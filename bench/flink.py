@@ -36,8 +36,8 @@ from twinstream.baseline import (
     OutputTail,
     arguments,
     figure,
+    kill_and_restart,
     output_caught_up,
-    progress,
     run_rounds,
     write_run,
 )
@@ -50,23 +50,14 @@ def kill_round(
 ) -> dict[str, Any]:
     """Kill -9 the job once its output has caught up, restart it at once, and time the
     restarted process's first output and its catching up."""
-    instances = {instance.name: instance}
 
     def caught_up() -> bool:
         return output_caught_up(settings, tail)
 
     wait_for(caught_up, args.catch_up_timeout, "the output caught up with the input")
-    tag = instance.tag
-    killed = time.monotonic()
-    instance.kill9()
-    instance.start()  # the supervisor's restart, at once
-    report = progress(instances, killed, "since the kill")
-
-    def visible() -> float | None:
-        report()
-        return tail.first_after(killed, tag)
-
-    first_output = wait_for(visible, args.takeover_timeout, "output after the kill", every_s=0.05)
+    killed, first_output, report = kill_and_restart(
+        {instance.name: instance}, instance.name, tail, args.takeover_timeout
+    )
     wait_for(lambda: report() or caught_up(), args.catch_up_timeout, "the restarted job caught up")
     return {
         "killed_at": killed,
@@ -95,9 +86,7 @@ def main() -> int:
             settings,
             {"a": job},
             lambda tail: kill_round(settings, job, tail, args),
-            args.rounds,
-            args.rate,
-            args.settle,
+            args,
         )
     return write_run(
         run,

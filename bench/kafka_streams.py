@@ -36,9 +36,9 @@ from twinstream.baseline import (
     OutputTail,
     arguments,
     figure,
+    kill_and_restart,
     output_caught_up,
     pair,
-    progress,
     run_rounds,
     write_run,
 )
@@ -68,17 +68,7 @@ def kill_round(
     active, standby = wait_for(
         ready, args.rejoin_timeout, "an in-sync standby and the output caught up"
     )
-    victim = instances[active]
-    tag = victim.tag
-    killed = time.monotonic()
-    victim.kill9()
-    victim.start()  # the supervisor's restart, at once
-
-    report = progress(instances, killed, f"since the kill of {active}")
-
-    def visible() -> float | None:
-        report()
-        return tail.first_after(killed, tag)
+    killed, first_output, report = kill_and_restart(instances, active, tail, args.takeover_timeout)
 
     def caught_up() -> bool:
         report()
@@ -89,9 +79,6 @@ def kill_round(
         now = current_pair()
         return now is not None and active in now
 
-    first_output = wait_for(
-        visible, args.takeover_timeout, f"output after the kill of {active}", every_s=0.05
-    )
     successor = instances[standby].active_since
     wait_for(caught_up, args.rejoin_timeout, "the output caught up with the input")
     caught_up_s = time.monotonic() - killed
@@ -125,9 +112,7 @@ def main() -> int:
             settings,
             instances,
             lambda tail: kill_round(settings, instances, tail, current_pair, args),
-            args.rounds,
-            args.rate,
-            args.settle,
+            args,
         )
     return write_run(
         run,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import re
@@ -26,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from twinstream.audit import Findings, find_problems
-from twinstream.config import Settings
-from twinstream.harness import OutputSampler, summary, wait_for
+from twinstream.chaos import SteadyLoad
+from twinstream.config import REPO_ROOT, Settings
+from twinstream.harness import OutputSampler, machine, summary, wait_for
 from twinstream.kafka import watermarks
+from twinstream.plots import plot, rate_series
 from twinstream.stack.render import java_command
 from twinstream.subscriber import read_committed
 
@@ -149,10 +152,6 @@ class Instance:
         """The engine_id its current process writes."""
         return f"{self.name}.{self.starts}"
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid if self.proc is not None else 0
-
     def start(self) -> None:
         jars = self.settings.jars_dir / self.app.folder
         if not any(jars.glob(f"{self.app.jar_prefix}*.jar")):
@@ -246,6 +245,29 @@ def output_caught_up(settings: Settings, tail: OutputTail) -> bool:
     return end - 1 - tail.last_msg_id <= settings.in_sync_lag
 
 
+def kill_and_restart(
+    instances: Mapping[str, Instance], victim: str, tail: OutputTail, timeout_s: float
+) -> tuple[float, float, Callable[[], None]]:
+    """Kill -9 `victim`, restart it at once as a supervisor would, and wait for the first
+    output of another process than the killed one. Returns the kill's and that output's
+    monotonic times, and the progress reporter for the caller's further waits."""
+    process = instances[victim]
+    tag = process.tag
+    killed = time.monotonic()
+    process.kill9()
+    process.start()
+    report = progress(instances, killed, f"since the kill of {victim}")
+
+    def visible() -> float | None:
+        report()
+        return tail.first_after(killed, tag)
+
+    first_output: float = wait_for(
+        visible, timeout_s, f"output after the kill of {victim}", every_s=0.05
+    )
+    return killed, first_output, report
+
+
 def figure(rounds: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any] | None:
     """summary() of one per-round figure, rounds without it left out; None if none has it."""
     values = [r[key] for r in rounds if r.get(key) is not None]
@@ -271,8 +293,6 @@ def progress(
 
 def arguments(description: str) -> argparse.ArgumentParser:
     """The options every baseline benchmark takes; each adds its own."""
-    from twinstream.config import REPO_ROOT
-
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -305,16 +325,14 @@ def run_rounds(
     settings: Settings,
     instances: Mapping[str, Instance],
     one_round: Callable[[OutputTail], dict[str, Any]],
-    rounds: int,
-    rate: float,
-    settle_s: float,
+    args: argparse.Namespace,
 ) -> Run:
-    """Start `instances` under steady load at `rate`, wait `settle_s`, run `one_round`
-    `rounds` times, then stop the load, wait for every event to be output and audit the
-    output exactly once. A round that fails, or Ctrl-C, ends the rounds; the ones before it
-    are kept. Every instance is stopped by pid at the end, however the run ended."""
-    from twinstream.chaos import SteadyLoad
-
+    """Start `instances` under steady load at `args.rate`, wait `args.settle` seconds, run
+    `one_round` `args.rounds` times (the options arguments() defines), then stop the load,
+    wait for every event to be output and audit the output exactly once. A round that
+    fails, or Ctrl-C, ends the rounds; the ones before it are kept. Every instance is
+    stopped by pid at the end, however the run ended."""
+    rounds, rate, settle_s = args.rounds, args.rate, args.settle
     done: list[dict[str, Any]] = []
     stopped: str | None = None
     try:
@@ -362,11 +380,6 @@ def write_run(run: Run, output: Path, name: str, title: str, figures: dict[str, 
     """Print `figures` with the run's audit, write them to `output`/<name>.json and the
     output rate over time, kills marked, to <name>.png; the exit status: 0 when every round
     ran and the output holds every event exactly once."""
-    import json
-
-    from twinstream.harness import machine
-    from twinstream.plots import plot, rate_series
-
     figures = {
         **figures,
         "messages": run.sent,
