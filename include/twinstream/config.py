@@ -13,6 +13,8 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from twinstream.guard import Limits
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DAY_MS = 24 * 60 * 60 * 1000
 
@@ -77,7 +79,17 @@ class Settings(BaseSettings):
     # standby, and what the standby dropped no takeover could publish.
     max_buffered_msgs: int = Field(default=100_000, ge=1)
     window_retention_ms: int = Field(default=60 * 60 * 1000, ge=1000)
+    # The per-record guard's limits (twinstream.guard): a record past any of them is a dead
+    # letter with its reason before the work the limit protects. Nesting: JSON decoders
+    # recurse per level. Number length: int("9" * 4301) raises, and a number no 64-bit
+    # consumer can read is no metric.
     max_record_bytes: int = Field(default=64 * 1024, ge=64)
+    max_json_depth: int = Field(default=64, ge=1, le=512)
+    max_number_chars: int = Field(default=64, ge=20, le=4000)
+    # The largest Kafka message an engine writes. The outbound and dead-letter topics get
+    # max.message.bytes of at least this; a dead letter whose raw bytes would exceed it
+    # carries their prefix, full length and sha256 (twinstream.rows.dead_letter).
+    max_message_bytes: int = Field(default=1_000_000, ge=16_384)
     trigger_interval_ms: int = Field(default=250, ge=0)
     # Bounds a catch-up batch, so a standby that replays a backlog still reaches takeover
     # readiness batch by batch rather than in one long batch.
@@ -184,6 +196,15 @@ class Settings(BaseSettings):
     @property
     def airflow_url(self) -> str:
         return f"http://{self.bind_host}:{self.airflow_port}"
+
+    @property
+    def record_limits(self) -> Limits:
+        """The per-record guard's limits."""
+        return Limits(
+            max_bytes=self.max_record_bytes,
+            max_depth=self.max_json_depth,
+            max_number_chars=self.max_number_chars,
+        )
 
     @property
     def transactional_id(self) -> str:

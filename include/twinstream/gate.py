@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from itertools import takewhile
 from typing import Protocol
 
-from twinstream.hostmetrics import Output
+from twinstream.rows import Output
 
 log = logging.getLogger(__name__)
 

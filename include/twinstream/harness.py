@@ -28,9 +28,10 @@ from confluent_kafka.admin import AdminClient
 
 from twinstream.audit import merge_ranges
 from twinstream.config import REPO_ROOT, Settings, load_settings
-from twinstream.hostmetrics import Output, reference
+from twinstream.hostmetrics import reference
 from twinstream.kafka import admin_config, ensure_topics, topic_specs
 from twinstream.publisher import publish, synthetic
+from twinstream.rows import Output
 from twinstream.subscriber import Record, read_committed
 
 
@@ -163,7 +164,7 @@ class EngineProcess:
 
 class Load(threading.Thread):
     def __init__(
-        self, settings: Settings, records: Iterable[bytes], rate: float, name: str
+        self, settings: Settings, records: Iterable[bytes | None], rate: float, name: str
     ) -> None:
         super().__init__(name=name, daemon=True)
         self.settings = settings
@@ -279,7 +280,11 @@ class Pipeline:
     def load(self, count: int, rate: float, **kwargs: Any) -> Load:
         """Publish `count` synthetic records at `rate`/s in the background."""
         records = synthetic(count, max_record_bytes=self.settings.max_record_bytes, **kwargs)
-        self.produced += count
+        return self.send(list(records), rate)
+
+    def send(self, records: list[bytes | None], rate: float) -> Load:
+        """Publish these records at `rate`/s in the background (None: a tombstone)."""
+        self.produced += len(records)
         return Load(self.settings, records, rate, f"load-{self.name}")
 
     def warm_up(self, *engines: EngineProcess, count: int = 200, timeout_s: float = 180) -> None:
@@ -326,7 +331,10 @@ class Pipeline:
         return {
             o.msg_id: o
             for o in reference(
-                records, self.settings.window_retention_ms, self.settings.max_record_bytes
+                records,
+                self.settings.window_retention_ms,
+                self.settings.record_limits,
+                self.settings.max_message_bytes,
             )
         }
 

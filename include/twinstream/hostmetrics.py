@@ -18,13 +18,14 @@ event time longer than the window retention, which starts a fresh window).
 
 from __future__ import annotations
 
-import base64
-import json
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+
+from twinstream.guard import Limits, Rejected, load_json
+from twinstream.rows import Output, clean_reason, dead_letter, encode, fits
 
 WINDOW_SIZE = 20
 # Field -> accepted JSON types, in output order.
@@ -36,6 +37,11 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "mem_used_mb": (int,),
     "mem_free_mb": (int,),
 }
+# The output carries memory figures as 64-bit integers (what a JVM or SQL consumer reads).
+INT64 = (-(2**63), 2**63 - 1)
+# Dead letters are capped to this size unless the caller says otherwise (Kafka's default
+# message limit is 1 MB).
+DEFAULT_MAX_MESSAGE_BYTES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -52,8 +58,9 @@ class Event:
 
 @dataclass(frozen=True)
 class Rejection:
-    """Why a record cannot be used. `reason` starts with a code: not_json, missing_field,
-    wrong_type, bad_time, oversize."""
+    """Why a record cannot be used. `reason` starts with a code: those of
+    `twinstream.guard`, and missing_field, wrong_type, out_of_range, bad_time, overflow
+    (the window's arithmetic), error (anything unforeseen, with the exception)."""
 
     msg_id: int
     reason: str
@@ -69,12 +76,8 @@ class Window:
     last_ts_ms: int
 
 
-@dataclass(frozen=True)
-class Output:
-    msg_id: int
-    kind: str  # "out" or "dlq"
-    key: str | None
-    value: str
+class Overflow(ArithmeticError):
+    """The window's arithmetic with this event leaves the output's range."""
 
 
 def parse_time(text: str) -> int:
@@ -90,21 +93,19 @@ def parse_time(text: str) -> int:
 
 
 def parse(
-    msg_id: int, raw: bytes | None, max_bytes: int, key: str | None = None
+    msg_id: int, raw: bytes | None, limits: Limits | int, key: str | None = None
 ) -> Event | Rejection:
     """Validate one inbound record. `key` is the host the record was grouped under, if any;
-    a record whose parsed host differs (duplicate "host" members) is rejected."""
+    a record whose parsed host differs is rejected. `limits` as an int: the byte limit."""
+    if isinstance(limits, int):
+        limits = Limits(max_bytes=limits)
     data = raw or b""
-    if len(data) > max_bytes:
-        return Rejection(msg_id, f"oversize: {len(data)} bytes > {max_bytes}", data)
-    try:
-        obj = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        return Rejection(msg_id, "not_json: not UTF-8", data)
-    except json.JSONDecodeError as exc:
-        return Rejection(msg_id, f"not_json: {exc.msg} at char {exc.pos}", data)
+    obj = load_json(data, limits)
+    if isinstance(obj, Rejected):
+        return Rejection(msg_id, obj.reason, data)
     if not isinstance(obj, dict):
-        return Rejection(msg_id, f"not_json: a JSON {type(obj).__name__}, not an object", data)
+        kind = "null" if obj is None else type(obj).__name__
+        return Rejection(msg_id, f"not_json: a JSON {kind}, not an object", data)
     missing = [name for name in FIELDS if name not in obj]
     if missing:
         return Rejection(msg_id, f"missing_field: {', '.join(missing)}", data)
@@ -117,14 +118,18 @@ def parse(
                 msg_id, f"wrong_type: {name} is {type(value).__name__}, want {want}", data
             )
         if isinstance(value, float) and not math.isfinite(value):
-            return Rejection(msg_id, f"wrong_type: {name} is not finite", data)
+            return Rejection(msg_id, f"out_of_range: {name} is not finite", data)
+        if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
+            return Rejection(msg_id, f"out_of_range: {name} does not fit 64 bits", data)
+        if isinstance(value, int) and float in types and not math.isfinite(float(value)):
+            return Rejection(msg_id, f"out_of_range: {name} is not finite", data)
     if not obj["host"]:
         return Rejection(msg_id, "wrong_type: host is empty", data)
     if key is not None and obj["host"] != key:
         return Rejection(msg_id, "wrong_type: host is ambiguous (duplicate member)", data)
     try:
         ts_ms = parse_time(obj["ts"])
-    except ValueError:
+    except (ValueError, OverflowError):
         return Rejection(msg_id, f"bad_time: {obj['ts'][:64]!r} is not RFC 3339 UTC", data)
     return Event(
         msg_id=msg_id,
@@ -139,12 +144,20 @@ def parse(
 
 
 def step(window: Window | None, event: Event, retention_ms: int) -> tuple[Window, Output]:
-    """Advance a host's window by one event and compute that event's output."""
+    """Advance a host's window by one event and compute that event's output; raises
+    Overflow, leaving `window` as it was, when the output could not carry the result."""
     if window is not None and event.ts_ms - window.last_ts_ms > retention_ms:
         window = None  # the host's state expired in event time: start afresh
     cpu = (*(window.cpu_user if window else ()), event.cpu_user)[-WINDOW_SIZE:]
     mem = (*(window.mem_used_mb if window else ()), event.mem_used_mb)[-WINDOW_SIZE:]
     last_ts = max(window.last_ts_ms, event.ts_ms) if window else event.ts_ms
+    try:
+        cpu_avg = math.fsum(cpu) / len(cpu)
+    except OverflowError:
+        raise Overflow("overflow: cpu_user_avg20 leaves the range of a double") from None
+    mem_sum = sum(mem)
+    if not INT64[0] <= mem_sum <= INT64[1]:
+        raise Overflow("overflow: mem_used_sum20 does not fit 64 bits")
     value: dict[str, Any] = {
         "host": event.host,
         "ts": event.ts,
@@ -154,55 +167,83 @@ def step(window: Window | None, event: Event, retention_ms: int) -> tuple[Window
         "mem_free_mb": event.mem_free_mb,
         "msg_id": event.msg_id,
         "window_count": len(cpu),
-        "cpu_user_avg20": math.fsum(cpu) / len(cpu),
-        "mem_used_sum20": sum(mem),
+        "cpu_user_avg20": cpu_avg,
+        "mem_used_sum20": mem_sum,
     }
     return Window(cpu, mem, last_ts), Output(event.msg_id, "out", event.host, encode(value))
 
 
-def dead_letter(rejection: Rejection) -> Output:
-    value = {
-        "msg_id": rejection.msg_id,
-        "reason": rejection.reason,
-        "raw": base64.b64encode(rejection.raw).decode("ascii"),
-    }
-    return Output(rejection.msg_id, "dlq", None, encode(value))
-
-
-def encode(value: dict[str, Any]) -> str:
-    # Fixed member order and separators: every engine emits the same bytes.
-    return json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+def process_record(
+    window: Window | None,
+    msg_id: int,
+    raw: bytes | None,
+    retention_ms: int,
+    limits: Limits,
+    key: str | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> tuple[Window | None, Output]:
+    """One record through parse and step, guarded: whatever it raises, the record becomes
+    a dead letter with a reason and the window stays as it was (a rejected record never
+    touches the state)."""
+    data = raw or b""
+    try:
+        parsed = parse(msg_id, data, limits, key)
+        if isinstance(parsed, Rejection):
+            return window, dead_letter(msg_id, parsed.reason, data, max_message_bytes)
+        new_window, output = step(window, parsed, retention_ms)
+        if not fits(output, max_message_bytes):
+            return window, dead_letter(
+                msg_id, "oversize: the output would not fit one message", data, max_message_bytes
+            )
+        return new_window, output
+    except Overflow as exc:
+        return window, dead_letter(msg_id, str(exc), data, max_message_bytes)
+    except Exception as exc:  # the guard's last line: never a failed batch
+        reason = clean_reason(f"error: {type(exc).__name__}: {exc}")
+        return window, dead_letter(msg_id, reason, data, max_message_bytes)
 
 
 def process_host(
     window: Window | None,
     records: Iterable[tuple[int, bytes | None]],
     retention_ms: int,
-    max_bytes: int,
+    limits: Limits | int,
     key: str | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> tuple[Window | None, list[Output]]:
-    """Run one host's records (in msg_id order) through parse and step."""
+    """Run one host's records (in msg_id order) through the guarded parse and step."""
+    if isinstance(limits, int):
+        limits = Limits(max_bytes=limits)
     outputs = []
     for msg_id, raw in records:
-        parsed = parse(msg_id, raw, max_bytes, key)
-        if isinstance(parsed, Rejection):
-            outputs.append(dead_letter(parsed))
-        else:
-            window, output = step(window, parsed, retention_ms)
-            outputs.append(output)
+        window, output = process_record(
+            window, msg_id, raw, retention_ms, limits, key, max_message_bytes
+        )
+        outputs.append(output)
     return window, outputs
 
 
 def reference(
-    records: Iterable[tuple[int, bytes | None]], retention_ms: int, max_bytes: int
+    records: Iterable[tuple[int, bytes | None]],
+    retention_ms: int,
+    limits: Limits | int,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> Iterator[Output]:
     """What the pipeline must produce for these inbound records, computed without Spark."""
+    if isinstance(limits, int):
+        limits = Limits(max_bytes=limits)
     windows: dict[str, Window] = {}
     for msg_id, raw in sorted(records, key=lambda r: r[0]):
-        parsed = parse(msg_id, raw, max_bytes)
-        if isinstance(parsed, Rejection):
-            yield dead_letter(parsed)
-            continue
-        window, output = step(windows.get(parsed.host), parsed, retention_ms)
-        windows[parsed.host] = window
+        parsed = parse(msg_id, raw, limits)
+        host = parsed.host if isinstance(parsed, Event) else None
+        window, output = process_record(
+            windows.get(host) if host is not None else None,
+            msg_id,
+            raw,
+            retention_ms,
+            limits,
+            max_message_bytes=max_message_bytes,
+        )
+        if host is not None and window is not None:
+            windows[host] = window
         yield output

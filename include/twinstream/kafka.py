@@ -86,7 +86,13 @@ class TopicSpec:
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     """The three topics of a pipeline, as the settings describe them."""
 
-    def spec(name: str, retention_ms: int) -> TopicSpec:
+    def spec(name: str, retention_ms: int, written_by_engines: bool = True) -> TopicSpec:
+        size = (
+            # Room above the engines' own limit for a record batch's framing.
+            {"max.message.bytes": str(settings.max_message_bytes + 1024)}
+            if written_by_engines
+            else {}
+        )
         return TopicSpec(
             name=name,
             # One partition: msg_id is the inbound offset, and a single partition gives a
@@ -101,11 +107,12 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                 # Kafka deletes whole segments: one that lives longer than the retention
                 # (the default rolls weekly) keeps records well past it.
                 "segment.ms": str(min(retention_ms, DAY_MS)),
+                **size,
             },
         )
 
     return [
-        spec(settings.inbound_topic, settings.inbound_retention_ms),
+        spec(settings.inbound_topic, settings.inbound_retention_ms, written_by_engines=False),
         spec(settings.outbound_topic, settings.outbound_retention_ms),
         spec(settings.dlq_topic, settings.dlq_retention_ms),
     ]

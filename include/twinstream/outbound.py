@@ -6,21 +6,36 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from twinstream.config import Settings
 from twinstream.gate import Fenced, TransientPublishError
-from twinstream.hostmetrics import Output
 from twinstream.kafka import consumer_config, producer_config
+from twinstream.rows import Output, dead_letter
 
 if TYPE_CHECKING:
     from confluent_kafka._types import HeadersType
 
 log = logging.getLogger(__name__)
 MSG_ID_HEADER = "msg_id"
+
+# Errors that say a record itself cannot be written, whatever the cluster's state: retrying
+# it would fail the same way forever.
+REFUSALS = {
+    # Also what librdkafka's produce() raises for a record over message.max.bytes.
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_MSG_SIZE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.INVALID_MSG,
+    KafkaError._INVALID_ARG,
+}
+
+
+def is_refusal(error: object) -> bool:
+    return isinstance(error, KafkaError) and error.code() in REFUSALS
 
 
 class KafkaPublisher:
@@ -44,6 +59,9 @@ class KafkaPublisher:
                     # the broker-side timeout only bounds an orphan nobody replaces.
                     "transaction.timeout.ms": 10_000,
                     "client.id": f"twinstream-{settings.pipeline}-{engine_id}",
+                    # The rows are sized for this limit (twinstream.rows); the topics accept
+                    # a little more (twinstream.kafka.topic_specs).
+                    "message.max.bytes": settings.max_message_bytes,
                 },
             )
         )
@@ -58,23 +76,76 @@ class KafkaPublisher:
         return self
 
     def publish(self, rows: Sequence[Output], epoch: int) -> None:
+        """Write `rows` in one transaction. A row that Kafka refuses for what it is (too
+        large, invalid) rather than for the cluster's state is replaced by its dead letter
+        and the transaction retried once: one record never stalls the others."""
+        rows = list(rows)
+        refused: dict[int, KafkaError] = {}
+        try:
+            self._transaction(rows, epoch, refused)
+        except TransientPublishError:
+            if not refused:
+                raise
+            rows = [
+                self._dead_letter(r, refused[r.msg_id]) if r.msg_id in refused else r for r in rows
+            ]
+            log.error(
+                "engine %s pipeline %s: Kafka refused msg_id %s (%s); publishing their dead "
+                "letters instead",
+                self._engine_id.decode(),
+                self._settings.pipeline,
+                sorted(refused),
+                "; ".join(sorted({e.name() for e in refused.values()})),
+            )
+            self._transaction(rows, epoch, {})
+
+    def _dead_letter(self, row: Output, error: KafkaError) -> Output:
+        return dead_letter(
+            row.msg_id,
+            f"unpublishable: {error.name()}: {error.str()}",
+            row.value.encode("utf-8", "backslashreplace"),
+            # Half the limit: a dead letter of a refused row must not be refused in turn.
+            self._settings.max_message_bytes // 2,
+        )
+
+    def _transaction(self, rows: list[Output], epoch: int, refused: dict[int, KafkaError]) -> None:
         topics = {"out": self._settings.outbound_topic, "dlq": self._settings.dlq_topic}
         epoch_header = str(epoch).encode()
+
+        def delivered(msg_id: int) -> Callable[[KafkaError | None, object], None]:
+            def report(error: KafkaError | None, _msg: object) -> None:
+                if error is not None and is_refusal(error):
+                    refused[msg_id] = error
+
+            return report
+
         try:
             self._producer.begin_transaction()
             for row in rows:
-                self._producer.produce(
-                    topics[row.kind],
-                    key=row.key.encode() if row.key is not None else None,
-                    value=row.value.encode(),
-                    headers=[
-                        (MSG_ID_HEADER, str(row.msg_id).encode()),
-                        ("engine_id", self._engine_id),
-                        ("epoch", epoch_header),
-                    ],
-                )
+                try:
+                    self._producer.produce(
+                        topics[row.kind],
+                        key=row.key.encode() if row.key is not None else None,
+                        value=row.value.encode(),
+                        headers=[
+                            (MSG_ID_HEADER, str(row.msg_id).encode()),
+                            ("engine_id", self._engine_id),
+                            ("epoch", epoch_header),
+                        ],
+                        on_delivery=delivered(row.msg_id),
+                    )
+                except KafkaException as exc:
+                    # librdkafka refuses some records before sending (too large): the
+                    # transaction cannot hold every row, so it is abandoned below.
+                    if not is_refusal(exc.args[0]):
+                        raise
+                    refused[row.msg_id] = exc.args[0]
+                except UnicodeEncodeError as exc:
+                    refused[row.msg_id] = KafkaError(KafkaError.INVALID_RECORD, str(exc))
                 # Serve delivery reports so the local queue never fills on large batches.
                 self._producer.poll(0)
+            if refused:
+                raise TransientPublishError(f"{len(refused)} record(s) refused")
             self._producer.commit_transaction(self._timeout_s)
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
@@ -89,6 +160,9 @@ class KafkaPublisher:
         except BufferError as exc:
             self._abort()
             raise TransientPublishError(f"local queue full: {exc}") from exc
+        except TransientPublishError:
+            self._abort()
+            raise
 
     def _abort(self) -> None:
         try:

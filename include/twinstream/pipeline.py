@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from twinstream.config import Settings
-from twinstream.hostmetrics import Output, Window, process_host
+from twinstream.hostmetrics import Window, process_host
+from twinstream.rows import Output
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -89,7 +90,8 @@ def transform(rows: DataFrame, settings: Settings) -> DataFrame:
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     retention_ms = settings.window_retention_ms
-    max_bytes = settings.max_record_bytes
+    limits = settings.record_limits
+    max_message_bytes = settings.max_message_bytes
 
     def per_host(
         key: tuple[Any, ...], batches: Iterator[pd.DataFrame], state: GroupState
@@ -100,10 +102,12 @@ def transform(rows: DataFrame, settings: Settings) -> DataFrame:
         frame = pd.concat(list(batches), ignore_index=True).sort_values("msg_id")
         records = zip(frame["msg_id"].tolist(), frame["raw"].tolist(), strict=True)
         if host == NO_HOST:
-            _, outputs = process_host(None, records, retention_ms, max_bytes, key=None)
+            _, outputs = process_host(None, records, retention_ms, limits, None, max_message_bytes)
         else:
             window = _window_from_state(state.get) if state.exists else None
-            window, outputs = process_host(window, records, retention_ms, max_bytes, key=host)
+            window, outputs = process_host(
+                window, records, retention_ms, limits, host, max_message_bytes
+            )
             if window is not None:
                 encoded = json.dumps([window.cpu_user, window.mem_used_mb])
                 state.update((encoded, window.last_ts_ms))

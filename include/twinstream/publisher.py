@@ -120,7 +120,7 @@ class Progress:
 
 def publish(
     settings: Settings,
-    records: Iterable[bytes],
+    records: Iterable[bytes | None],
     rate: float = 0.0,
     total: int | None = None,
     on_progress: Callable[[str], None] | None = None,

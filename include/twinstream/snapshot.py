@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from twinstream.hostmetrics import Output
+from twinstream.rows import Output
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from twinstream.gate import Fenced, Gate, TransientPublishError
-from twinstream.hostmetrics import Output
+from twinstream.rows import Output
 
 
 def rows(*ids):

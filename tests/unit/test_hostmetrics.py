@@ -56,7 +56,7 @@ def test_a_good_record_parses_with_exact_milliseconds():
         (
             b'{"host":"a","ts":"2026-11-22T10:00:00Z","cpu_user":NaN,"cpu_system":1,'
             b'"mem_used_mb":1,"mem_free_mb":1}',
-            "wrong_type: cpu_user is not finite",
+            "out_of_range: cpu_user is not finite",
         ),
         (_raw(ts="yesterday"), "bad_time: "),
         (_raw(ts="2026-11-22T10:00:00+02:00"), "bad_time: "),

@@ -1,0 +1,1 @@
+"""Kits for tests, drills and benchmarks: inputs and checks that no engine imports."""
