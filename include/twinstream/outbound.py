@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -50,6 +50,7 @@ class KafkaPublisher:
         self._settings = settings
         self._engine_id = engine_id.encode()
         self._timeout_s = timeout_s
+        self._unsettled = False
         self._producer = Producer(
             producer_config(
                 settings,
@@ -58,6 +59,10 @@ class KafkaPublisher:
                     # An active that dies mid-transaction is fenced by the next init anyway;
                     # the broker-side timeout only bounds an orphan nobody replaces.
                     "transaction.timeout.ms": 10_000,
+                    # Under the transaction timeout: in an outage a record fails within it,
+                    # so a commit is settled (committed, or aborted and retried) in bounded
+                    # time instead of waiting out the default 300 s.
+                    "message.timeout.ms": 9_000,
                     "client.id": f"twinstream-{settings.pipeline}-{engine_id}",
                     # The rows are sized for this limit (twinstream.rows); the topics accept
                     # a little more (twinstream.kafka.topic_specs).
@@ -69,11 +74,26 @@ class KafkaPublisher:
         self._producer.list_topics(timeout=timeout_s)
 
     def fence(self) -> KafkaPublisher:
-        try:
-            self._producer.init_transactions(self._timeout_s)
-        except KafkaException as exc:
-            raise TransientPublishError(f"init_transactions failed: {exc}") from exc
-        return self
+        """init_transactions, again while the error is retriable, for up to a minute: the
+        coordinator answers CONCURRENT_TRANSACTIONS until it has aborted the previous
+        holder's open transaction, which it cannot do while a partition of it lacks its
+        in-sync replicas (an outage). Giving up sooner only hands the election to the other
+        engine, which meets the same wait."""
+        deadline = time.monotonic() + 6 * self._timeout_s
+        while True:
+            try:
+                self._producer.init_transactions(self._timeout_s)
+                return self
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if not error.retriable() or time.monotonic() > deadline:
+                    raise TransientPublishError(f"init_transactions failed: {exc}") from exc
+                log.warning(
+                    "engine %s pipeline %s: init_transactions: %s; trying again",
+                    self._engine_id.decode(),
+                    self._settings.pipeline,
+                    error,
+                )
 
     def publish(self, rows: Sequence[Output], epoch: int) -> None:
         """Write `rows` in one transaction. A row that Kafka refuses for what it is (too
@@ -119,11 +139,15 @@ class KafkaPublisher:
 
             return report
 
+        if self._unsettled:
+            self._abort()  # the last transaction's abort did not go through
+            if self._unsettled:
+                raise TransientPublishError("the previous transaction is not settled yet")
         try:
             self._producer.begin_transaction()
             for row in rows:
                 try:
-                    self._producer.produce(
+                    self._produce(
                         topics[row.kind],
                         key=row.key.encode() if row.key is not None else None,
                         value=row.value.encode(),
@@ -146,7 +170,7 @@ class KafkaPublisher:
                 self._producer.poll(0)
             if refused:
                 raise TransientPublishError(f"{len(refused)} record(s) refused")
-            self._producer.commit_transaction(self._timeout_s)
+            self._commit()
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             if error.fatal() or error.code() in (
@@ -164,11 +188,57 @@ class KafkaPublisher:
             self._abort()
             raise
 
+    def _produce(self, topic: str, **record: Any) -> None:
+        """produce(), waiting for room in librdkafka's local queue: a takeover after an
+        outage publishes up to max_buffered_msgs rows in one transaction, more than the
+        queue holds (100,000 messages by default)."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                self._producer.produce(topic, **record)
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise
+                self._producer.poll(0.05)
+
+    def _commit(self) -> None:
+        """commit_transaction as librdkafka's transactional API asks: a retriable error
+        (the commit timed out, records still in flight) means commit again, the same
+        transaction; anything else is raised for the caller to abort. An outage resolves
+        a commit within message.timeout.ms (the records fail, the commit with them)."""
+        deadline = time.monotonic() + 2 * self._timeout_s
+        while True:
+            try:
+                self._producer.commit_transaction(self._timeout_s)
+                return
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if error.fatal() or not error.retriable() or time.monotonic() > deadline:
+                    raise
+                log.info("commit_transaction: %s; committing again", error)
+
     def _abort(self) -> None:
-        try:
-            self._producer.abort_transaction(self._timeout_s)
-        except KafkaException as exc:
-            log.warning("abort_transaction failed: %s", exc)
+        """abort_transaction, again while the error is retriable (an abort, too, waits for
+        records in flight). If it still fails, the next transaction first tries again: the
+        coordinator cannot finish an abort while a partition of the transaction lacks its
+        in-sync replicas, and the gate's lock must not be held for a whole outage."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                self._producer.abort_transaction(self._timeout_s)
+                self._unsettled = False
+                return
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if error.code() == KafkaError._STATE:
+                    self._unsettled = False  # no transaction in progress: nothing to abort
+                    return
+                if error.retriable() and time.monotonic() < deadline:
+                    continue
+                log.warning("abort_transaction failed: %s; trying again first next time", error)
+                self._unsettled = True
+                return
 
     def close(self) -> None:
         # No flush: anything unsent belongs to an uncommitted transaction, which the broker

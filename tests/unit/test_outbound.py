@@ -1,5 +1,6 @@
-"""A record Kafka refuses for what it is becomes its dead letter; it never stalls the
-others (today's loss of the whole output behind one oversize dead letter)."""
+"""The transactional publisher against a fake producer: a record Kafka refuses for what it
+is becomes its dead letter and never stalls the others; a commit that times out is
+committed again, as librdkafka's transactional API asks, not aborted."""
 
 from __future__ import annotations
 
@@ -25,8 +26,19 @@ class FakeProducer:
         self.pending: list[tuple[str, bytes]] = []
         self.committed: list[list[tuple[str, bytes]]] = []
         self.aborted = 0
+        # Errors the next commit_transaction / abort_transaction calls raise, in order.
+        self.commit_errors: list[KafkaError] = []
+        self.abort_errors: list[KafkaError] = []
+        self.init_errors: list[KafkaError] = []
+        self.inits = 0
 
     def list_topics(self, timeout: float) -> None: ...
+
+    def init_transactions(self, timeout: float) -> None:
+        if self.init_errors:
+            raise KafkaException(self.init_errors.pop(0))
+        self.inits += 1
+
     def begin_transaction(self) -> None:
         self.pending = []
 
@@ -39,11 +51,15 @@ class FakeProducer:
         return 0
 
     def commit_transaction(self, timeout: float) -> None:
+        if self.commit_errors:
+            raise KafkaException(self.commit_errors.pop(0))
         if self.down:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "brokers down"))
         self.committed.append(self.pending)
 
     def abort_transaction(self, timeout: float) -> None:
+        if self.abort_errors:
+            raise KafkaException(self.abort_errors.pop(0))
         self.aborted += 1
 
 
@@ -84,3 +100,45 @@ def test_a_cluster_outage_stays_a_transient_error_with_nothing_replaced(publishe
     with pytest.raises(TransientPublishError):
         pub.publish([Output(1, "out", "h", "small")], epoch=1)
     assert producer.committed == []
+
+
+def test_a_commit_that_timed_out_is_committed_again_not_aborted(publisher):
+    # Seen in the outage test: aborting after a timed-out commit conflicts with the commit
+    # still in progress ("Conflicting commit_transaction API call"), forever.
+    pub, producer = publisher
+    producer.commit_errors = [KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True)]
+    pub.publish([Output(1, "out", "h", "v")], epoch=1)
+    assert len(producer.committed) == 1
+    assert producer.aborted == 0
+
+
+def test_an_abort_that_does_not_go_through_is_tried_again_before_the_next_transaction(
+    publisher,
+):
+    pub, producer = publisher
+    producer.commit_errors = [KafkaError(KafkaError._MSG_TIMED_OUT, "record timed out")]
+    producer.abort_errors = [KafkaError(KafkaError._CONFLICT, "commit in progress")]
+    with pytest.raises(TransientPublishError):
+        pub.publish([Output(1, "out", "h", "v")], epoch=1)
+    assert producer.aborted == 0
+    pub.publish([Output(1, "out", "h", "v")], epoch=1)  # aborts the old one first
+    assert producer.aborted == 1
+    assert len(producer.committed) == 1
+
+
+def test_a_fence_waits_out_a_coordinator_still_aborting_the_old_transaction(publisher):
+    # In an outage the coordinator cannot finish the old holder's abort: init_transactions
+    # answers CONCURRENT_TRANSACTIONS until it can. Resigning at once only handed the
+    # election to the other engine, again and again.
+    pub, producer = publisher
+    busy = KafkaError(KafkaError.CONCURRENT_TRANSACTIONS, "busy", retriable=True)
+    producer.init_errors = [busy, busy]
+    assert pub.fence() is pub
+    assert producer.inits == 1
+
+
+def test_a_fence_that_cannot_succeed_is_a_transient_error(publisher):
+    pub, producer = publisher
+    producer.init_errors = [KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "no")]
+    with pytest.raises(TransientPublishError, match="init_transactions failed"):
+        pub.fence()
