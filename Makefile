@@ -22,7 +22,8 @@ help:
 	@echo "make status  show every service of the stack and its pid"
 	@echo "make down    stop everything the stack started"
 	@echo "make test    install everything and run lint, type checks and all tests"
-	@echo "make chaos   the full chaos suite: 100 kill -9 failovers, a broker and ZooKeeper down"
+	@echo "make chaos   the full chaos suite: 100 kill -9 failovers, a broker and ZooKeeper down,"
+	@echo "             3-minute outbound outages with and without a kill of the active"
 	@echo "make clean   stop the stack and delete its state (.twinstream/) and the virtualenv"
 
 install: system-deps $(VENV)/.installed $(JARS)/.installed
@@ -83,11 +84,12 @@ dags: install
 integration: install
 	$(BIN)/pytest tests/integration
 
-# The whole chaos suite; `make test` runs it with 10 failovers instead of 100. `-s`: the
-# run takes over an hour, so each failover's line is shown as it happens (and kept: pytest
-# would drop a passing test's captured output).
+# The whole chaos suite; `make test` runs it with 10 failovers instead of 100 and 30 s
+# outbound outages instead of 3 minutes. `-s`: the run takes over an hour, so each
+# failover's line is shown as it happens (and kept: pytest would drop a passing test's
+# captured output).
 chaos: install
-	TWINSTREAM_CHAOS_FAILOVERS=100 $(BIN)/pytest -s --durations=0 tests/chaos
+	TWINSTREAM_CHAOS_FAILOVERS=100 TWINSTREAM_CHAOS_OUTAGE_S=180 $(BIN)/pytest -s --durations=0 tests/chaos
 
 test: install
 	$(BIN)/ruff check .

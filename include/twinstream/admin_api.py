@@ -28,6 +28,20 @@ class ServerInfo(BaseModel):
     version: str
 
 
+class QuarantinedOffset(BaseModel):
+    msg_id: int
+    reason: str
+
+
+class RepairInfo(BaseModel):
+    """A range no buffer covered at a takeover, recomputed and published; `seconds` is
+    null while the repair is in progress."""
+
+    first: int
+    last: int
+    seconds: float | None
+
+
 class PipelineInfo(BaseModel):
     state: str
     reason: str
@@ -38,6 +52,14 @@ class PipelineInfo(BaseModel):
     buffer_size: int
     in_sync: bool
     uncovered_ranges: list[tuple[int, int]]
+    # Rows the active could not publish yet (at most max_buffered_msgs before it pauses).
+    unpublished: int = 0
+    # Why the query is paused for backpressure, if it is (GET /pipeline shows it as such).
+    paused: str | None = None
+    # The pipeline's quarantined inbound offsets (shared by its engines through ZooKeeper),
+    # each published as a dead letter with its reason.
+    quarantined: list[QuarantinedOffset] = Field(default_factory=list)
+    repairs: list[RepairInfo] = Field(default_factory=list)
     # Replay progress while restoring (Spark's processedRowsPerSecond of the last batch).
     events_per_s: float | None = None
     # The snapshot id (or "cold") the running pipeline was restored from, if any.

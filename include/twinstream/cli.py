@@ -4,6 +4,8 @@ twinstream publish --rate 1000 --count 60000       synthetic host metrics
 twinstream publish --file metrics.jsonl            a CSV or JSONL file
 twinstream subscribe --output out.csv              outbound -> CSV (read_committed)
 twinstream status                                  every engine's role, lag, buffer
+twinstream quarantine list                         offsets the engines quarantined
+twinstream quarantine release 1234                 release one once its bug is fixed
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ def cmd_status(settings: Settings, _args: argparse.Namespace) -> int:
         )
         if pipe["uncovered_ranges"]:
             rows[-1][2] += f" UNCOVERED {pipe['uncovered_ranges']}"
+        if pipe.get("quarantined"):
+            rows[-1][2] += f" QUARANTINED {len(pipe['quarantined'])} (twinstream quarantine list)"
+        if pipe.get("paused"):
+            rows[-1][2] += " PAUSED"
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
@@ -121,6 +127,41 @@ def cmd_status(settings: Settings, _args: argparse.Namespace) -> int:
         print(f"WARNING: {active} active engines (want exactly 1)", file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
+    from twinstream.election import zk_client
+    from twinstream.quarantine import QuarantineStore
+
+    client = zk_client(settings)
+    client.start(timeout=15)
+    try:
+        store = QuarantineStore(client, settings.quarantine_path)
+        if args.action == "list":
+            entries = store.entries()
+            for offset, reason in sorted(entries.items()):
+                print(f"{offset}\t{reason}")
+            print(f"{len(entries)} quarantined in pipeline {settings.pipeline}", file=sys.stderr)
+            return 0
+        if args.offset is None:
+            raise ValueError("release needs the offset: twinstream quarantine release OFFSET")
+        if not store.release(args.offset):
+            print(
+                f"msg_id {args.offset} is not quarantined in pipeline {settings.pipeline} "
+                "(see `twinstream quarantine list`)",
+                file=sys.stderr,
+            )
+            return 1
+        print(
+            f"released msg_id {args.offset}: its dead letter in {settings.dlq_topic} stays "
+            "(each offset is published once); a replay of it (a restore from an earlier "
+            "snapshot, a cold rebuild) processes it normally. To process the record now, "
+            "publish its raw bytes again (the dead letter's `raw`, base64)."
+        )
+        return 0
+    finally:
+        client.stop()
+        client.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,10 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     sub.add_parser("status", help="every engine's role, lag and buffer as a table")
+    quar = sub.add_parser("quarantine", help="list or release quarantined inbound offsets")
+    quar.add_argument("action", choices=["list", "release"])
+    quar.add_argument("offset", nargs="?", type=int, help="the msg_id to release")
     args = parser.parse_args(argv)
     try:
         settings = load_settings()
-        handler = {"publish": cmd_publish, "subscribe": cmd_subscribe, "status": cmd_status}
+        handler = {
+            "publish": cmd_publish,
+            "subscribe": cmd_subscribe,
+            "status": cmd_status,
+            "quarantine": cmd_quarantine,
+        }
         return handler[args.command](settings, args)
     except (SettingsError, ValueError, OSError, RuntimeError) as exc:
         print(f"\ntwinstream {args.command}: {exc}", file=sys.stderr)

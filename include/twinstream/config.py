@@ -74,9 +74,10 @@ class Settings(BaseSettings):
     # The largest session timeout request ZooKeeper clamps to 2 x tickTime (1 s at 500 ms).
     zk_session_timeout_s: float = Field(default=0.2, gt=0)
     num_buffered_msgs: int = Field(default=10_000, ge=1)
-    # A standby also keeps outputs the active has not published yet, beyond
-    # num_buffered_msgs, up to this many: an overloaded active can fall far behind its
-    # standby, and what the standby dropped no takeover could publish.
+    # The memory bound, in rows, of both roles (twinstream.gate): a standby keeps every
+    # output the active has not published yet, and pauses its query once it holds this
+    # many; an active that cannot publish pauses its query once it holds this many
+    # unpublished. Nothing is dropped: a paused query leaves its input in Kafka.
     max_buffered_msgs: int = Field(default=100_000, ge=1)
     window_retention_ms: int = Field(default=60 * 60 * 1000, ge=1000)
     # The per-record guard's limits (twinstream.guard): a record past any of them is a dead
@@ -90,6 +91,10 @@ class Settings(BaseSettings):
     # max.message.bytes of at least this; a dead letter whose raw bytes would exceed it
     # carries their prefix, full length and sha256 (twinstream.rows.dead_letter).
     max_message_bytes: int = Field(default=1_000_000, ge=16_384)
+    # Test-only fault injection, off unless set: the transform raises on any batch holding
+    # a record that contains this text (a bug outside the per-record guard), so that tests
+    # can prove the quarantine. Never set it in production.
+    fault_marker: str = ""
     trigger_interval_ms: int = Field(default=250, ge=0)
     # Bounds a catch-up batch, so a standby that replays a backlog still reaches takeover
     # readiness batch by batch rather than in one long batch.
@@ -218,6 +223,10 @@ class Settings(BaseSettings):
     @property
     def epoch_path(self) -> str:
         return f"/twinstream/{self.pipeline}/epoch"
+
+    @property
+    def quarantine_path(self) -> str:
+        return f"/twinstream/{self.pipeline}/quarantine"
 
     def engine_admin_port(self, engine_id: str) -> int:
         try:

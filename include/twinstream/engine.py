@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, TopicPartition
 
 import twinstream
-from twinstream import snapshot
+from twinstream import checkpoint, snapshot
 from twinstream.admin_api import (
     BufferedRow,
     Conflict,
     PipelineInfo,
+    QuarantinedOffset,
+    RepairInfo,
     RestoreReport,
     ServerInfo,
 )
@@ -31,6 +33,15 @@ from twinstream.kafka import consumer_config
 from twinstream.metrics import EngineMetrics
 from twinstream.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.pipeline import rows_of, spark_conf, start_query
+from twinstream.quarantine import (
+    Bisection,
+    QuarantineStore,
+    describe,
+    failed_batch,
+    forget_batch,
+    next_step,
+    quarantine_reason,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -84,7 +95,10 @@ class Engine:
             settings.num_buffered_msgs,
             self.metrics,
             max_buffer_size=settings.max_buffered_msgs,
+            on_gap=self._on_gap,
         )
+        # A gap to recompute, found at a takeover: how (the main loop does it).
+        self._repair: checkpoint.RewindPoint | snapshot.Manifest | None = None
         self.zk = zk_client(settings)
         self.election = Election(
             self.zk,
@@ -96,6 +110,18 @@ class Engine:
             on_connection=self.gate.zk_connected,
             root_acl=root_acl(settings),
         )
+        self.quarantine = QuarantineStore(self.zk, settings.quarantine_path)
+        # The quarantined offsets the running query excludes (offset -> reason), the search
+        # for the offending offsets of a failed batch, and the batch size it imposes.
+        self._excluded: dict[int, str] = {}
+        self._search: Bisection | None = None
+        self._cap: int | None = None
+        # Set by a batch whose processing raised: (batch id, "<class>: <message>").
+        self._batch_error: tuple[int, str] | None = None
+        # Consecutive query failures not traced to a record, and when to restart next.
+        self._failures = 0
+        self._restart_at = 0.0
+        self._quarantine_seen: tuple[float, dict[int, str]] = (0.0, {})
         # Serialises start, stop, persist and restore; status reads never wait for it.
         self._lock = threading.RLock()
         self._spark: SparkSession | None = None
@@ -151,8 +177,15 @@ class Engine:
     def _start_query(self, starting_offset: int | None = None) -> None:
         if self._spark is None:
             self._spark = self._new_session()
+        self._excluded = self._read_quarantine()
         self._query = start_query(
-            self._spark, self.settings, self.engine_id, self.process_batch, starting_offset
+            self._spark,
+            self.settings,
+            self.engine_id,
+            self.process_batch,
+            starting_offset,
+            max_offsets=self._cap,
+            quarantined=self._excluded,
         )
         log.info(
             "engine %s pipeline %s: query %s started from %s%s",
@@ -213,9 +246,11 @@ class Engine:
         with self._lock:
             if self._state == "stopped":
                 return
+            self._search, self._cap = None, None
             # Leave the election first: a standby takes over while this query winds down.
             self.election.stop()
             self.gate.step_down(reason, rejoin=False)
+            self.gate.abandon_waits()
             if self._query is not None:
                 try:
                     self._query.stop()
@@ -274,16 +309,210 @@ class Engine:
             self._lock.release()
 
     def _check_query(self) -> None:
+        if self._repair is not None:
+            self._rewind_for_repair()
+            return
         query = self._query
-        if query is None or query.isActive:
+        if query is None:
+            if self._state == "recovering" and time.monotonic() >= self._restart_at:
+                self._restart_query()
+            return
+        if query.isActive:
+            self._after_search()
             return
         error = query.exception()
         self._query = None
-        self.election.stop()
-        self.gate.step_down("query failed", rejoin=False)
-        self._state = "failed"
-        self._reason = f"streaming query stopped: {error}"
-        log.error("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, self._reason)
+        self._recover(error)
+
+    def _recover(self, error: Any) -> None:
+        """A query died. If a batch's processing raised while Kafka answers, the batch's
+        records are the suspects: search them (twinstream.quarantine) and restart at once.
+        Otherwise restart with backoff; after three such failures in a row, leave the
+        election so that a healthy standby takes over, and come back once it runs."""
+        batch_error, self._batch_error = self._batch_error, None
+        checkpoint = self.settings.checkpoint_dir(self.engine_id)
+        failed = failed_batch(checkpoint, self.settings.inbound_topic)
+        if batch_error is not None and failed is not None and self._kafka_answers():
+            self._failures = 0
+            quarantined = self._read_quarantine()
+            step, self._search = next_step(failed, quarantined, self._excluded, self._search)
+            log.error(
+                "engine %s pipeline %s: batch %s (msg_id %s..%s) failed: %s; %s",
+                self.engine_id,
+                self.settings.pipeline,
+                failed.batch_id,
+                failed.start,
+                failed.end - 1,
+                batch_error[1],
+                {
+                    "exclude": "excluding the offsets another engine quarantined",
+                    "split": f"splitting it: batches of at most {step.cap}",
+                    "retry": "running the record alone again to confirm",
+                    "quarantine": f"quarantining msg_id {step.offset}",
+                }[step.action],
+            )
+            if step.action == "split":
+                forget_batch(checkpoint, failed.batch_id)
+                self._cap = step.cap
+            elif step.action == "retry":
+                self._cap = 1
+            elif step.action == "quarantine" and step.offset is not None:
+                reason = self.quarantine.add(
+                    step.offset, quarantine_reason(batch_error[1]), self.engine_id
+                )
+                log.error(
+                    "engine %s pipeline %s: msg_id %s QUARANTINED (%s): it goes to %s",
+                    self.engine_id,
+                    self.settings.pipeline,
+                    step.offset,
+                    reason,
+                    self.settings.dlq_topic,
+                )
+                self._search, self._cap = None, None
+            self._state, self._reason = "recovering", f"batch failed: {batch_error[1]}"
+            self._restart_at = 0.0
+            self._restart_query()
+            return
+        self._failures += 1
+        delay = min(30.0, 2.0**self._failures)
+        reason = str(error).splitlines()[0] if error is not None else "no error reported"
+        self._state = "recovering"
+        self._reason = f"streaming query stopped: {reason}; restarting in {delay:.0f} s"
+        self._restart_at = time.monotonic() + delay
+        if self._failures >= 3 and self.gate.role != "none":
+            self.election.stop()
+            self.gate.step_down("query failing", rejoin=False)
+        log.error(
+            "engine %s pipeline %s: %s (failure %s in a row)",
+            self.engine_id,
+            self.settings.pipeline,
+            self._reason,
+            self._failures,
+        )
+
+    def _on_gap(self, first: int, last: int) -> bool:
+        """The gate found msg_id first..last in no buffer at a takeover. Plan to recompute
+        it: rewind to the newest batch of this engine's own checkpoint history that ends at
+        or before `first`, else install the newest snapshot that continues at or before it
+        (Kafka must still hold the inbound records from there). False: neither reaches."""
+        ckpt = self.settings.checkpoint_dir(self.engine_id)
+        point = checkpoint.rewind_point(ckpt, self.settings.inbound_topic, first)
+        plan: checkpoint.RewindPoint | snapshot.Manifest | None = point
+        if point is None:
+            try:
+                log_start = self._log_start_offset()
+            except Exception:
+                log_start = first + 1  # unknown: no snapshot can be trusted to replay
+            usable = [
+                s.manifest
+                for s in snapshot.list_snapshots(self.settings.snapshot_dir, self.settings.pipeline)
+                if s.valid
+                and s.manifest is not None
+                and log_start <= s.manifest.next_offset <= first
+            ]
+            plan = max(usable, key=lambda m: m.next_offset, default=None)
+        if plan is None:
+            log.error(
+                "engine %s pipeline %s: msg_id %s..%s cannot be recomputed: the checkpoint "
+                "history and the snapshots begin after it, or Kafka no longer holds it",
+                self.engine_id,
+                self.settings.pipeline,
+                first,
+                last,
+            )
+            return False
+        self._repair = plan
+        return True
+
+    def _rewind_for_repair(self) -> None:
+        plan, self._repair = self._repair, None
+        ckpt = self.settings.checkpoint_dir(self.engine_id)
+        try:
+            self.gate.abandon_waits()
+            self._stop_query_between_batches()
+            if isinstance(plan, checkpoint.RewindPoint):
+                checkpoint.rewind(ckpt, plan)
+                source, next_offset = f"its checkpoint's batch {plan.batch_id}", plan.next_offset
+            elif plan is not None:
+                snapshot.install(self.settings.snapshot_dir, plan, ckpt)
+                source, next_offset = f"snapshot {plan.snapshot_id}", plan.next_offset
+            else:
+                return
+            self.gate.rewind(next_offset)
+            log.warning(
+                "engine %s pipeline %s: rewound to msg_id %s (%s) to recompute the gap",
+                self.engine_id,
+                self.settings.pipeline,
+                next_offset,
+                source,
+            )
+        except Exception as exc:
+            log.exception("engine %s: rewinding for the repair failed", self.engine_id)
+            self.gate.repair_failed(f"{type(exc).__name__}: {exc}")
+        self._restart_query()
+
+    def _restart_query(self) -> None:
+        try:
+            self._start_query()
+        except Exception as exc:
+            self._failures += 1
+            delay = min(30.0, 2.0**self._failures)
+            self._reason = f"restarting the query failed: {exc}; again in {delay:.0f} s"
+            self._restart_at = time.monotonic() + delay
+            log.error(
+                "engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, self._reason
+            )
+            return
+        self._state, self._reason = "running", ""
+        if self.gate.role == "none":  # left the election after repeated failures
+            self.gate.joined()
+            self.election.start()
+
+    def _after_search(self) -> None:
+        """Once the query has passed the range a search split, restart it with the normal
+        batch size (a cap is fixed when a query starts)."""
+        search = self._search
+        if search is None or self._cap is None:
+            return
+        position = self._query_position()
+        if position is None or position < search.end:
+            return
+        log.warning(
+            "engine %s pipeline %s: past msg_id %s: back to batches of %s",
+            self.engine_id,
+            self.settings.pipeline,
+            search.end - 1,
+            self.settings.max_offsets_per_trigger,
+        )
+        self._search, self._cap = None, None
+        self._stop_query_between_batches()
+        self._restart_query()
+
+    def _read_quarantine(self) -> dict[int, str]:
+        if not self.zk.connected:
+            self.zk.start(timeout=30)
+        return self.quarantine.entries()
+
+    def quarantined(self) -> dict[int, str]:
+        """The pipeline's quarantine as last read (at most 5 s old), for status reads."""
+        read_at, entries = self._quarantine_seen
+        if not self.zk.connected:  # before the pipeline starts, or ZooKeeper away
+            return {**self._excluded}
+        if time.monotonic() - read_at > 5.0:
+            try:
+                entries = self.quarantine.entries()
+            except Exception as exc:  # status reads must not fail on ZooKeeper
+                log.warning("engine %s: quarantine unreadable: %s", self.engine_id, exc)
+                entries = {**self._excluded}
+            self._quarantine_seen = (time.monotonic(), entries)
+        return entries
+
+    def _kafka_answers(self) -> bool:
+        try:
+            self._log_start_offset()
+        except Exception:
+            return False
+        return True
 
     # -- persist and restore ------------------------------------------------------------
 
@@ -305,6 +534,8 @@ class Engine:
             started = time.monotonic()
             self._state, self._reason = "persisting", "writing a snapshot"
             try:
+                # A batch paused for backpressure completes now: its rows are buffered.
+                self.gate.abandon_waits()
                 self._stop_query_between_batches()
                 # The query is stopped: the buffer and the checkpoint agree and stay put.
                 manifest = snapshot.write_snapshot(
@@ -336,7 +567,7 @@ class Engine:
         """Load a snapshot (an id, `latest`) or rebuild `cold` into a stopped pipeline, then
         start it; GET /pipeline shows state `restoring` and the lag until in sync."""
         with self._lock:
-            if self._state not in ("stopped", "failed"):
+            if self._state not in ("stopped", "failed", "recovering"):
                 raise Conflict(
                     f"the pipeline is {self._state}: restore replaces the checkpoint, so stop "
                     "the pipeline first (POST /pipeline/stop)"
@@ -422,7 +653,12 @@ class Engine:
     # -- the query's sink ---------------------------------------------------------------
 
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
-        rows = rows_of(df)
+        try:
+            rows = rows_of(df, self._excluded, self.settings.max_message_bytes)
+        except Exception as exc:
+            # The query fails with it; _recover decides whether a record is to blame.
+            self._batch_error = (batch_id, describe(exc))
+            raise
         published = self.gate.on_batch(batch_id, rows)
         log.debug(
             "engine %s pipeline %s: batch %s, %s rows, %s published, msg_id %s..%s",
@@ -477,6 +713,8 @@ class Engine:
         status = self.gate.status()
         lag = self._lag(status.last_msg_id_processed)
         self.metrics.buffer_fill.set(status.buffer_fill)
+        quarantined = self.quarantined()
+        self.metrics.quarantined.set(len(quarantined))
         if lag is not None:
             self.metrics.lag.set(lag)
         in_sync = is_in_sync(
@@ -502,6 +740,14 @@ class Engine:
             buffer_size=status.buffer_size,
             in_sync=in_sync,
             uncovered_ranges=status.uncovered_ranges,
+            unpublished=status.unpublished,
+            paused=status.paused,
+            quarantined=[
+                QuarantinedOffset(msg_id=o, reason=r) for o, r in sorted(quarantined.items())
+            ],
+            repairs=[
+                RepairInfo(first=r.first, last=r.last, seconds=r.seconds) for r in status.repairs
+            ],
             events_per_s=self._events_per_s(),
             restored_from=self._restored_from,
         )

@@ -6,12 +6,19 @@ transactional id. Rows are published exactly once as long as some engine that co
 still holds them in its buffer when it becomes active; when no engine does, the missing
 msg_id range is reported (log at ERROR, metric, admin API), never skipped silently.
 
+Memory is bounded without dropping anything: a standby keeps every row above the active's
+last published msg_id, and once it holds `max_buffered_msgs` rows it pauses its query
+(`on_batch` does not return) until the active has published past them; an active that
+cannot publish pauses its query once it holds `max_buffered_msgs` unpublished rows, and
+retries with backoff until they are published. A paused query does not advance its
+checkpoint, so nothing a pause holds back is lost: Kafka keeps the inbound records.
+
 How: every engine, active or not, appends each batch's rows to a buffer of at least the
 last `num_buffered_msgs` rows; a standby also keeps every row above the active's last
-published msg_id (as last read from the outbound topics), up to `max_buffered_msgs`, so a
-standby running ahead of a lagging active still covers the difference at takeover. The
-active publishes the buffered rows whose msg_id is above the last published one, in one
-Kafka transaction per batch. A new active first fences (init
+published msg_id (as last read from the outbound topics; all of them while it is
+unknown), so a standby running ahead of a lagging active still covers the difference at
+takeover. The active publishes the buffered rows whose msg_id is above the last published
+one, in one Kafka transaction per batch. A new active first fences (init
 transactions on the shared transactional id aborts the old active's open transaction and
 makes its later commits fail), then reads the last committed msg_id from the outbound and
 dead-letter topics, then publishes what its buffer holds after it. A batch Spark replays
@@ -58,6 +65,8 @@ class Metrics(Protocol):
     def takeover(self) -> None: ...
     def uncovered(self, first: int, last: int) -> None: ...
     def role(self, role: str) -> None: ...
+    def paused(self, paused: bool) -> None: ...
+    def repaired(self, rows: int) -> None: ...
 
 
 class NoMetrics:
@@ -66,6 +75,18 @@ class NoMetrics:
     def takeover(self) -> None: ...
     def uncovered(self, first: int, last: int) -> None: ...
     def role(self, role: str) -> None: ...
+    def paused(self, paused: bool) -> None: ...
+    def repaired(self, rows: int) -> None: ...
+
+
+@dataclass
+class Repair:
+    """A range no buffer covered at a takeover, recomputed: msg_id first..last, and how
+    long it took (None while in progress)."""
+
+    first: int
+    last: int
+    seconds: float | None = None
 
 
 @dataclass
@@ -78,6 +99,11 @@ class GateStatus:
     buffer_fill: int
     buffer_size: int
     uncovered_ranges: list[tuple[int, int]] = field(default_factory=list)
+    # Rows the active holds that it could not publish yet.
+    unpublished: int = 0
+    # Why the query is paused (backpressure), if it is.
+    paused: str | None = None
+    repairs: list[Repair] = field(default_factory=list)
 
 
 class Gate:
@@ -88,6 +114,9 @@ class Gate:
         buffer_size: int,
         metrics: Metrics | None = None,
         max_buffer_size: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        on_gap: Callable[[int, int], bool] | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.pipeline = pipeline
@@ -98,7 +127,17 @@ class Gate:
         self._max_buffer_size = max(buffer_size, max_buffer_size or buffer_size)
         # The active's last published msg_id as this standby last read it; None: unknown.
         self._published_elsewhere: int | None = None
-        self._over_cap_reported = False
+        self._sleep = sleep
+        self._clock = clock
+        self._paused: str | None = None
+        # Bumped when the query is being stopped: a paused batch then returns at once.
+        self._generation = 0
+        # Asked to recompute a range no buffer covers; True: it will (see `rewind`).
+        self._on_gap = on_gap
+        self._repairs: list[Repair] = []
+        self._repair_started = 0.0
+        # A gap given up on (reported): rows after it are then published as they are.
+        self._last_published_gap: tuple[int, int] | None = None
         self._lock = threading.RLock()
         self._metrics = metrics or NoMetrics()
         self._role = "none"
@@ -115,7 +154,12 @@ class Gate:
     # -- what the streaming query calls -------------------------------------------------
 
     def on_batch(self, batch_id: int, rows: Sequence[Output]) -> int:
-        """Take one batch's rows (any order). Returns how many were published now."""
+        """Take one batch's rows (any order). Returns how many were published, at once or
+        while the batch was paused for room (see the module doc)."""
+        published = self._take(batch_id, rows)
+        return published + self._wait_for_room(batch_id)
+
+    def _take(self, batch_id: int, rows: Sequence[Output]) -> int:
         with self._lock:
             newest = self._buffer[-1].msg_id if self._buffer else -1
             fresh = sorted((r for r in rows if r.msg_id > newest), key=lambda r: r.msg_id)
@@ -138,6 +182,76 @@ class Gate:
                 self._last_processed = fresh[-1].msg_id
             self._metrics.processed(len(fresh))
             return self._publish(pending, batch_id)
+
+    def abandon_waits(self) -> None:
+        """The query is being stopped: a batch paused for room returns now (its rows are in
+        the buffer already), so that the stop need not wait for the active."""
+        with self._lock:
+            self._generation += 1
+
+    def _over_bound(self) -> bool:
+        if self._role == "active":
+            return len(self._held) >= self._max_buffer_size
+        return len(self._buffer) >= self._max_buffer_size and self._trim_floor_blocks()
+
+    def _trim_floor_blocks(self) -> bool:
+        floor = self._published_elsewhere
+        return bool(self._buffer) and (floor is None or self._buffer[0].msg_id > floor)
+
+    def _wait_for_room(self, batch_id: int) -> int:
+        """Hold the query (this call does not return) while over the bound: an active
+        retries its unpublished rows with backoff, a standby waits for the active to
+        publish past its oldest rows. Returns the rows published meanwhile."""
+        published = 0
+        backoff = 0.1
+        paused_at = self._clock()
+        with self._lock:
+            generation = self._generation
+        while True:
+            with self._lock:
+                if generation != self._generation or self._role == "none":
+                    break
+                if self._role == "active" and self._held:
+                    published += self._publish(self._pending([]), batch_id)
+                if not self._over_bound():
+                    break
+                if self._paused is None:
+                    self._paused = self._pause_reason()
+                    paused_at = self._clock()
+                    log.warning(
+                        "engine %s pipeline %s: batch %s: query paused: %s",
+                        self.engine_id,
+                        self.pipeline,
+                        batch_id,
+                        self._paused,
+                    )
+                    self._metrics.paused(True)
+            self._sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+        with self._lock:
+            if self._paused is not None:
+                log.warning(
+                    "engine %s pipeline %s: batch %s: query resumed after %.1f s paused",
+                    self.engine_id,
+                    self.pipeline,
+                    batch_id,
+                    self._clock() - paused_at,
+                )
+                self._paused = None
+                self._metrics.paused(False)
+        return published
+
+    def _pause_reason(self) -> str:
+        if self._role == "active":
+            return (
+                f"{len(self._held)} unpublished rows (max_buffered_msgs "
+                f"{self._max_buffer_size}); retrying the publish until Kafka takes them"
+            )
+        return (
+            f"{len(self._buffer)} buffered rows above the active's last published msg_id "
+            f"{self._published_elsewhere} (max_buffered_msgs {self._max_buffer_size}); "
+            "waiting for the active to publish"
+        )
 
     def note_published(self, msg_id: int) -> None:
         """A standby learns the active's last published msg_id: rows above it are kept
@@ -226,21 +340,58 @@ class Gate:
     # -- status -------------------------------------------------------------------------
 
     def status(self) -> GateStatus:
-        with self._lock:
-            return GateStatus(
-                role=self._role,
-                epoch=self._epoch,
-                zk_connected=self._zk_connected,
-                last_msg_id_processed=self._last_processed,
-                last_msg_id_published=self._last_published,
-                buffer_fill=len(self._buffer),
-                buffer_size=self._buffer_size,
-                uncovered_ranges=list(self._uncovered),
-            )
+        # Without the lock: a publish holds it for as long as Kafka takes to answer (up to
+        # message.timeout.ms in an outage), and status reads must not wait for that. Each
+        # field is read atomically; together they may straddle one batch.
+        return GateStatus(
+            role=self._role,
+            epoch=self._epoch,
+            zk_connected=self._zk_connected,
+            last_msg_id_processed=self._last_processed,
+            last_msg_id_published=self._last_published,
+            buffer_fill=len(self._buffer),
+            buffer_size=self._buffer_size,
+            uncovered_ranges=list(self._uncovered),
+            unpublished=len(self._held),
+            paused=self._paused,
+            repairs=list(self._repairs),
+        )
 
     def buffered(self) -> list[Output]:
         with self._lock:
             return list(self._buffer)
+
+    def rewind(self, next_msg_id: int) -> None:
+        """The query has been rewound to recompute from `next_msg_id`: forget the rows it
+        will bring again, so they are taken as new (not dropped as a replay)."""
+        with self._lock:
+            while self._buffer and self._buffer[-1].msg_id >= next_msg_id:
+                self._buffer.pop()
+            self._held = [r for r in self._held if r.msg_id < next_msg_id]
+            self._last_processed = self._buffer[-1].msg_id if self._buffer else None
+
+    def repair_failed(self, why: str) -> None:
+        """The engine could not recompute the range: report it as missing, and publish
+        what follows it."""
+        with self._lock:
+            repair = self._repairing()
+            if repair is None:
+                return
+            self._repairs.remove(repair)
+            log.error(
+                "engine %s pipeline %s: repair of msg_id %s..%s failed: %s",
+                self.engine_id,
+                self.pipeline,
+                repair.first,
+                repair.last,
+                why,
+            )
+            self._report_uncovered(repair.first, repair.last)
+            self._last_published_gap = (repair.first, repair.last)
+            self._publish(self._pending([]), None)
+
+    def _repairing(self) -> Repair | None:
+        return next((r for r in self._repairs if r.seconds is None), None)
 
     def restore(self, rows: Sequence[Output]) -> None:
         """Load a snapshot's buffer (or none, for a cold rebuild) into a standby whose query
@@ -262,32 +413,16 @@ class Gate:
     # -- internals ----------------------------------------------------------------------
 
     def _trim(self) -> None:
-        """Drop the oldest rows beyond `buffer_size` that nobody needs any more: those the
-        active has published, or, with its position unknown (or this engine active),
-        all of them. Past `max_buffer_size` rows are dropped regardless, once reported:
-        a takeover then reports the range as uncovered."""
-        floor = self._published_elsewhere if self._role != "active" else None
+        """Drop the oldest rows beyond `buffer_size` that nobody needs any more: on a
+        standby those the active has published (none while its position is unknown), on
+        the active all of them (it keeps its unpublished ones in `_held`), outside the
+        election all of them. Never a row a takeover may need: past `max_buffered_msgs`
+        the query pauses instead."""
+        floor = self._published_elsewhere
         while len(self._buffer) > self._buffer_size:
-            oldest = self._buffer[0].msg_id
-            if floor is None or oldest <= floor:
-                self._buffer.popleft()
-                self._over_cap_reported = False
-            elif len(self._buffer) > self._max_buffer_size:
-                if not self._over_cap_reported:
-                    self._over_cap_reported = True
-                    log.error(
-                        "engine %s pipeline %s: more than %s rows ahead of the active's last "
-                        "published msg_id %s; dropping from msg_id %s: a takeover now would "
-                        "not cover them",
-                        self.engine_id,
-                        self.pipeline,
-                        self._max_buffer_size,
-                        floor,
-                        oldest,
-                    )
-                self._buffer.popleft()
-            else:
+            if self._role == "standby" and (floor is None or self._buffer[0].msg_id > floor):
                 break
+            self._buffer.popleft()
 
     def _set_role(self, role: str) -> None:
         self._role = role
@@ -325,7 +460,24 @@ class Gate:
         last = self._last_published
         expected = 0 if last is None else last + 1
         if rows[0].msg_id > expected:
-            self._report_uncovered(expected, rows[0].msg_id - 1)
+            if self._repairing() is not None:
+                return 0  # the rewound query brings the missing rows first
+            gap = (expected, rows[0].msg_id - 1)
+            if gap != self._last_published_gap and self._on_gap is not None and self._on_gap(*gap):
+                self._repairs.append(Repair(*gap))
+                self._repair_started = self._clock()
+                log.warning(
+                    "engine %s pipeline %s: GAP msg_id %s..%s (%s messages): no buffer holds "
+                    "them; recomputing them before publishing anything later",
+                    self.engine_id,
+                    self.pipeline,
+                    gap[0],
+                    gap[1],
+                    gap[1] - gap[0] + 1,
+                )
+                return 0
+            if gap != self._last_published_gap:
+                self._report_uncovered(*gap)
         try:
             self._publisher.publish(rows, self._epoch)
         except Fenced:
@@ -354,6 +506,19 @@ class Gate:
         self._held = []
         self._last_published = rows[-1].msg_id
         self._metrics.published(len(rows))
+        repair = self._repairing()
+        if repair is not None and self._last_published >= repair.last:
+            repair.seconds = round(self._clock() - self._repair_started, 3)
+            self._metrics.repaired(repair.last - repair.first + 1)
+            log.warning(
+                "engine %s pipeline %s: REPAIRED msg_id %s..%s (%s messages) in %.1f s",
+                self.engine_id,
+                self.pipeline,
+                repair.first,
+                repair.last,
+                repair.last - repair.first + 1,
+                repair.seconds,
+            )
         log.info(
             "engine %s pipeline %s: batch %s: published msg_id %s..%s (%s rows) at epoch %s",
             self.engine_id,

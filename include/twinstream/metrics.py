@@ -31,6 +31,18 @@ class EngineMetrics:
         )
         self.buffer_fill = self._gauge("twinstream_buffer_fill", "Rows in the standby buffer")
         self.lag = self._gauge("twinstream_lag", "Inbound messages not yet processed")
+        self._repaired = self._counter(
+            "twinstream_repaired_msgs",
+            "Messages no buffer covered at a takeover, recomputed and published",
+        )
+        self.quarantined = self._gauge(
+            "twinstream_quarantined_offsets",
+            "Inbound offsets in the pipeline's quarantine (published as dead letters)",
+        )
+        self._paused = self._gauge(
+            "twinstream_paused",
+            "1 while the query is paused for backpressure (rows held at max_buffered_msgs)",
+        )
 
     def _counter(self, name: str, doc: str) -> Any:
         metric = Counter(name, doc, list(self._labels), registry=self.registry)
@@ -51,6 +63,12 @@ class EngineMetrics:
 
     def uncovered(self, first: int, last: int) -> None:
         self._uncovered.inc(last - first + 1)
+
+    def repaired(self, rows: int) -> None:
+        self._repaired.inc(rows)
+
+    def paused(self, paused: bool) -> None:
+        self._paused.set(1 if paused else 0)
 
     def role(self, role: str) -> None:
         for name in ROLES:

@@ -9,14 +9,15 @@ the reference the tests compare against.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from twinstream.config import Settings
 from twinstream.hostmetrics import Window, process_host
-from twinstream.rows import Output
+from twinstream.rows import Output, dead_letter
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,6 +32,9 @@ STATE_SCHEMA = "window STRING, last_ts_ms LONG"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Rows whose host cannot be read share this group; they only produce dead letters.
 NO_HOST = ""
+# The kind of a quarantined record's row: its raw bytes (base64), for the driver to
+# dead-letter with the quarantine's reason.
+QUARANTINED = "quarantined"
 
 
 def spark_conf(settings: Settings) -> dict[str, str]:
@@ -44,14 +48,21 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.enabled": "false",
         # The engine's own stop/start must not wait for Spark's default 10 s grace.
         "spark.sql.streaming.stopTimeout": "30s",
+        # The checkpoint history a gap repair can rewind to (twinstream.checkpoint): 500
+        # batches are about two minutes at the 250 ms trigger (Spark's default keeps 100).
+        "spark.sql.streaming.minBatchesToRetain": "500",
     }
 
 
 def read_inbound(
-    spark: SparkSession, settings: Settings, starting_offset: int | None = None
+    spark: SparkSession,
+    settings: Settings,
+    starting_offset: int | None = None,
+    max_offsets: int | None = None,
 ) -> DataFrame:
     """`starting_offset` places a query without a checkpoint (a cold rebuild); None means
-    the beginning of the topic."""
+    the beginning of the topic. `max_offsets` caps a batch below the configured size
+    (the quarantine's search splits a failed batch so)."""
     starting = (
         "earliest"
         if starting_offset is None
@@ -63,7 +74,7 @@ def read_inbound(
         .option("subscribe", settings.inbound_topic)
         # Only for a query without a checkpoint; a restart resumes from the checkpoint.
         .option("startingOffsets", starting)
-        .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
+        .option("maxOffsetsPerTrigger", str(max_offsets or settings.max_offsets_per_trigger))
         # Never reads uncommitted records if a producer of the inbound topic uses
         # transactions.
         .option("kafka.isolation.level", "read_committed")
@@ -71,16 +82,23 @@ def read_inbound(
     )
 
 
-def keyed(inbound: DataFrame, settings: Settings) -> DataFrame:
-    """msg_id (the inbound offset), the raw bytes and the host to group by."""
+def keyed(inbound: DataFrame, settings: Settings, quarantined: Iterable[int] = ()) -> DataFrame:
+    """msg_id (the inbound offset), the raw bytes and the host to group by; a quarantined
+    record's group is NULL, a key no record can have (hosts are strings, unreadable ones
+    NO_HOST). One plan either way: a union of two branches of the source would be a second
+    source to Spark, which a restarted query on the same checkpoint refuses."""
     from pyspark.sql import functions as F
 
     host = F.get_json_object(F.col("value").cast("string"), "$.host")
     too_big = F.length(F.col("value")) > settings.max_record_bytes
+    group = F.when(too_big | host.isNull(), F.lit(NO_HOST)).otherwise(host)
+    excluded = sorted(quarantined)
+    if excluded:
+        group = F.when(F.col("offset").isin(excluded), F.lit(None).cast("string")).otherwise(group)
     return inbound.select(
         F.col("offset").alias("msg_id"),
         F.col("value").alias("raw"),
-        F.when(too_big | host.isNull(), F.lit(NO_HOST)).otherwise(host).alias("host"),
+        group.alias("host"),
     )
 
 
@@ -92,6 +110,7 @@ def transform(rows: DataFrame, settings: Settings) -> DataFrame:
     retention_ms = settings.window_retention_ms
     limits = settings.record_limits
     max_message_bytes = settings.max_message_bytes
+    fault_marker = settings.fault_marker.encode()
 
     def per_host(
         key: tuple[Any, ...], batches: Iterator[pd.DataFrame], state: GroupState
@@ -100,7 +119,22 @@ def transform(rows: DataFrame, settings: Settings) -> DataFrame:
 
         (host,) = key
         frame = pd.concat(list(batches), ignore_index=True).sort_values("msg_id")
-        records = zip(frame["msg_id"].tolist(), frame["raw"].tolist(), strict=True)
+        if host is None:
+            # Quarantined: to the driver as raw bytes, never to the transform or the state.
+            yield pd.DataFrame(
+                {
+                    "msg_id": frame["msg_id"],
+                    "kind": QUARANTINED,
+                    "key": None,
+                    "value": [base64.b64encode(r or b"").decode("ascii") for r in frame["raw"]],
+                }
+            )
+            return
+        records = list(zip(frame["msg_id"].tolist(), frame["raw"].tolist(), strict=True))
+        if fault_marker and any(fault_marker in (raw or b"") for _, raw in records):
+            # Test-only fault injection (TWINSTREAM_FAULT_MARKER): a bug in the transform,
+            # outside the per-record guard, that fails the whole batch on every engine.
+            raise RuntimeError(f"fault injected: a record holds {fault_marker!r}")
         if host == NO_HOST:
             _, outputs = process_host(None, records, retention_ms, limits, None, max_message_bytes)
         else:
@@ -137,10 +171,23 @@ def _window_from_state(values: tuple[Any, ...]) -> Window:
     return Window(tuple(float(c) for c in cpu), tuple(int(m) for m in mem), int(last_ts))
 
 
-def rows_of(batch: DataFrame) -> list[Output]:
+def rows_of(
+    batch: DataFrame,
+    quarantined: Mapping[int, str] | None = None,
+    max_message_bytes: int = 1_000_000,
+) -> list[Output]:
     """The batch's rows, in any order (the gate orders by msg_id: sorting here would cost
-    Spark another stage per batch)."""
-    return [Output(int(r["msg_id"]), r["kind"], r["key"], r["value"]) for r in batch.collect()]
+    Spark another stage per batch). A quarantined record arrives as its raw bytes (base64)
+    and becomes its dead letter here, with the quarantine's reason."""
+    rows = []
+    for r in batch.collect():
+        msg_id = int(r["msg_id"])
+        if r["kind"] == QUARANTINED and quarantined is not None:
+            raw = base64.b64decode(r["value"] or "")
+            rows.append(dead_letter(msg_id, quarantined[msg_id], raw, max_message_bytes))
+        else:
+            rows.append(Output(msg_id, r["kind"], r["key"], r["value"]))
+    return rows
 
 
 def query_name(settings: Settings, engine_id: str) -> str:
@@ -153,10 +200,13 @@ def start_query(
     engine_id: str,
     process_batch: Callable[[DataFrame, int], None],
     starting_offset: int | None = None,
+    max_offsets: int | None = None,
+    quarantined: Iterable[int] = (),
 ) -> StreamingQuery:
     checkpoint = settings.checkpoint_dir(engine_id)
+    inbound = read_inbound(spark, settings, starting_offset, max_offsets)
     return (
-        transform(keyed(read_inbound(spark, settings, starting_offset), settings), settings)
+        transform(keyed(inbound, settings, quarantined), settings)
         .writeStream.queryName(query_name(settings, engine_id))
         .option("checkpointLocation", str(checkpoint))
         .outputMode("append")

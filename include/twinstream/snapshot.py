@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from twinstream.checkpoint import end_offset, numbered
 from twinstream.rows import Output
 
 log = logging.getLogger(__name__)
@@ -76,12 +77,6 @@ class CheckpointPosition:
     next_offset: int
 
 
-def _numbered(folder: Path) -> list[int]:
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-
-
 def _batch_offsets(checkpoint: Path, batch_id: int, topic: str) -> int:
     """The end offset of partition 0 of `topic` in offsets/<batch_id> (Spark's v1 log:
     a version line, the batch metadata, then one JSON line per source)."""
@@ -89,17 +84,16 @@ def _batch_offsets(checkpoint: Path, batch_id: int, topic: str) -> int:
     lines = path.read_text().splitlines()
     if not lines or lines[0] != "v1":
         raise SnapshotError(f"{path}: not a Spark offset log (first line {lines[:1]})")
-    for line in lines[2:]:
-        offsets = json.loads(line)
-        if isinstance(offsets, dict) and topic in offsets:
-            return int(offsets[topic]["0"])
-    raise SnapshotError(f"{path}: no offsets for topic {topic}")
+    end = end_offset(path, topic)
+    if end is None:
+        raise SnapshotError(f"{path}: no offsets for topic {topic}")
+    return end
 
 
 def checkpoint_position(checkpoint: Path, topic: str) -> CheckpointPosition | None:
     """Where a query restarted on this checkpoint continues: the last committed batch and
     its end offset. None for a checkpoint that has not committed a batch yet."""
-    commits = _numbered(checkpoint / "commits")
+    commits = numbered(checkpoint / "commits")
     if not commits:
         return None
     batch = commits[-1]
@@ -119,7 +113,7 @@ def checkpoint_problem(checkpoint: Path, topic: str) -> str | None:
         return f"{metadata} is missing or unreadable ({exc})"
     try:
         position = checkpoint_position(checkpoint, topic)
-        offsets = _numbered(checkpoint / "offsets")
+        offsets = numbered(checkpoint / "offsets")
         if offsets:
             _batch_offsets(checkpoint, offsets[-1], topic)
     except (OSError, ValueError, KeyError, TypeError, SnapshotError) as exc:

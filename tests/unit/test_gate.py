@@ -5,6 +5,7 @@ import logging
 
 import pytest
 
+from tests.unit.fakes import FakeClock
 from twinstream.gate import Fenced, Gate, TransientPublishError
 from twinstream.rows import Output
 
@@ -29,7 +30,8 @@ class FakePublisher:
 
 
 def active_gate(buffer=100, last=-1, publisher=None):
-    gate = Gate("a", "p", buffer)
+    # A bound well above what these tests hold back: they are about order and coverage.
+    gate = Gate("a", "p", buffer, max_buffer_size=1000)
     gate.joined()
     publisher = publisher or FakePublisher()
     gate.take_over(7, fence=lambda: publisher, last_committed=lambda: last)
@@ -98,8 +100,8 @@ def test_a_standby_behind_publishes_only_past_the_last_committed():
 
 def test_a_range_no_buffer_covers_is_reported_exactly(caplog):
     gate = Gate("b", "p", 3)
+    gate.restore(rows(17, 18, 19))  # a snapshot's buffer: 13..16 are in no buffer
     gate.joined()
-    gate.on_batch(0, rows(*range(10, 20)))  # buffer keeps 17, 18, 19
     publisher = FakePublisher()
     with caplog.at_level(logging.ERROR):
         gate.take_over(9, fence=lambda: publisher, last_committed=lambda: 12)
@@ -187,22 +189,67 @@ def test_a_standby_far_ahead_of_a_lagging_active_still_covers_the_takeover(caplo
     assert "UNCOVERED" not in caplog.text
 
 
-def test_past_the_cap_a_standby_drops_and_says_so_once(caplog):
-    gate = Gate("b", "p", 3, max_buffer_size=5)
+def test_past_the_cap_a_standby_pauses_its_query_until_the_active_catches_up(caplog):
+    clock = FakeClock()
+    seen: list[tuple[int, str | None]] = []
+
+    def sleep(seconds):
+        clock.sleep(seconds)
+        status = gate.status()
+        seen.append((status.buffer_fill, status.paused))
+        if len(seen) == 4:
+            gate.note_published(6)  # what the engine's main loop reads from the outbound topic
+
+    gate = Gate("b", "p", 3, max_buffer_size=5, sleep=sleep, clock=clock)
     gate.joined()
     gate.note_published(-1)
-    with caplog.at_level(logging.ERROR):
-        gate.on_batch(0, rows(*range(0, 8)))
-        gate.on_batch(1, rows(8, 9))
-    assert [r.msg_id for r in gate.buffered()] == [5, 6, 7, 8, 9]
-    assert caplog.text.count("more than 5 rows ahead") == 1
+    with caplog.at_level(logging.WARNING):
+        gate.on_batch(0, rows(*range(0, 8)))  # returns only once the active is past 6
+    # Paused with every row kept (nothing dropped above the active's position), then resumed.
+    assert [fill for fill, _ in seen] == [8, 8, 8, 8]
+    assert "waiting for the active to publish" in str(seen[0][1])
+    assert [r.msg_id for r in gate.buffered()] == [5, 6, 7]
+    assert gate.status().paused is None
+    assert caplog.text.count("query paused") == 1
+    assert "query resumed after 1.5 s paused" in caplog.text  # 0.1 + 0.2 + 0.4 + 0.8
 
 
-def test_without_the_actives_position_the_buffer_is_the_last_n():
+def test_an_active_that_cannot_publish_pauses_at_the_bound_and_retries_with_backoff():
+    waits = []
+    publisher = FakePublisher(fail=TransientPublishError("brokers down"))
+
+    def sleep(seconds):
+        waits.append(seconds)
+        if len(waits) == 3:
+            publisher.fail = None  # the outage ends
+
+    gate = Gate("a", "p", 3, max_buffer_size=5, sleep=sleep)
+    gate.joined()
+    gate.take_over(7, fence=lambda: publisher, last_committed=lambda: -1)
+    gate.on_batch(0, rows(0, 1, 2))  # 3 unpublished: under the bound, the query goes on
+    assert (waits, gate.status().unpublished) == ([], 3)
+    gate.on_batch(1, rows(3, 4, 5, 6))  # 7: paused until published
+    assert waits == [0.1, 0.2, 0.4]
+    assert publisher.transactions == [([0, 1, 2, 3, 4, 5, 6], 7)]
+    assert gate.status().unpublished == 0
+    assert gate.status().last_msg_id_published == 6
+
+
+def test_a_paused_batch_returns_when_the_query_is_being_stopped():
+    def sleep(seconds):
+        gate.abandon_waits()
+
+    gate = Gate("b", "p", 3, max_buffer_size=5, sleep=sleep)
+    gate.joined()
+    gate.on_batch(0, rows(*range(0, 8)))
+    assert len(gate.buffered()) == 8  # kept: its rows are the buffer's, not the query's
+
+
+def test_without_the_actives_position_a_standby_keeps_every_row():
     gate = Gate("b", "p", 3, max_buffer_size=100)
     gate.joined()
     gate.on_batch(0, rows(*range(0, 10)))
-    assert [r.msg_id for r in gate.buffered()] == [7, 8, 9]
+    assert [r.msg_id for r in gate.buffered()] == list(range(10))
 
 
 def test_an_active_keeps_only_the_last_n():
@@ -210,3 +257,60 @@ def test_an_active_keeps_only_the_last_n():
     gate.note_published(-1)  # a stale position from its standby days does not count
     gate.on_batch(0, rows(*range(0, 10)))
     assert [r.msg_id for r in gate.buffered()] == [7, 8, 9]
+
+
+def test_a_gap_no_buffer_covers_is_recomputed_not_skipped(caplog):
+    """Both engines restarted at once: the new active's query resumes past the last
+    published msg_id, its buffer empty. It asks for the gap to be recomputed, publishes
+    nothing past it meanwhile, and publishes it in order once the rewound query brings it."""
+    clock = FakeClock()
+    gaps = []
+
+    def on_gap(first, last):
+        gaps.append((first, last))
+        return True
+
+    gate = Gate("b", "p", 100, max_buffer_size=1000, clock=clock, on_gap=on_gap)
+    gate.joined()
+    publisher = FakePublisher()
+    gate.take_over(9, fence=lambda: publisher, last_committed=lambda: 9)
+    with caplog.at_level(logging.WARNING):
+        gate.on_batch(5, rows(15, 16, 17))  # the checkpoint was ahead: 10..14 are in no buffer
+        gate.on_batch(6, rows(18, 19))
+        assert (gaps, publisher.transactions) == ([(10, 14)], [])
+        assert gate.status().repairs[0].seconds is None  # in progress
+        gate.rewind(8)  # the engine rewound its checkpoint to the batch ending at msg_id 7
+        clock.sleep(2.5)
+        gate.on_batch(3, rows(8, 9, 10, 11, 12, 13, 14, 15))
+        gate.on_batch(4, rows(16, 17, 18, 19))
+    assert publisher.transactions == [(list(range(10, 16)), 9), ([16, 17, 18, 19], 9)]
+    [repair] = gate.status().repairs
+    assert (repair.first, repair.last, repair.seconds) == (10, 14, 2.5)
+    assert gate.status().uncovered_ranges == []
+    assert "REPAIRED msg_id 10..14 (5 messages) in 2.5 s" in caplog.text
+
+
+def active_after_a_gap(can_repair: bool) -> tuple[Gate, FakePublisher]:
+    """An active whose first batch starts at msg_id 15, the last published being 9."""
+    gate = Gate("b", "p", 100, max_buffer_size=1000, on_gap=lambda first, last: can_repair)
+    gate.joined()
+    publisher = FakePublisher()
+    gate.take_over(9, fence=lambda: publisher, last_committed=lambda: 9)
+    gate.on_batch(5, rows(15, 16))
+    return gate, publisher
+
+
+def test_a_gap_that_cannot_be_recomputed_is_reported_and_the_rest_published():
+    gate, publisher = active_after_a_gap(can_repair=False)
+    assert gate.status().uncovered_ranges == [(10, 14)]
+    assert publisher.transactions == [([15, 16], 9)]
+
+
+def test_a_repair_that_fails_is_reported_and_the_rest_published():
+    gate, publisher = active_after_a_gap(can_repair=True)
+    gate.repair_failed("the rewind raised")
+    assert gate.status().uncovered_ranges == [(10, 14)]
+    assert gate.status().repairs == []
+    assert publisher.transactions == [([15, 16], 9)]
+    gate.on_batch(6, rows(17))
+    assert publisher.transactions[-1] == ([17], 9)

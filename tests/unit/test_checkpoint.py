@@ -1,0 +1,38 @@
+"""Rewinding a checkpoint for a gap repair: to the newest committed batch that ends at or
+before the gap, never to the oldest retained one (its state may be purged first)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from twinstream.checkpoint import RewindPoint, numbered, rewind, rewind_point
+
+TOPIC = "p.in"
+
+
+def _batch(checkpoint: Path, batch: int, end: int, committed: bool = True) -> None:
+    for log in ("offsets", "commits") if committed else ("offsets",):
+        folder = checkpoint / log
+        folder.mkdir(parents=True, exist_ok=True)
+        body = f"v1\n{{}}\n{json.dumps({TOPIC: {'0': end}})}" if log == "offsets" else "v1\n{}"
+        (folder / str(batch)).write_text(body)
+        (folder / f".{batch}.crc").write_text("crc")
+
+
+def test_the_rewind_point_is_the_newest_batch_ending_at_or_before_the_gap(tmp_path: Path):
+    for batch, end in enumerate((100, 200, 300, 400, 500), start=10):
+        _batch(tmp_path, batch, end)
+    _batch(tmp_path, 15, 600, committed=False)
+    assert rewind_point(tmp_path, TOPIC, 350) == RewindPoint(12, 300)
+    assert rewind_point(tmp_path, TOPIC, 300) == RewindPoint(12, 300)
+    assert rewind_point(tmp_path, TOPIC, 150) is None  # only the oldest entry reaches back
+
+
+def test_rewinding_forgets_every_later_batch_in_both_logs(tmp_path: Path):
+    for batch, end in enumerate((100, 200, 300, 400), start=1):
+        _batch(tmp_path, batch, end)
+    rewind(tmp_path, RewindPoint(2, 200))
+    assert numbered(tmp_path / "offsets") == [1, 2]
+    assert numbered(tmp_path / "commits") == [1, 2]
+    assert not (tmp_path / "offsets" / ".3.crc").exists()
