@@ -255,7 +255,7 @@ class Gate:
 
     def note_published(self, msg_id: int) -> None:
         """A standby learns the active's last published msg_id: rows above it are kept
-        beyond `buffer_size` (up to the cap) until it has passed them."""
+        beyond `buffer_size` until it has passed them (the query pauses at the bound)."""
         with self._lock:
             if self._published_elsewhere is None or msg_id > self._published_elsewhere:
                 self._published_elsewhere = msg_id

@@ -2,26 +2,6 @@
 close its clients even when Spark is already going down around it (SIGTERM reaches the
 whole process group, JVM included); a standby tracks how far the active has published."""
 
-from unittest import mock
-
-import pytest
-
-import twinstream.engine as engine_module
-from twinstream.config import load_settings
-
-
-@pytest.fixture
-def engine(monkeypatch):
-    # Nothing here may reach a network: every client the constructor builds is a mock.
-    for name in ("zk_client", "Consumer", "LastPublishedReader", "KafkaPublisher", "Election"):
-        monkeypatch.setattr(engine_module, name, mock.MagicMock(name=name))
-    # No stack has run on a fresh clone: no secret files; the ZooKeeper client is a mock.
-    e = engine_module.Engine(load_settings(zk_password="unit-test"), "a")
-    e._state = "running"
-    e._query = mock.MagicMock(name="query")
-    e._spark = mock.MagicMock(name="spark")
-    return e
-
 
 def test_close_stops_the_query_and_every_client(engine):
     query = engine._query

@@ -1,0 +1,114 @@
+"""What an engine does when its query fails or a takeover finds a gap, with every client
+mocked: search a failed batch's records (twinstream.quarantine), restart with backoff when
+no record is to blame, and plan a gap's repair from checkpoint history or a snapshot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+import twinstream.engine as engine_module
+from twinstream import snapshot
+from twinstream.checkpoint import RewindPoint
+from twinstream.snapshot import Manifest, SnapshotInfo
+
+
+def _batch(checkpoint: Path, topic: str, batch: int, end: int, committed: bool = True) -> None:
+    for log in ("offsets", "commits") if committed else ("offsets",):
+        folder = checkpoint / log
+        folder.mkdir(parents=True, exist_ok=True)
+        body = f"v1\n{{}}\n{json.dumps({topic: {'0': end}})}" if log == "offsets" else "v1\n{}"
+        (folder / str(batch)).write_text(body)
+
+
+def _manifest(snapshot_id: str, next_offset: int) -> Manifest:
+    return Manifest(
+        snapshot_id=snapshot_id,
+        pipeline="hostmetrics",
+        engine_id="b",
+        pipeline_version="0",
+        next_offset=next_offset,
+        batch_id=1,
+        created_at="2026-11-25T00:00:00Z",
+        size_bytes=1,
+        buffer_rows=0,
+        buffer_last_msg_id=None,
+        files={},
+    )
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch, engine):
+    query = mock.MagicMock(name="start_query")
+    monkeypatch.setattr(engine_module, "start_query", query)
+    engine.quarantine = mock.MagicMock(name="quarantine")
+    engine.quarantine.entries.return_value = {}
+    engine._log_start_offset = mock.MagicMock(return_value=0)
+    return query
+
+
+def test_a_failed_batch_is_split_and_its_offsets_forgotten(engine, started):
+    checkpoint = engine.settings.checkpoint_dir("a")
+    topic = engine.settings.inbound_topic
+    _batch(checkpoint, topic, 0, 100)
+    _batch(checkpoint, topic, 1, 1100, committed=False)
+    engine._batch_error = (1, "PythonException: RuntimeError: boom")
+    engine._query.isActive = False
+    engine.check_query()
+    assert not (checkpoint / "offsets" / "1").exists()  # Spark plans batch 1 afresh
+    assert started.call_args.kwargs["max_offsets"] == 500
+    assert engine._state == "running"
+
+
+def test_a_failure_no_record_explains_restarts_with_backoff_and_leaves_after_three(engine, started):
+    engine.gate.joined()
+    engine._kafka_answers = mock.MagicMock(return_value=False)
+    for failure in (1, 2, 3):
+        engine._query = mock.MagicMock(name="query", isActive=False)
+        engine._batch_error = (7, "KafkaException: all brokers down")
+        engine.check_query()
+        assert engine._state == "recovering"
+        assert f"restarting in {min(30, 2**failure)} s" in engine._reason
+    assert engine.gate.role == "none"  # left the election for a healthy standby
+    started.assert_not_called()
+    engine._restart_at = 0.0
+    engine.check_query()  # the backoff is over: the query starts, the engine rejoins
+    started.assert_called_once()
+    assert engine._state == "running"
+    assert engine.gate.role == "standby"
+
+
+def test_a_gap_is_planned_from_the_checkpoint_history_when_it_reaches(engine):
+    checkpoint = engine.settings.checkpoint_dir("a")
+    for batch, end in enumerate((100, 200, 300, 400), start=5):
+        _batch(checkpoint, engine.settings.inbound_topic, batch, end)
+    assert engine._on_gap(350, 399) is True
+    assert engine._repair == RewindPoint(7, 300)
+
+
+def test_a_gap_older_than_the_history_is_planned_from_the_newest_snapshot_before_it(
+    engine, monkeypatch
+):
+    infos = [
+        SnapshotInfo("s1", Path("s1"), _manifest("s1", 120), None),
+        SnapshotInfo("s2", Path("s2"), _manifest("s2", 180), None),
+        SnapshotInfo("s3", Path("s3"), _manifest("s3", 260), None),  # after the gap
+        SnapshotInfo("bad", Path("bad"), None, "sha256 mismatch"),
+        SnapshotInfo("s0", Path("s0"), _manifest("s0", 40), None),  # Kafka deleted it
+    ]
+    monkeypatch.setattr(snapshot, "list_snapshots", lambda *_: infos)
+    engine._log_start_offset = mock.MagicMock(return_value=100)
+    assert engine._on_gap(200, 299) is True
+    assert isinstance(engine._repair, Manifest)
+    assert engine._repair.snapshot_id == "s2"
+
+
+def test_a_gap_nothing_reaches_is_not_planned(engine, monkeypatch, caplog):
+    monkeypatch.setattr(snapshot, "list_snapshots", lambda *_: [])
+    engine._log_start_offset = mock.MagicMock(return_value=0)
+    assert engine._on_gap(200, 299) is False
+    assert engine._repair is None
+    assert "msg_id 200..299 cannot be recomputed" in caplog.text
