@@ -23,7 +23,8 @@ help:
 	@echo "make down    stop everything the stack started"
 	@echo "make test    install everything and run lint, type checks and all tests"
 	@echo "make chaos   the full chaos suite: 100 kill -9 failovers, a broker and ZooKeeper down,"
-	@echo "             3-minute outbound outages with and without a kill of the active"
+	@echo "             3-minute outbound outages with and without a kill of the active,"
+	@echo "             both engines killed at once"
 	@echo "make clean   stop the stack and delete its state (.twinstream/) and the virtualenv"
 
 install: system-deps $(VENV)/.installed $(JARS)/.installed
@@ -89,7 +90,8 @@ integration: install
 # failover's line is shown as it happens (and kept: pytest would drop a passing test's
 # captured output).
 chaos: install
-	TWINSTREAM_CHAOS_FAILOVERS=100 TWINSTREAM_CHAOS_OUTAGE_S=180 $(BIN)/pytest -s --durations=0 tests/chaos
+	TWINSTREAM_CHAOS_FAILOVERS=100 TWINSTREAM_CHAOS_OUTAGE_S=180 TWINSTREAM_CHAOS_FULL=1 \
+	  $(BIN)/pytest -s --durations=0 tests/chaos
 
 test: install
 	$(BIN)/ruff check .

@@ -298,8 +298,9 @@ class Engine:
             )
 
     def check_query(self) -> None:
-        """Surface a query that died (it never stops on bad input; this is for bugs and
-        infrastructure), so the admin API says why instead of claiming it runs."""
+        """The main loop's look at the query, every second: recover a query that died (a
+        batch that failed anyway, or infrastructure), repair a gap a takeover found, end a
+        quarantine search. Status reads never call it: this work takes seconds."""
         # A persist or restore in progress owns the query; check after it.
         if not self._lock.acquire(blocking=False):
             return
@@ -709,7 +710,6 @@ class Engine:
         )
 
     def pipeline_info(self) -> PipelineInfo:
-        self.check_query()
         status = self.gate.status()
         lag = self._lag(status.last_msg_id_processed)
         self.metrics.buffer_fill.set(status.buffer_fill)
@@ -839,7 +839,7 @@ class EngineControl:
 
     def stop_pipeline(self) -> None:
         state = self.engine.pipeline_info().state
-        if state not in ("running", "restoring"):
+        if state not in ("running", "restoring", "recovering"):
             raise Conflict(f"the pipeline is {state}, not running")
         self.engine.stop_pipeline()
 

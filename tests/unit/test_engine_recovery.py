@@ -112,3 +112,12 @@ def test_a_gap_nothing_reaches_is_not_planned(engine, monkeypatch, caplog):
     assert engine._on_gap(200, 299) is False
     assert engine._repair is None
     assert "msg_id 200..299 cannot be recomputed" in caplog.text
+
+
+def test_status_reads_never_do_the_recovery_work(engine, started):
+    """GET /pipeline must answer at once: restarting a query takes seconds."""
+    engine._query.isActive = False
+    engine._batch_error = (3, "PythonException: RuntimeError: boom")
+    engine.pipeline_info()
+    started.assert_not_called()
+    assert engine._batch_error is not None  # left for the main loop's check_query
