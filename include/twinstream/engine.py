@@ -178,6 +178,7 @@ class Engine:
         if self._spark is None:
             self._spark = self._new_session()
         self._excluded = self._read_quarantine()
+        self.gate.resume_waits()
         self._query = start_query(
             self._spark,
             self.settings,
@@ -486,6 +487,7 @@ class Engine:
             self.settings.max_offsets_per_trigger,
         )
         self._search, self._cap = None, None
+        self.gate.abandon_waits()
         self._stop_query_between_batches()
         self._restart_query()
 

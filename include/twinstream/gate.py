@@ -130,8 +130,10 @@ class Gate:
         self._sleep = sleep
         self._clock = clock
         self._paused: str | None = None
-        # Bumped when the query is being stopped: a paused batch then returns at once.
+        # Bumped when the query is being stopped: a paused batch then returns at once; and
+        # no batch pauses until the next query starts.
         self._generation = 0
+        self._stopping = False
         # Asked to recompute a range no buffer covers; True: it will (see `rewind`).
         self._on_gap = on_gap
         self._repairs: list[Repair] = []
@@ -185,9 +187,16 @@ class Gate:
 
     def abandon_waits(self) -> None:
         """The query is being stopped: a batch paused for room returns now (its rows are in
-        the buffer already), so that the stop need not wait for the active."""
+        the buffer already), and so does any later batch of it, so that the stop need not
+        wait for the active. `resume_waits` ends this for the next query."""
         with self._lock:
             self._generation += 1
+            self._stopping = True
+
+    def resume_waits(self) -> None:
+        """A new query starts: its batches pause for room again."""
+        with self._lock:
+            self._stopping = False
 
     def _over_bound(self) -> bool:
         if self._role == "active":
@@ -209,7 +218,7 @@ class Gate:
             generation = self._generation
         while True:
             with self._lock:
-                if generation != self._generation or self._role == "none":
+                if generation != self._generation or self._stopping or self._role == "none":
                     break
                 if self._role == "active" and self._held:
                     published += self._publish(self._pending([]), batch_id)

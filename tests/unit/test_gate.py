@@ -236,13 +236,22 @@ def test_an_active_that_cannot_publish_pauses_at_the_bound_and_retries_with_back
 
 
 def test_a_paused_batch_returns_when_the_query_is_being_stopped():
+    sleeps = []
+
     def sleep(seconds):
+        sleeps.append(seconds)
         gate.abandon_waits()
 
     gate = Gate("b", "p", 3, max_buffer_size=5, sleep=sleep)
     gate.joined()
     gate.on_batch(0, rows(*range(0, 8)))
     assert len(gate.buffered()) == 8  # kept: its rows are the buffer's, not the query's
+    # The stopping query's next batch does not pause either: the stop need not wait.
+    gate.on_batch(1, rows(8, 9))
+    assert len(sleeps) == 1
+    gate.resume_waits()  # the next query: its batches pause for room again
+    gate.on_batch(2, rows(10))
+    assert len(sleeps) == 2
 
 
 def test_without_the_actives_position_a_standby_keeps_every_row():
