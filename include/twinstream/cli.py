@@ -119,6 +119,9 @@ def cmd_status(settings: Settings, _args: argparse.Namespace) -> int:
             rows[-1][2] += f" QUARANTINED {len(pipe['quarantined'])} (twinstream quarantine list)"
         if pipe.get("paused"):
             rows[-1][2] += " PAUSED"
+        for repair in pipe.get("repairs") or []:
+            done = f"in {repair['seconds']} s" if repair["seconds"] is not None else "repairing"
+            rows[-1][2] += f" REPAIRED {repair['first']}..{repair['last']} {done}"
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
