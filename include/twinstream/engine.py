@@ -662,6 +662,7 @@ class Engine:
             # The query fails with it; _recover decides whether a record is to blame.
             self._batch_error = (batch_id, describe(exc))
             raise
+        self._failures = 0  # "in a row": a batch went through
         published = self.gate.on_batch(batch_id, rows)
         log.debug(
             "engine %s pipeline %s: batch %s, %s rows, %s published, msg_id %s..%s",

@@ -79,6 +79,8 @@ def test_a_failure_no_record_explains_restarts_with_backoff_and_leaves_after_thr
     started.assert_called_once()
     assert engine._state == "running"
     assert engine.gate.role == "standby"
+    engine.process_batch(mock.MagicMock(name="df"), 9)  # a batch goes through
+    assert engine._failures == 0
 
 
 def test_a_gap_is_planned_from_the_checkpoint_history_when_it_reaches(engine):
