@@ -179,6 +179,9 @@ class Engine:
             self._spark = self._new_session()
         self._excluded = self._read_quarantine()
         self.gate.resume_waits()
+        # A batch of the previous query interrupted by its stop raised too; it must not be
+        # taken for this query's failure.
+        self._batch_error = None
         self._query = start_query(
             self._spark,
             self.settings,

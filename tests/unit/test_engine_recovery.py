@@ -123,3 +123,9 @@ def test_status_reads_never_do_the_recovery_work(engine, started):
     engine.pipeline_info()
     started.assert_not_called()
     assert engine._batch_error is not None  # left for the main loop's check_query
+
+
+def test_a_batch_interrupted_by_a_stop_is_not_blamed_for_the_next_querys_failure(engine, started):
+    engine._batch_error = (4, "Py4JJavaError: java.lang.InterruptedException")  # a persist
+    engine._start_query()
+    assert engine._batch_error is None
