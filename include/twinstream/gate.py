@@ -399,6 +399,23 @@ class Gate:
             self._last_published_gap = (repair.first, repair.last)
             self._publish(self._pending([]), None)
 
+    def _start_repair(self, first: int, last: int) -> bool:
+        """Ask the engine to recompute first..last; True: it will, hold everything later."""
+        if self._on_gap is None or not self._on_gap(first, last):
+            return False
+        self._repairs.append(Repair(first, last))
+        self._repair_started = self._clock()
+        log.warning(
+            "engine %s pipeline %s: GAP msg_id %s..%s (%s messages): no buffer holds them; "
+            "recomputing them before publishing anything later",
+            self.engine_id,
+            self.pipeline,
+            first,
+            last,
+            last - first + 1,
+        )
+        return True
+
     def _repairing(self) -> Repair | None:
         return next((r for r in self._repairs if r.seconds is None), None)
 
@@ -472,20 +489,10 @@ class Gate:
             if self._repairing() is not None:
                 return 0  # the rewound query brings the missing rows first
             gap = (expected, rows[0].msg_id - 1)
-            if gap != self._last_published_gap and self._on_gap is not None and self._on_gap(*gap):
-                self._repairs.append(Repair(*gap))
-                self._repair_started = self._clock()
-                log.warning(
-                    "engine %s pipeline %s: GAP msg_id %s..%s (%s messages): no buffer holds "
-                    "them; recomputing them before publishing anything later",
-                    self.engine_id,
-                    self.pipeline,
-                    gap[0],
-                    gap[1],
-                    gap[1] - gap[0] + 1,
-                )
-                return 0
+            # A gap a failed repair gave up on is reported already: publish what follows.
             if gap != self._last_published_gap:
+                if self._start_repair(*gap):
+                    return 0
                 self._report_uncovered(*gap)
         try:
             self._publisher.publish(rows, self._epoch)

@@ -80,6 +80,11 @@ class Overflow(ArithmeticError):
     """The window's arithmetic with this event leaves the output's range."""
 
 
+def as_limits(limits: Limits | int) -> Limits:
+    """The guard's limits; an int is the byte limit alone, the others at their defaults."""
+    return Limits(max_bytes=limits) if isinstance(limits, int) else limits
+
+
 def parse_time(text: str) -> int:
     """RFC 3339 in UTC ('Z' or +00:00) to epoch milliseconds; ValueError otherwise."""
     if len(text) < 20 or text[10] not in "Tt ":
@@ -97,10 +102,8 @@ def parse(
 ) -> Event | Rejection:
     """Validate one inbound record. `key` is the host the record was grouped under, if any;
     a record whose parsed host differs is rejected. `limits` as an int: the byte limit."""
-    if isinstance(limits, int):
-        limits = Limits(max_bytes=limits)
     data = raw or b""
-    obj = load_json(data, limits)
+    obj = load_json(data, as_limits(limits))
     if isinstance(obj, Rejected):
         return Rejection(msg_id, obj.reason, data)
     if not isinstance(obj, dict):
@@ -212,8 +215,7 @@ def process_host(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> tuple[Window | None, list[Output]]:
     """Run one host's records (in msg_id order) through the guarded parse and step."""
-    if isinstance(limits, int):
-        limits = Limits(max_bytes=limits)
+    limits = as_limits(limits)
     outputs = []
     for msg_id, raw in records:
         window, output = process_record(
@@ -230,8 +232,7 @@ def reference(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> Iterator[Output]:
     """What the pipeline must produce for these inbound records, computed without Spark."""
-    if isinstance(limits, int):
-        limits = Limits(max_bytes=limits)
+    limits = as_limits(limits)
     windows: dict[str, Window] = {}
     for msg_id, raw in sorted(records, key=lambda r: r[0]):
         parsed = parse(msg_id, raw, limits)
