@@ -13,8 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psutil
 
@@ -223,29 +222,25 @@ def failover_round(
 
 @dataclass
 class SteadyLoad:
-    """Synthetic records to the inbound topic at `rate`/s until stopped; `sent` counts
-    the records handed to the producer (each acknowledged, or publish raises)."""
+    """Synthetic records to the inbound topic at `rate`/s until stopped; `stop()` returns
+    how many were sent (each acknowledged, or it raises)."""
 
     settings: Settings
     rate: float
-    sent: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
     _load: Load | None = None
 
-    def start(self) -> SteadyLoad:
-        def records() -> Iterator[bytes]:
-            for record in synthetic(10**10, max_record_bytes=self.settings.max_record_bytes):
-                if self._stop.is_set():
-                    return
-                self.sent += 1
-                yield record
+    @property
+    def sent(self) -> int:
+        return 0 if self._load is None else self._load.sent
 
-        self._load = Load(self.settings, records(), self.rate, "steady-load")
+    def start(self) -> SteadyLoad:
+        records = synthetic(10**10, max_record_bytes=self.settings.max_record_bytes)
+        self._load = Load(self.settings, records, self.rate, "steady-load")
         return self
 
     def stop(self, timeout_s: float = 120.0) -> int:
-        self._stop.set()
         assert self._load is not None
+        self._load.stop()
         self._load.join(timeout_s)
         if self._load.is_alive():
             raise AssertionError("the load did not stop")

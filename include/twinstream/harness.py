@@ -163,6 +163,10 @@ class EngineProcess:
 
 
 class Load(threading.Thread):
+    """`records` to the inbound topic at `rate`/s in the background, until they run out or
+    `stop()` is called; `sent` counts the records handed to the producer (each one
+    acknowledged, or the load fails and says so in `errors`)."""
+
     def __init__(
         self, settings: Settings, records: Iterable[bytes | None], rate: float, name: str
     ) -> None:
@@ -170,14 +174,31 @@ class Load(threading.Thread):
         self.settings = settings
         self.records = records
         self.rate = rate
+        self.sent = 0
         self.errors: list[BaseException] = []
+        self._stopping = threading.Event()
         self.start()
+
+    def stop(self) -> None:
+        """Send nothing more; what was sent is still flushed and acknowledged."""
+        self._stopping.set()
+
+    def _until_stopped(self) -> Iterator[bytes | None]:
+        for record in self.records:
+            if self._stopping.is_set():
+                return
+            self.sent += 1
+            yield record
 
     def run(self) -> None:
         try:
-            publish(self.settings, self.records, rate=self.rate)
+            publish(self.settings, self._until_stopped(), rate=self.rate)
         except BaseException as exc:  # reported by Pipeline.join_load
             self.errors.append(exc)
+
+
+# Enough for every engine's first micro-batch with data to have run (see warm_up).
+WARM_UP_RECORDS = 200
 
 
 class Pipeline:
@@ -263,14 +284,17 @@ class Pipeline:
     def start_pair(
         self, active_env: dict[str, str] | None = None, standby_env: dict[str, str] | None = None
     ) -> tuple[EngineProcess, EngineProcess]:
-        """Start `a`, wait until it is active, then `b` as its standby; warm both up."""
+        """Start `a`, wait until it is active, then `b` as its standby; warm both up. `a`
+        computes its warm-up records while `b` starts: on two cores, a new engine's first
+        batch and a JVM's start take several seconds each."""
         a = self.start("a", **(active_env or {}))
         self.wait_running(a)
         wait_for(lambda: a.role() == "active", 30, "engine a active")
+        self.join_load(self.load(WARM_UP_RECORDS, rate=0))
         b = self.start("b", **(standby_env or {}))
         self.wait_running(b)
         assert b.role() == "standby", b.role()
-        self.warm_up(a, b)
+        self.wait_processed(self.produced - 1, a, b)
         return a, b
 
     def stop_all(self) -> None:
@@ -287,12 +311,25 @@ class Pipeline:
         self.produced += len(records)
         return Load(self.settings, records, rate, f"load-{self.name}")
 
-    def warm_up(self, *engines: EngineProcess, count: int = 200, timeout_s: float = 180) -> None:
+    def stop_load(self, load: Load, timeout_s: float = 120) -> None:
+        """End a load early, once the scenario no longer needs input: `produced` counts
+        only what it sent. A test waits for what it needs, not for a fixed amount."""
+        load.stop()
+        self.join_load(load, timeout_s)
+        assert isinstance(load.records, list)
+        self.produced -= len(load.records) - load.sent
+
+    def warm_up(
+        self, *engines: EngineProcess, count: int = WARM_UP_RECORDS, timeout_s: float = 180
+    ) -> None:
         """Send a few records and wait until every engine has processed them: a new query's
         first micro-batch with data (JIT, Python workers, RocksDB) takes many seconds on two
         cores, and a test must not mistake that for the behaviour it measures."""
         self.join_load(self.load(count, rate=0))
-        last = self.produced - 1
+        self.wait_processed(self.produced - 1, *engines, timeout_s=timeout_s)
+
+    @staticmethod
+    def wait_processed(last: int, *engines: EngineProcess, timeout_s: float = 180) -> None:
         for engine in engines:
 
             def caught_up(e: EngineProcess = engine) -> bool:
