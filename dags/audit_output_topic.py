@@ -15,6 +15,11 @@ and as GX Data Docs in `<state>/audit/<pipeline>/`.
 the state folder from the `TWINSTREAM_*` settings. Spark's Kafka connector comes from
 `TWINSTREAM_JARS_DIR/spark-kafka`.
 
+**Tasks.** `audit_output` runs the job, which writes its verdict to `last-audit.json`
+beside the cursor; `verdict` fails the run when the audit found a problem. A crashed or
+unreachable job is retried; a finding is not (the same data gives the same finding, and
+the next scheduled run checks the range again).
+
 **Recovery.** A failed audit names the missing and the duplicated msg_id ranges, merged. Its
 cursor does not move, so the next run audits the same range again: find the cause (the
 engines' logs, `GET /pipeline` `uncovered_ranges`), then move the cursor past the range by
@@ -25,9 +30,10 @@ hand (`<state>/audit/<pipeline>/cursor.json`) once it is understood. The Params
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Param, dag
+from airflow.sdk import Param, dag, task
 
 from twinstream.config import REPO_ROOT, load_settings
 
@@ -61,7 +67,7 @@ DEFAULT_ARGS = {
     },
 )
 def audit_output_topic() -> None:
-    SparkSubmitOperator(
+    audit_output = SparkSubmitOperator(
         task_id="audit_output",
         application=str(REPO_ROOT / "spark_jobs" / "audit_output.py"),
         conn_id="spark_default",
@@ -75,9 +81,26 @@ def audit_output_topic() -> None:
             "{{ params.dlq_topic }}",
             "--cursor",
             "{{ params.cursor }}",
+            "--run-id",
+            "{{ run_id }}",
         ],
         name="twinstream-audit",
     )
+
+    @task
+    def verdict(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from twinstream.audit import REPORT, AuditFailed, cursor_file
+        from twinstream.audit import verdict as read_verdict
+
+        report = cursor_file(load_settings().audit_dir, params["cursor"]).parent / REPORT
+        try:
+            return read_verdict(report, run_id)
+        except AuditFailed as exc:
+            raise AirflowFailException(str(exc)) from exc
+
+    audit_output >> verdict()
 
 
 audit_output_topic()

@@ -1,12 +1,16 @@
 """Audit the outbound and dead-letter topics since the last audit (a Spark batch job).
 
     spark-submit spark_jobs/audit_output.py [--outbound-topic T] [--dlq-topic T] [--cursor F]
+        [--run-id ID]
 
 Reads `.out` and `.dlq` (read_committed) from where the last audit ended, up to the inbound
 high watermark minus TWINSTREAM_AUDIT_INFLIGHT_MSGS, validates them with the Great
 Expectations suites of `twinstream.audit`, writes the result as JSON and Data Docs under
 TWINSTREAM_STATE_DIR/audit/<pipeline>/, and moves the cursor on only when the audit passes.
-Exit status 1 with the missing and duplicated msg_id ranges when it fails, 2 on bad input.
+Every run writes its verdict to `last-audit.json` beside the cursor. Exit status 1 with
+the missing and duplicated msg_id ranges when it fails, 2 on bad input. With `--run-id`
+(the Airflow DAG) a failed audit exits 0 once its report is written: the DAG's `verdict`
+task fails the run from the report, without the retry a crashed job gets.
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from twinstream.audit import Cursor, Findings, find_problems, validate
+from twinstream.audit import (
+    REPORT,
+    Cursor,
+    Findings,
+    Validation,
+    cursor_file,
+    find_problems,
+    validate,
+)
 from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.hostmetrics import FIELDS
 
@@ -84,13 +96,39 @@ def inbound_end(settings: Settings) -> int:
     return max(0, high - settings.audit_inflight_msgs)
 
 
+def write_report(
+    cursor_path: Path,
+    run_id: str,
+    findings: Findings,
+    validation: Validation | None,
+    run_name: str = "",
+) -> None:
+    """What this audit found, pass or fail, machine-readable beside the cursor."""
+    report = {
+        "run": run_name,
+        "run_id": run_id,
+        "ok": findings.ok and (validation is None or validation.success),
+        "summary": findings.summary(),
+        "first_msg_id": findings.first,
+        "end_msg_id": findings.end,
+        "records": findings.rows,
+        "missing": findings.missing,
+        "duplicated": findings.duplicated,
+        "without_msg_id": findings.without_msg_id,
+        "expectations_met": validation is None or validation.success,
+        "results": None if validation is None else str(validation.results_path),
+        "data_docs": None if validation is None else str(validation.data_docs),
+    }
+    (cursor_path.parent / REPORT).write_text(json.dumps(report, indent=2))
+
+
 def audit(
     spark: SparkSession, settings: Settings, args: argparse.Namespace
 ) -> tuple[Findings, bool]:
     """The findings, and whether the Great Expectations suites passed."""
     from pyspark.sql import functions as F
 
-    cursor_path = Path(args.cursor) if args.cursor else settings.audit_dir / "cursor.json"
+    cursor_path = cursor_file(settings.audit_dir, args.cursor)
     cursor_path.parent.mkdir(parents=True, exist_ok=True)
     cursor = Cursor.load(cursor_path)
     end = max(cursor.next_msg_id, inbound_end(settings))
@@ -101,6 +139,7 @@ def audit(
     findings = find_problems((r["msg_id"] for r in ids.toLocalIterator()), cursor.next_msg_id, end)
     log.info("audit %s: %s", settings.pipeline, findings.summary())
     if end <= cursor.next_msg_id and findings.rows == 0:
+        write_report(cursor_path, args.run_id, findings, None)
         return findings, True
 
     values = (
@@ -121,20 +160,7 @@ def audit(
         validation.results_path,
         validation.data_docs,
     )
-    report = {
-        "run": run_name,
-        "first_msg_id": findings.first,
-        "end_msg_id": findings.end,
-        "records": findings.rows,
-        "missing": findings.missing,
-        "duplicated": findings.duplicated,
-        "without_msg_id": findings.without_msg_id,
-        "expectations_met": validation.success,
-        "results": str(validation.results_path),
-        "data_docs": str(validation.data_docs),
-    }
-    # Machine-readable beside the cursor: what this audit found, pass or fail.
-    (cursor_path.parent / "last-audit.json").write_text(json.dumps(report, indent=2))
+    write_report(cursor_path, args.run_id, findings, validation, run_name)
     if findings.ok and validation.success:
         Cursor(
             next_msg_id=end,
@@ -169,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cursor", default="", help="cursor file (empty: <state>/audit/<pipeline>/cursor.json)"
     )
+    parser.add_argument(
+        "--run-id",
+        default="",
+        help="the Airflow run: findings exit 0, the DAG's verdict task fails the run",
+    )
     args = parser.parse_args(argv)
 
     from pyspark.sql import SparkSession
@@ -185,11 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
     if not findings.ok:
         log.error("audit %s FAILED: %s", settings.pipeline, findings.summary())
-        return 1
-    if not expectations_met:
+    elif not expectations_met:
         log.error("audit %s FAILED: malformed output values (see above)", settings.pipeline)
-        return 1
-    return 0
+    if (findings.ok and expectations_met) or args.run_id:
+        return 0
+    return 1
 
 
 if __name__ == "__main__":

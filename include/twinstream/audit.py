@@ -24,6 +24,13 @@ from typing import Any
 
 SUITE_IDS = "twinstream_msg_ids"
 SUITE_VALUES = "twinstream_output_values"
+# Every audit's verdict, beside its cursor.
+REPORT = "last-audit.json"
+
+
+class AuditFailed(Exception):
+    """The audit found a gap, a duplicate or a malformed output; the message names them and
+    what to do. Running the audit again over the same data finds the same."""
 
 
 @dataclass
@@ -208,3 +215,33 @@ def validate(
     results_path.write_text(json.dumps(results, indent=2, default=str))
     docs = gx_root / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
     return Validation(success, results_path, docs, statistics)
+
+
+def cursor_file(audit_dir: Path, cursor: str = "") -> Path:
+    """The cursor an audit uses: the one given, or the pipeline's own."""
+    return Path(cursor) if cursor else audit_dir / "cursor.json"
+
+
+def verdict(report_path: Path, run_id: str) -> dict[str, Any]:
+    """The report the audit job wrote for `run_id`; AuditFailed when it found a problem.
+    A report of another run (the job crashed before writing its own) is an error."""
+    try:
+        report: dict[str, Any] = json.loads(report_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"no readable audit report at {report_path}: {exc}") from exc
+    if report.get("run_id") != run_id:
+        raise RuntimeError(
+            f"{report_path} is the report of run {report.get('run_id')!r}, not {run_id!r}: "
+            "the audit job did not finish; see its log"
+        )
+    if not report["ok"]:
+        what = report["summary"]
+        if not report["expectations_met"]:
+            what += f"; malformed output values: see {report['results']}"
+        raise AuditFailed(
+            f"audit FAILED: {what}. The cursor stays, so the next audit checks this range "
+            "again: find the cause (the engines' logs, GET /pipeline uncovered_ranges), then "
+            f"move the cursor past the range by hand once it is understood; Data Docs: "
+            f"{report['data_docs']}"
+        )
+    return report

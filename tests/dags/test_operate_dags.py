@@ -83,6 +83,26 @@ def test_the_audit_submits_the_spark_job_with_the_kafka_connector(dags):
     assert submit.application.endswith("spark_jobs/audit_output.py")
     assert submit._conn_id == "spark_default"
     assert submit.driver_class_path.endswith("spark-kafka/*")
+    # The job leaves the verdict to a task of its own: a finding fails without a retry.
+    assert "--run-id" in submit.application_args
+    assert dag.task_dict["verdict"].upstream_task_ids == {"audit_output"}
+
+
+def test_a_finding_fails_the_audit_without_a_retry(dags, tmp_path):
+    import json
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    report = {"run_id": "r1", "ok": False, "summary": "missing: 100..109"}
+    report |= {"expectations_met": True, "results": None, "data_docs": None}
+    (tmp_path / "last-audit.json").write_text(json.dumps(report))
+    verdict = dags["audit_output_topic"].task_dict["verdict"].python_callable
+    params = {"cursor": str(tmp_path / "cursor.json")}
+    with pytest.raises(AirflowFailException, match=r"missing: 100\.\.109"):
+        verdict(params=params, run_id="r1")
+    # Another run's report: the job did not finish, an error Airflow retries.
+    with pytest.raises(RuntimeError, match="did not finish"):
+        verdict(params=params, run_id="r2")
 
 
 def test_the_retention_guard_runs_hourly_and_fixes_only_when_asked(dags):

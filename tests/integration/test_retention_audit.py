@@ -143,7 +143,11 @@ def test_the_audit_passes_a_clean_output_and_names_the_ranges_of_a_broken_copy(
     conf = {"outbound_topic": copy, "dlq_topic": settings.dlq_topic}
     failed = dag.test(run_conf={**conf, "cursor": str(broken / "cursor.json")})
     assert failed.state == "failed", task_states(failed)
+    # The job ran to its verdict; the verdict failed the run at once, without a retry.
+    assert task_states(failed) == {"audit_output": "success", "verdict": "failed"}
+    assert {ti.task_id: ti.try_number for ti in failed.get_task_instances()}["verdict"] == 1
     report = _last_audit(broken)
+    assert report["run_id"] == failed.run_id
     # 100..109 are outputs (every 50th record went to .dlq: none of these ids).
     assert report["missing"] == [[100, 109]]
     assert report["duplicated"] == [[200, 201]]

@@ -1,8 +1,22 @@
-"""The audit's pure parts: ranges, findings, the cursor."""
+"""The audit's pure parts: ranges, findings, the cursor, the verdict."""
 
 from __future__ import annotations
 
-from twinstream.audit import Cursor, find_problems, format_ranges, merge_ranges
+import json
+from pathlib import Path
+
+import pytest
+
+from twinstream.audit import (
+    REPORT,
+    AuditFailed,
+    Cursor,
+    cursor_file,
+    find_problems,
+    format_ranges,
+    merge_ranges,
+    verdict,
+)
 
 
 def test_ranges_are_merged_not_listed_one_by_one():
@@ -39,3 +53,52 @@ def test_the_cursor_round_trips_and_starts_at_zero(tmp_path):
     Cursor(next_msg_id=10, out_offset=12, dlq_offset=1, audits=1).save(path)
     assert Cursor.load(path) == Cursor(10, 12, 1, 1)
     assert not path.with_name("cursor.json.tmp").exists()
+
+
+def _report(path, **fields):
+    report = {
+        "run_id": "scheduled__1",
+        "ok": True,
+        "summary": "msg_id 0..99: 100 records; every msg_id exactly once",
+        "expectations_met": True,
+        "results": "/r.json",
+        "data_docs": "/docs/index.html",
+        **fields,
+    }
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_the_verdict_of_a_passed_audit_is_its_report(tmp_path):
+    report = _report(tmp_path / REPORT)
+    assert verdict(report, "scheduled__1")["ok"] is True
+
+
+def test_a_failed_audit_names_its_ranges_and_what_to_do(tmp_path):
+    summary = "msg_id 0..299: 288 records; missing: 100..109; duplicated: 200..201"
+    report = _report(tmp_path / REPORT, ok=False, summary=summary)
+    with pytest.raises(AuditFailed) as failed:
+        verdict(report, "scheduled__1")
+    assert "missing: 100..109; duplicated: 200..201" in str(failed.value)
+    assert "move the cursor" in str(failed.value)
+    assert "/docs/index.html" in str(failed.value)
+
+
+def test_malformed_values_fail_the_verdict_and_point_at_the_results(tmp_path):
+    report = _report(tmp_path / REPORT, ok=False, expectations_met=False)
+    with pytest.raises(AuditFailed, match=r"malformed output values: see /r\.json"):
+        verdict(report, "scheduled__1")
+
+
+def test_a_report_of_another_run_or_none_is_an_error_not_a_finding(tmp_path):
+    # The job crashed before writing this run's report: retried, never read as a verdict.
+    report = _report(tmp_path / REPORT, run_id="scheduled__0", ok=False)
+    with pytest.raises(RuntimeError, match="not 'scheduled__1': the audit job did not finish"):
+        verdict(report, "scheduled__1")
+    with pytest.raises(RuntimeError, match="no readable audit report"):
+        verdict(tmp_path / "absent.json", "scheduled__1")
+
+
+def test_the_cursor_is_the_given_one_or_the_pipelines_own(tmp_path):
+    assert cursor_file(tmp_path) == tmp_path / "cursor.json"
+    assert cursor_file(tmp_path, "/elsewhere/c.json") == Path("/elsewhere/c.json")
