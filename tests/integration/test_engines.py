@@ -28,28 +28,15 @@ from twinstream.testing import hostile
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
 
-def test_kill_9_of_the_active_under_load_loses_and_repeats_nothing(pipeline: Pipeline):
+def test_a_paused_zombie_is_fenced_and_then_takes_over_a_kill_9_losing_nothing(
+    pipeline: Pipeline,
+):
+    """Under one load: the active frozen (SIGSTOP) past its session is fenced by the standby
+    that takes over, and steps down when it thaws; then the new active dies (kill -9) and
+    the ex-zombie, a hot standby again, takes over within seconds. Every msg_id once, as
+    the reference computes it, and nothing from the fenced zombie after the new epoch."""
     a, b = pipeline.start_pair()
-    total = 15_000
-    load = pipeline.load(total, rate=1000, broken_every=97)
-    wait_for(lambda: published(a) >= 4000, 60, "the active publishing under load")
-    a.kill9()
-    killed = time.monotonic()
-    wait_for(lambda: b.role() == "active", 15, "the standby taking over")
-    takeover_s = time.monotonic() - killed
-    pipeline.join_load(load)
-    pipeline.wait_published(pipeline.produced - 1)
-
-    outputs = assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
-    by_engine = {r.engine_id for r in outputs}
-    assert by_engine == {"a", "b"}, "both engines must have published: before and after the kill"
-    assert takeover_s < 5, f"takeover took {takeover_s:.1f}s"
-
-
-def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline: Pipeline):
-    a, b = pipeline.start_pair()
-    total = 12_000
-    load = pipeline.load(total, rate=1000)
+    load = pipeline.load(60_000, rate=1000, broken_every=97)
     wait_for(lambda: published(a) >= 3000, 60, "the active publishing under load")
     a.proc.send_signal(signal.SIGSTOP)
     try:
@@ -59,56 +46,50 @@ def test_a_paused_zombie_active_is_fenced_and_steps_down(pipeline: Pipeline):
     finally:
         a.proc.send_signal(signal.SIGCONT)
     wait_for(lambda: a.role() == "standby", 30, "the ex-active stepping down")
-    pipeline.join_load(load)
+
+    wait_for(lambda: published(b) >= published(a) + 3000, 60, "b publishing under load")
+    wait_for(lambda: bool(a.get("/pipeline")["in_sync"]), 60, "the ex-zombie in sync")
+    b.kill9()
+    killed = time.monotonic()
+    wait_for(lambda: a.role() == "active", 15, "the ex-zombie taking over")
+    takeover_s = time.monotonic() - killed
+    after = published(a)
+    wait_for(lambda: published(a) > after + 2000, 60, "the new active publishing new input")
+    pipeline.stop_load(load)
     pipeline.wait_published(pipeline.produced - 1)
 
-    outputs = pipeline.outputs()
-    result = audit(outputs, pipeline.produced)
-    assert ranges(result.missing) == []
-    assert ranges(result.duplicated) == []
+    outputs = assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     for topic in (pipeline.settings.outbound_topic, pipeline.settings.dlq_topic):
         in_order = sorted((r for r in outputs if r.topic == topic), key=lambda r: r.offset)
         first_new = next(
             (i for i, r in enumerate(in_order) if r.epoch is not None and r.epoch >= new_epoch),
             len(in_order),
         )
-        late = [r.msg_id for r in in_order[first_new:] if r.engine_id == "a"]
-        assert late == [], f"the fenced ex-active committed msg_ids {late[:5]} into {topic}"
-    assert a.get("/server")["epoch"] < new_epoch or a.role() != "active"
+        late = [
+            r.msg_id
+            for r in in_order[first_new:]
+            if r.engine_id == "a" and r.epoch is not None and r.epoch < new_epoch
+        ]
+        assert late == [], f"the fenced zombie committed msg_ids {late[:5]} into {topic}"
+    assert {(r.engine_id, r.epoch) for r in outputs} >= {("a", 1), ("b", new_epoch)}
+    assert takeover_s < 5, f"takeover took {takeover_s:.1f}s"
 
 
-@pytest.mark.parametrize(
-    ("case", "active_env", "standby_env"),
-    [
-        # The standby computes far more often than the active publishes: it is ahead.
-        (
-            "ahead",
-            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "8000"},
-            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100"},
-        ),
-        # The standby lags the active: it publishes nothing it has not yet recomputed.
-        (
-            "behind",
-            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100"},
-            {"TWINSTREAM_TRIGGER_INTERVAL_MS": "8000"},
-        ),
-    ],
-)
-def test_takeover_by_a_standby_ahead_or_behind_is_gapless(
-    pipeline: Pipeline, case, active_env, standby_env
-):
-    a, b = pipeline.start_pair(active_env, standby_env)
-    # Long enough that the engines' different rhythms open a lead or a lag under load.
-    total = 30_000
-    load = pipeline.load(total, rate=1000)
+def test_takeover_by_a_standby_behind_the_active_is_gapless(pipeline: Pipeline):
+    """The standby lags the active: it publishes nothing it has not yet recomputed. (A
+    standby ahead of the active: the next test.)"""
+    a, b = pipeline.start_pair(
+        {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100"}, {"TWINSTREAM_TRIGGER_INTERVAL_MS": "8000"}
+    )
+    # Until the takeover is done: the engines' different rhythms open a lag under load.
+    load = pipeline.load(60_000, rate=1000)
     wait_for(lambda: published(a) >= 2000, 60, "the active publishing under load")
-    if case == "ahead":
-        wait_for(lambda: processed(b) > published(a) + 200, 60, "the standby ahead of the active")
-    else:
-        wait_for(lambda: processed(b) < published(a) - 200, 60, "the standby behind the active")
+    wait_for(lambda: processed(b) < published(a) - 200, 60, "the standby behind the active")
     a.kill9()
     wait_for(lambda: b.role() == "active", 15, "the standby taking over")
-    pipeline.join_load(load)
+    after = published(b)
+    wait_for(lambda: published(b) > after + 2000, 60, "the new active publishing new input")
+    pipeline.stop_load(load)
     pipeline.wait_published(pipeline.produced - 1)
     assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     assert b.get("/pipeline")["uncovered_ranges"] == []
@@ -131,7 +112,7 @@ def test_a_standby_far_ahead_keeps_every_unpublished_row_pausing_at_its_bound(
             "TWINSTREAM_MAX_BUFFERED_MSGS": str(bound),
         },
     )
-    load = pipeline.load(30_000, rate=1000)
+    load = pipeline.load(60_000, rate=1000)
     wait_for(lambda: published(a) >= 2000, 60, "the active publishing under load")
 
     def paused_ahead() -> str | None:
@@ -144,12 +125,11 @@ def test_a_standby_far_ahead_keeps_every_unpublished_row_pausing_at_its_bound(
     assert "waiting for the active to publish" in reason
     a.kill9()
     wait_for(lambda: b.role() == "active", 15, "the standby taking over")
-    pipeline.join_load(load)
+    after = published(b)
+    wait_for(lambda: published(b) > after + 2000, 60, "the new active publishing new input")
+    pipeline.stop_load(load)
     pipeline.wait_published(pipeline.produced - 1)
-
-    result = audit(pipeline.outputs(), pipeline.produced)
-    assert ranges(result.duplicated) == []
-    assert ranges(result.missing) == []
+    assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     assert b.get("/pipeline")["uncovered_ranges"] == []
 
 
