@@ -96,6 +96,7 @@ class Engine:
             self.metrics,
             max_buffer_size=settings.max_buffered_msgs,
             on_gap=self._on_gap,
+            on_fenced=self._resign,
         )
         # A gap to recompute, found at a takeover: how (the main loop does it).
         self._repair: checkpoint.RewindPoint | snapshot.Manifest | None = None
@@ -698,6 +699,11 @@ class Engine:
         finally:
             # A fenced or used producer can never serve a later takeover: build the next one.
             threading.Thread(target=self._prepare_publisher, daemon=True).start()
+
+    def _resign(self) -> None:
+        """The gate's producer can publish no more: give up the leadership and queue again;
+        whoever wins next fences with a producer of its own."""
+        self.election.resign()
 
     def _stepped_down(self, reason: str) -> None:
         self.gate.step_down(reason, rejoin=self._state == "running")

@@ -117,6 +117,7 @@ class Gate:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         on_gap: Callable[[int, int], bool] | None = None,
+        on_fenced: Callable[[], None] | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.pipeline = pipeline
@@ -136,6 +137,9 @@ class Gate:
         self._stopping = False
         # Asked to recompute a range no buffer covers; True: it will (see `rewind`).
         self._on_gap = on_gap
+        # The active's producer can publish no more (fenced, or failed for good): leave the
+        # leadership, so that the next active (this engine again, perhaps) fences anew.
+        self._on_fenced = on_fenced
         self._repairs: list[Repair] = []
         self._repair_started = 0.0
         # A gap given up on (reported): rows after it are then published as they are.
@@ -327,6 +331,12 @@ class Gate:
             if self._publisher is not None:
                 self._publisher.close()
                 self._publisher = None
+            if self._held:
+                # What it could not publish stays, as on any standby a row the active has
+                # not published does: a takeover (by this engine, re-elected) needs it.
+                merged = {r.msg_id: r for r in (*self._buffer, *self._held)}
+                self._buffer = deque(merged[msg_id] for msg_id in sorted(merged))
+                self._published_elsewhere = self._last_published
             self._held = []
             self._set_role("standby" if rejoin else "none")
             if was == "active":
@@ -496,16 +506,19 @@ class Gate:
                 self._report_uncovered(*gap)
         try:
             self._publisher.publish(rows, self._epoch)
-        except Fenced:
+        except Fenced as exc:
             log.error(
-                "engine %s pipeline %s: fenced by a newer active while publishing msg_id "
-                "%s..%s; nothing of it was committed",
+                "engine %s pipeline %s: cannot publish msg_id %s..%s (%s); nothing of it was "
+                "committed; stepping down, keeping the rows",
                 self.engine_id,
                 self.pipeline,
                 rows[0].msg_id,
                 rows[-1].msg_id,
+                exc,
             )
-            self.step_down("fenced by a newer active")
+            self.step_down("fenced, or its producer failed")
+            if self._on_fenced is not None:
+                self._on_fenced()
             return 0
         except TransientPublishError as exc:
             log.warning(

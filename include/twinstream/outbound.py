@@ -178,7 +178,7 @@ class KafkaPublisher:
                 KafkaError.PRODUCER_FENCED,
                 KafkaError.INVALID_PRODUCER_EPOCH,
             ):
-                raise Fenced(str(error)) from exc
+                raise Fenced(f"the producer failed for good: {error}") from exc
             self._abort()
             raise TransientPublishError(str(error)) from exc
         except BufferError as exc:
@@ -222,7 +222,10 @@ class KafkaPublisher:
         """abort_transaction, again while the error is retriable (an abort, too, waits for
         records in flight). If it still fails, the next transaction first tries again: the
         coordinator cannot finish an abort while a partition of the transaction lacks its
-        in-sync replicas, and the gate's lock must not be held for a whole outage."""
+        in-sync replicas, and the gate's lock must not be held for a whole outage. A fatal
+        error (after a 3-minute outage the coordinator had timed the transaction out and
+        bumped the epoch: INVALID_TXN_STATE) leaves this producer unusable for good:
+        Fenced, so that the engine rejoins the election and fences with a new one."""
         deadline = time.monotonic() + self._timeout_s
         while True:
             try:
@@ -234,6 +237,8 @@ class KafkaPublisher:
                 if error.code() == KafkaError._STATE:
                     self._unsettled = False  # no transaction in progress: nothing to abort
                     return
+                if error.fatal():
+                    raise Fenced(f"the producer failed for good: {error}") from exc
                 if error.retriable() and time.monotonic() < deadline:
                     continue
                 log.warning("abort_transaction failed: %s; trying again first next time", error)

@@ -127,6 +127,28 @@ def test_a_fenced_active_steps_down_and_commits_nothing():
     assert gate.status().last_msg_id_published == -1
 
 
+def test_a_producer_that_failed_for_good_resigns_and_its_rows_survive_to_the_next_epoch():
+    # Seen after a 3-minute outbound outage: the coordinator had timed the transaction out,
+    # every abort then failed fatally (INVALID_TXN_STATE) and the active retried it forever.
+    # Now it leaves the leadership, keeps what it could not publish, and a new producer
+    # (this engine re-elected, here) publishes it at the next epoch.
+    resigned = []
+    gate = Gate("a", "p", 2, max_buffer_size=1000, on_fenced=lambda: resigned.append(True))
+    gate.joined()
+    broken = FakePublisher(fail=TransientPublishError("outage"))
+    gate.take_over(7, fence=lambda: broken, last_committed=lambda: -1)
+    gate.on_batch(0, rows(0, 1, 2))
+    gate.on_batch(1, rows(3, 4))
+    broken.fail = Fenced("the producer failed for good: INVALID_TXN_STATE")
+    gate.on_batch(2, rows(5))
+    assert resigned == [True]
+    assert gate.status().role == "standby"
+    assert [r.msg_id for r in gate.buffered()] == [0, 1, 2, 3, 4, 5]
+    fresh = FakePublisher()
+    gate.take_over(8, fence=lambda: fresh, last_committed=lambda: -1)
+    assert fresh.transactions == [([0, 1, 2, 3, 4, 5], 8)]
+
+
 def test_a_transient_failure_is_retried_with_the_next_batch():
     publisher = FakePublisher(fail=TransientPublishError("broker restarting"))
     gate, _ = active_gate(publisher=publisher)

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 import twinstream.outbound as outbound
 from twinstream.config import Settings
-from twinstream.gate import TransientPublishError
+from twinstream.gate import Fenced, TransientPublishError
 from twinstream.rows import Output
 
 
@@ -124,6 +124,22 @@ def test_an_abort_that_does_not_go_through_is_tried_again_before_the_next_transa
     pub.publish([Output(1, "out", "h", "v")], epoch=1)  # aborts the old one first
     assert producer.aborted == 1
     assert len(producer.committed) == 1
+
+
+def test_an_abort_that_fails_for_good_is_fenced_not_retried_forever(publisher):
+    # After a 3-minute outage the coordinator had timed the transaction out and bumped the
+    # producer's epoch: each abort failed with a fatal INVALID_TXN_STATE, and the active
+    # tried again every 2 s for as long as it lived.
+    pub, producer = publisher
+    producer.commit_errors = [KafkaError(KafkaError._MSG_TIMED_OUT, "record timed out")]
+    producer.abort_errors = [KafkaError(KafkaError._CONFLICT, "commit in progress")]
+    with pytest.raises(TransientPublishError):
+        pub.publish([Output(1, "out", "h", "v")], epoch=1)
+    invalid = KafkaError(KafkaError.INVALID_TXN_STATE, "invalid state", fatal=True)
+    producer.abort_errors = [invalid]
+    with pytest.raises(Fenced, match="failed for good"):
+        pub.publish([Output(1, "out", "h", "v")], epoch=1)
+    assert producer.committed == []
 
 
 def test_a_fence_waits_out_a_coordinator_still_aborting_the_old_transaction(publisher):
