@@ -80,6 +80,9 @@ class Election:
         self._stop = threading.Event()
         self._lost = threading.Event()
         self._resign = threading.Event()
+        # Set from winning until stepping down: a resign outside that would be stale by the
+        # time this engine next wins, and would throw that leadership away at once.
+        self._leading = threading.Event()
         self._thread: threading.Thread | None = None
         self._election: Any = None
         self.zk_state = "CLOSED"
@@ -116,8 +119,9 @@ class Election:
         return list(self._client.Election(self._path).contenders())
 
     def resign(self) -> None:
-        """Give up leadership (or the place in the queue) and rejoin as a contender."""
-        self._resign.set()
+        """Give up the leadership and rejoin as a contender; nothing unless leading."""
+        if self._leading.is_set():
+            self._resign.set()
 
     def stop(self) -> None:
         """Leave the election for good (the pipeline stopped)."""
@@ -159,16 +163,20 @@ class Election:
         counter += 1
         epoch = int(counter.value)
         log.warning("election %s: won, epoch %s", self._identifier, epoch)
+        self._leading.set()
         try:
-            self._on_elected(epoch)
-        except Exception:
-            log.exception("election %s: takeover failed; resigning", self._identifier)
-            self._on_step_down("takeover failed")
-            return
-        while not (self._stop.is_set() or self._lost.is_set() or self._resign.is_set()):
-            self._sleep(0.05)
-        if not self._lost.is_set():
-            self._on_step_down("resigned" if not self._stop.is_set() else "stopped")
+            try:
+                self._on_elected(epoch)
+            except Exception:
+                log.exception("election %s: takeover failed; resigning", self._identifier)
+                self._on_step_down("takeover failed")
+                return
+            while not (self._stop.is_set() or self._lost.is_set() or self._resign.is_set()):
+                self._sleep(0.05)
+            if not self._lost.is_set():
+                self._on_step_down("resigned" if not self._stop.is_set() else "stopped")
+        finally:
+            self._leading.clear()
 
     def _holds_lock(self) -> bool:
         lock = getattr(self._election, "lock", None)

@@ -172,3 +172,57 @@ def test_a_win_whose_node_is_gone_is_not_taken():
     # The first win was refused (no epoch spent on it); the second, with a live node, led.
     assert [e for e in events if e[0] == "elected"] == [("elected", 1)]
     assert client.runs == 2
+
+
+def _election(client, events, sleep):
+    return Election(
+        client,
+        "/twinstream/p/election",
+        "/twinstream/p/epoch",
+        "a",
+        on_elected=lambda epoch: events.append(("elected", epoch)),
+        on_step_down=lambda reason: events.append(("down", reason)),
+        on_connection=lambda ok: events.append(("connected", ok)),
+        sleep=sleep,
+    )
+
+
+def test_a_leader_that_resigns_steps_down_and_queues_again():
+    # The gate's producer failed for good: the engine resigns, and wins again with a new one.
+    FakeCounter.value = 0
+    client = FakeClient()
+    events: list[tuple[str, object]] = []
+
+    def sleep(_seconds):
+        if events == [("elected", 1)]:
+            election.resign()
+        elif ("elected", 2) in events:
+            election._stop.set()
+
+    election = _election(client, events, sleep)
+    election.start()
+    assert election._thread is not None
+    election._thread.join(5)
+    assert events[:3] == [("elected", 1), ("down", "resigned"), ("elected", 2)]
+
+
+def test_a_resign_while_not_leading_is_ignored_not_kept_for_the_next_win():
+    # A fenced zombie resigns after its session is lost, while it queues again: kept, that
+    # resign would have thrown away its next leadership the moment it won.
+    FakeCounter.value = 0
+    client = FakeClient()
+    events: list[tuple[str, object]] = []
+    ticks = []
+
+    def sleep(_seconds):
+        ticks.append(1)
+        if len(ticks) >= 20:
+            election._stop.set()
+
+    election = _election(client, events, sleep)
+    client.before_win = lambda _e: election.resign()  # queued, about to win
+    election.start()
+    assert election._thread is not None
+    election._thread.join(5)
+    assert [e for e in events if e[0] == "elected"] == [("elected", 1)]
+    assert events[-1] == ("down", "stopped")
