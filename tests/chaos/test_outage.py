@@ -1,13 +1,14 @@
-"""An outbound outage under load: the output topics unwritable while the inbound topic
-takes writes, then back; and the same outage with kill -9 of the active before it could
-publish. Nothing may be lost or repeated, and the engines' memory stays within
-max_buffered_msgs rows (they pause their queries instead).
+"""An outbound outage of 3 minutes under load: the output topics unwritable while the
+inbound topic takes writes. Two pipelines meet the same outage: on one the active waits it
+out and resumes; on the other, an active and its standby, the active is killed (kill -9)
+while it holds what it could not publish. Nothing may be lost or repeated, and the
+engines' memory stays within max_buffered_msgs rows (they pause their queries instead).
 
 The outage is what production meets when replicas go: one broker stopped, and the
-pipeline's outbound and dead-letter topics made to need all three replicas
+pipelines' outbound and dead-letter topics made to need all three replicas
 (min.insync.replicas=3), so that their writes fail with NOT_ENOUGH_REPLICAS while the
-inbound topic (min.insync.replicas=2) stays writable. `make test` holds each outage
-TWINSTREAM_CHAOS_OUTAGE_S=30 s; `make chaos` 180 s.
+inbound topics (min.insync.replicas=2) stay writable. TWINSTREAM_CHAOS_OUTAGE_S sets its
+length (180 s).
 """
 
 from __future__ import annotations
@@ -30,19 +31,21 @@ from twinstream.stack.supervisor import Supervisor
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
-OUTAGE_S = float(os.environ.get("TWINSTREAM_CHAOS_OUTAGE_S", "30"))
-BOUND = 3_000  # max_buffered_msgs of both engines: reached within seconds of an outage
-RATE = 500.0
+OUTAGE_S = float(os.environ.get("TWINSTREAM_CHAOS_OUTAGE_S", "180"))
+BOUND = 3_000  # max_buffered_msgs of every engine: reached within seconds of an outage
+RATE = 250.0  # per pipeline: three engines share two cores
 
 
 @contextlib.contextmanager
-def outbound_outage(pipeline: Pipeline, stack_settings: Settings) -> Iterator[None]:
-    s = pipeline.settings
-    admin = AdminClient(admin_config(s))
-    outputs = (s.outbound_topic, s.dlq_topic)
-    inbound = admin.list_topics(s.inbound_topic, timeout=10).topics[s.inbound_topic]
-    # Not the inbound partition's leader: the inbound topic is not the scenario.
-    node = next(n for n in (1, 2, 3) if n != inbound.partitions[0].leader)
+def outbound_outage(pipelines: list[Pipeline], stack_settings: Settings) -> Iterator[None]:
+    settings = [p.settings for p in pipelines]
+    admin = AdminClient(admin_config(settings[0]))
+    outputs = [t for s in settings for t in (s.outbound_topic, s.dlq_topic)]
+    inbound = [s.inbound_topic for s in settings]
+    meta = admin.list_topics(timeout=10).topics
+    leaders = {meta[t].partitions[0].leader for t in inbound}
+    # Not an inbound partition's leader: the inbound topics are not the scenario.
+    node = next(n for n in (1, 2, 3) if n not in leaders)
     supervisor = Supervisor(Layout.of(stack_settings))
     for topic in outputs:
         alter_topic_configs(admin, topic, {"min.insync.replicas": "3"})
@@ -67,76 +70,122 @@ def outbound_outage(pipeline: Pipeline, stack_settings: Settings) -> Iterator[No
 
         def in_sync() -> bool:
             meta = admin.list_topics(timeout=10).topics
-            return all(len(meta[t].partitions[0].isrs) == 3 for t in (s.inbound_topic, *outputs))
+            return all(len(meta[t].partitions[0].isrs) == 3 for t in (*inbound, *outputs))
 
         wait_for(in_sync, 180, f"kafka-{node} back in the ISRs", every_s=1.0)
 
 
-def hold_within_bound(engines: list[EngineProcess], seconds: float) -> dict[str, int]:
-    """Keep the outage up for `seconds`, checking every engine's rows against the bound;
-    returns the most rows each held (buffered on a standby, unpublished on the active)."""
-    most = {e.engine_id: 0 for e in engines}
-    started = time.monotonic()
-    next_line = started
-    while (left := seconds - (time.monotonic() - started)) > 0:
+def hold_within_bound(engines: list[EngineProcess], until: float) -> dict[str, int]:
+    """Keep the outage up until the monotonic time `until`, checking every engine's rows
+    against the bound; returns the most rows each held (buffered on a standby,
+    unpublished on the active)."""
+    most = {f"{e.url}": 0 for e in engines}
+    next_line = time.monotonic()
+    while (left := until - time.monotonic()) > 0:
         for e in engines:
             info = e.try_get("/pipeline")
             if info is None:
                 continue
             held = max(info["buffer_fill"], info["unpublished"])
-            most[e.engine_id] = max(most[e.engine_id], held)
+            most[e.url] = max(most[e.url], held)
             # One micro-batch may land on top of the bound before the query pauses.
             assert held <= BOUND + 5_000, f"engine {e.engine_id} holds {held} rows"
         if time.monotonic() >= next_line:
-            print(f"outage: {left:.0f} s to go, most rows held {most}", flush=True)
-            next_line += 10
+            print(f"outage: {left:.0f} s to go, most rows held {sorted(most.values())}", flush=True)
+            next_line += 15
         time.sleep(0.5)
     return most
 
 
-def both_paused(a: EngineProcess, b: EngineProcess) -> bool:
-    return all((e.try_get("/pipeline") or {}).get("paused") for e in (a, b))
+def all_paused(*engines: EngineProcess) -> bool:
+    return all((e.try_get("/pipeline") or {}).get("paused") for e in engines)
 
 
-@pytest.mark.timeout(600 + 4 * OUTAGE_S)
-@pytest.mark.usefixtures("quiet_stack_engines")
-def test_an_outbound_outage_then_a_kill_of_the_active_loses_and_repeats_nothing(
-    pipeline: Pipeline, settings: Settings
-):
-    bound = {"TWINSTREAM_MAX_BUFFERED_MSGS": str(BOUND), "TWINSTREAM_NUM_BUFFERED_MSGS": "1000"}
-    a, b = pipeline.start_pair(bound, bound)
-    load = pipeline.load(int(RATE * (2 * OUTAGE_S + 120)), rate=RATE)
-    wait_for(lambda: published(a) >= 1000, 60, "the active publishing under load")
-
-    # 1. The outage, then back: the engines pause at the bound and resume.
-    with outbound_outage(pipeline, settings):
-        # An attempt to publish takes up to ~30 s in an outage (the commit, then an abort the
-        # coordinator cannot finish): the active reaches its bound after a few batches.
-        wait_for(lambda: both_paused(a, b), 150, "both engines paused at their bound")
-        most = hold_within_bound([a, b], OUTAGE_S)
-    print(f"first outage over; most rows held {most}", flush=True)
-    wait_for(lambda: not both_paused(a, b), 120, "the engines resuming")
-
-    # 2. The same outage, and the active killed while it holds what it could not publish.
-    with outbound_outage(pipeline, settings):
-        wait_for(lambda: both_paused(a, b), 150, "both engines paused again")
-        assert a.get("/pipeline")["unpublished"] > 0
-        a.kill9()
-        # b wins the election at once, but cannot fence until the coordinator has aborted
-        # a's open transaction, which needs the outbound partition writable again: it
-        # keeps everything meanwhile, within its bound.
-        hold_within_bound([b], OUTAGE_S / 2)
-    wait_for(lambda: b.role() == "active", 120, "the standby taking over after the outage")
-    pipeline.join_load(load, timeout_s=600)
-    pipeline.wait_published(pipeline.produced - 1, timeout_s=300)
-
+def assert_exactly_once(pipeline: Pipeline) -> None:
     result = audit(pipeline.outputs(), pipeline.produced)
     assert ranges(result.missing) == []
     assert ranges(result.duplicated) == []
-    assert b.get("/pipeline")["uncovered_ranges"] == []
-    print(
-        f"two {OUTAGE_S:.0f} s outbound outages, the second with kill -9 of the active: "
-        f"{pipeline.produced} messages, 0 lost, 0 duplicated; most rows held {most} "
-        f"(bound {BOUND} + one micro-batch)",
-        flush=True,
-    )
+    active = pipeline.active()
+    assert active is not None
+    assert active.get("/pipeline")["uncovered_ranges"] == []
+
+
+@pytest.mark.timeout(900 + 2 * OUTAGE_S)
+@pytest.mark.usefixtures("quiet_stack_engines")
+def test_an_outbound_outage_with_and_without_a_kill_of_the_active_loses_and_repeats_nothing(
+    pipeline: Pipeline, stack_env: dict[str, str], settings: Settings, tmp_path
+):
+    waits, killed = pipeline, Pipeline(stack_env, tmp_path / "killed")
+    env = {
+        "TWINSTREAM_MAX_BUFFERED_MSGS": str(BOUND),
+        "TWINSTREAM_NUM_BUFFERED_MSGS": "1000",
+        # Three engines share two cores: batches of a second, not a quarter, and a session
+        # that outlasts a heartbeat kept waiting for a core (at 1 s, with four engines,
+        # sessions expired and roles changed all through the outage). Neither is what
+        # this test is about.
+        "TWINSTREAM_TRIGGER_INTERVAL_MS": "1000",
+        "TWINSTREAM_ZK_SESSION_TIMEOUT_S": "4",
+    }
+    try:
+        # One engine waits the outage out: the active alone must pause at its bound and
+        # resume. The other pipeline's pair loses its active in the outage: its standby
+        # must keep everything, within its bound, and take over after.
+        a = waits.start("a", **env)
+        waits.wait_running(a)
+        waits.warm_up(a)
+        loads = {waits.name: waits.load(10**6, rate=RATE)}
+        ka, kb = killed.start_pair(env, env)
+        loads[killed.name] = killed.load(10**6, rate=RATE)
+        wait_for(lambda: min(published(a), published(ka)) >= 500, 60, "both actives publishing")
+
+        def victim() -> EngineProcess | None:
+            """The killed pipeline's active, paused while it holds what it could not
+            publish; and every engine paused at its bound."""
+            if not all_paused(a, ka, kb):
+                return None
+            active = killed.active()
+            if active is None or active.get("/pipeline")["unpublished"] == 0:
+                return None
+            return active
+
+        started = time.monotonic()
+        with outbound_outage([waits, killed], settings):
+            # An attempt to publish takes up to ~30 s in an outage (the commit, then an abort
+            # the coordinator cannot finish): each active reaches its bound after a few
+            # batches.
+            dead = wait_for(victim, 150, "every engine paused at its bound")
+            unpublished = dead.get("/pipeline")["unpublished"]
+            dead.kill9()
+            # The other engine wins the election at once but cannot fence until the
+            # coordinator has aborted the dead one's open transaction, which needs the
+            # outbound partition writable again: it keeps everything meanwhile, within its
+            # bound.
+            survivor = kb if dead is ka else ka
+            most = hold_within_bound([a, survivor], started + OUTAGE_S)
+        outage_s = time.monotonic() - started
+        print(f"outage over after {outage_s:.0f} s; most rows held {sorted(most.values())}")
+
+        wait_for(lambda: survivor.role() == "active", 120, "the standby taking over")
+        wait_for(lambda: not all_paused(a), 120, "the engine that waited resuming")
+        for p in (waits, killed):
+            mark = loads[p.name].sent
+
+            def drained(p: Pipeline = p, m: int = mark) -> bool:
+                active = p.active()
+                return active is not None and published(active) >= m - 1
+
+            wait_for(drained, 300, f"{p.name}'s backlog published")
+            p.stop_load(loads[p.name])
+            p.wait_published(p.produced - 1)
+        assert_exactly_once(waits)
+        assert_exactly_once(killed)
+        print(
+            f"a {outage_s:.0f} s outbound outage under {2 * RATE:.0f} events/s: "
+            f"{waits.produced} messages where the active waited it out, {killed.produced} "
+            f"where the active was killed holding {unpublished} unpublished rows; 0 lost, 0 "
+            f"duplicated; most rows held {max(most.values())} (bound {BOUND} + one "
+            "micro-batch)",
+            flush=True,
+        )
+    finally:
+        killed.stop_all()
