@@ -284,9 +284,19 @@ class Pipeline:
     def start_pair(
         self, active_env: dict[str, str] | None = None, standby_env: dict[str, str] | None = None
     ) -> tuple[EngineProcess, EngineProcess]:
-        """Start `a`, wait until it is active, then `b` as its standby; warm both up. `a`
-        computes its warm-up records while `b` starts: on two cores, a new engine's first
-        batch and a JVM's start take several seconds each."""
+        """(active, standby), both warmed up. With one environment for both, `a` and `b`
+        start at once and either may win: the second JVM's start no longer waits for the
+        first's. With two, `a` starts first and wins, then `b` starts as its standby; `a`
+        computes its warm-up records meanwhile (on two cores a new engine's first batch
+        and a JVM's start take several seconds each)."""
+        if (active_env or {}) == (standby_env or {}):
+            engines = [self.start(e, **(active_env or {})) for e in ("a", "b")]
+            self.wait_running(*engines)
+            active: EngineProcess = wait_for(self.active, 30, "one engine active")
+            (standby,) = [e for e in engines if e is not active]
+            assert standby.role() == "standby", standby.role()
+            self.warm_up(active, standby)
+            return active, standby
         a = self.start("a", **(active_env or {}))
         self.wait_running(a)
         wait_for(lambda: a.role() == "active", 30, "engine a active")
