@@ -104,10 +104,11 @@ def write_report(
     run_name: str = "",
 ) -> None:
     """What this audit found, pass or fail, machine-readable beside the cursor."""
+    expectations_met = validation is None or validation.success
     report = {
         "run": run_name,
         "run_id": run_id,
-        "ok": findings.ok and (validation is None or validation.success),
+        "ok": findings.ok and expectations_met,
         "summary": findings.summary(),
         "first_msg_id": findings.first,
         "end_msg_id": findings.end,
@@ -115,7 +116,7 @@ def write_report(
         "missing": findings.missing,
         "duplicated": findings.duplicated,
         "without_msg_id": findings.without_msg_id,
-        "expectations_met": validation is None or validation.success,
+        "expectations_met": expectations_met,
         "results": None if validation is None else str(validation.results_path),
         "data_docs": None if validation is None else str(validation.data_docs),
     }

@@ -79,7 +79,7 @@ def hold_within_bound(engines: list[EngineProcess], until: float) -> dict[str, i
     """Keep the outage up until the monotonic time `until`, checking every engine's rows
     against the bound; returns the most rows each held (buffered on a standby,
     unpublished on the active)."""
-    most = {f"{e.url}": 0 for e in engines}
+    most = {e.url: 0 for e in engines}
     next_line = time.monotonic()
     while (left := until - time.monotonic()) > 0:
         for e in engines:

@@ -110,6 +110,20 @@ def test_win_suspend_lose_and_win_again():
     assert election.zk_state == str(KazooState.LOST)
 
 
+def _election(client, events, sleep, identifier="a"):
+    """An election on `client` that records its callbacks in `events`."""
+    return Election(
+        client,
+        "/twinstream/p/election",
+        "/twinstream/p/epoch",
+        identifier,
+        on_elected=lambda epoch: events.append(("elected", epoch)),
+        on_step_down=lambda reason: events.append(("down", reason)),
+        on_connection=lambda ok: events.append(("connected", ok)),
+        sleep=sleep,
+    )
+
+
 def _lead_until(client, before_win, done) -> list[tuple[str, object]]:
     """Run an election on `client` until `done(events)`; the events it saw."""
     FakeCounter.value = 0
@@ -120,16 +134,7 @@ def _lead_until(client, before_win, done) -> list[tuple[str, object]]:
         if done(events):
             election._stop.set()  # stop() would join this very thread
 
-    election = Election(
-        client,
-        "/twinstream/p/election",
-        "/twinstream/p/epoch",
-        "b",
-        on_elected=lambda epoch: events.append(("elected", epoch)),
-        on_step_down=lambda reason: events.append(("down", reason)),
-        on_connection=lambda ok: events.append(("connected", ok)),
-        sleep=sleep,
-    )
+    election = _election(client, events, sleep, identifier="b")
     election.start()
     thread = election._thread
     assert thread is not None
@@ -172,19 +177,6 @@ def test_a_win_whose_node_is_gone_is_not_taken():
     # The first win was refused (no epoch spent on it); the second, with a live node, led.
     assert [e for e in events if e[0] == "elected"] == [("elected", 1)]
     assert client.runs == 2
-
-
-def _election(client, events, sleep):
-    return Election(
-        client,
-        "/twinstream/p/election",
-        "/twinstream/p/epoch",
-        "a",
-        on_elected=lambda epoch: events.append(("elected", epoch)),
-        on_step_down=lambda reason: events.append(("down", reason)),
-        on_connection=lambda ok: events.append(("connected", ok)),
-        sleep=sleep,
-    )
 
 
 def test_a_leader_that_resigns_steps_down_and_queues_again():
