@@ -1,7 +1,7 @@
 """Failover benchmark: takeovers under steady load, against the supervisor-restart baseline.
 
     make up                      # the local stack must be running
-    .venv/bin/python bench/failover.py --rounds 20 --rate 1000
+    .venv/bin/python -m bench.failover --rounds 20 --rate 1000
 
 Works on the running local stack's own two engines, under its supervisord (autorestart),
 with steady synthetic load on its inbound topic. Three failures of the active, `--rounds`
@@ -39,7 +39,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from twinstream.chaos import (
+from bench.plots import plot, rate_series
+from twinstream.config import REPO_ROOT, load_settings
+from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
+from twinstream.kafka import watermarks
+from twinstream.testing.chaos import (
     KINDS,
     Round,
     SteadyLoad,
@@ -47,11 +51,7 @@ from twinstream.chaos import (
     audit_range,
     failover_round,
 )
-from twinstream.config import REPO_ROOT, load_settings
-from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
-from twinstream.harness import OutputSampler, machine, summary, wait_for
-from twinstream.kafka import watermarks
-from twinstream.plots import plot, rate_series
+from twinstream.testing.harness import OutputSampler, machine, summary, wait_for
 
 
 def baseline_round(engines: SupervisedEngines) -> float:

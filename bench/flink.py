@@ -2,7 +2,7 @@
 baseline, for comparison with a Twinstream pair.
 
     make up                      # the local stack must be running (make install builds the app)
-    .venv/bin/python bench/flink.py --rounds 5 --rate 1000 --checkpoint-ms 1000
+    .venv/bin/python -m bench.flink --rounds 5 --rate 1000 --checkpoint-ms 1000
 
 Runs java/flink's CheckpointedPipeline, a stateful pipeline (a running count per key in
 keyed state) with an exactly-once Kafka sink, in one JVM (Flink's local MiniCluster), on
@@ -30,7 +30,7 @@ import argparse
 import time
 from typing import Any
 
-from twinstream.baseline import (
+from bench.baseline import (
     FLINK,
     Instance,
     OutputTail,
@@ -42,7 +42,7 @@ from twinstream.baseline import (
     write_run,
 )
 from twinstream.config import Settings
-from twinstream.harness import bench_pipeline, wait_for
+from twinstream.testing.harness import bench_pipeline, wait_for
 
 
 def kill_round(

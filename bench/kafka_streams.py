@@ -2,7 +2,7 @@
 bench/failover.py, for comparison with a Twinstream pair.
 
     make up                      # the local stack must be running (make install builds the app)
-    .venv/bin/python bench/kafka_streams.py --rounds 5 --rate 1000
+    .venv/bin/python -m bench.kafka_streams --rounds 5 --rate 1000
 
 Runs two instances of java/kafka-streams' StandbyPipeline, a stateful pipeline (a running
 count per key in a persistent store) with exactly_once_v2 and num.standby.replicas=1 and
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from twinstream.baseline import (
+from bench.baseline import (
     Instance,
     OutputTail,
     arguments,
@@ -43,7 +43,7 @@ from twinstream.baseline import (
     write_run,
 )
 from twinstream.config import Settings
-from twinstream.harness import bench_pipeline, wait_for
+from twinstream.testing.harness import bench_pipeline, wait_for
 
 
 def kill_round(

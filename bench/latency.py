@@ -1,7 +1,7 @@
 """Latency benchmark: end-to-end latency at steady input rates, with a hot standby running.
 
     make up                      # the local stack must be running
-    .venv/bin/python bench/latency.py --rates 1000 5000 20000 --seconds 60
+    .venv/bin/python -m bench.latency --rates 1000 5000 20000 --seconds 60
 
 A private pipeline with an active and a standby engine. For each rate in turn, synthetic
 events are produced (acks=all) for `--seconds`; a read_committed consumer of the outbound
@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.plots import plot, rate_series
 from twinstream.config import REPO_ROOT
-from twinstream.harness import (
+from twinstream.testing.harness import (
     OutputSampler,
     Pipeline,
     VisibleTimes,
@@ -33,7 +34,6 @@ from twinstream.harness import (
     percentile,
     wait_for,
 )
-from twinstream.plots import plot, rate_series
 
 WARM_UP_S = 10.0
 

@@ -2,7 +2,7 @@
 engine takes to be a hot standby again.
 
     make up                      # the local stack must be running
-    .venv/bin/python bench/persist_restore.py --backlogs 100000 1000000 --rate 1000
+    .venv/bin/python -m bench.persist_restore --backlogs 100000 1000000 --rate 1000
 
 Runs a pipeline of its own with two engines on the running local stack (whose own engines
 are stopped meanwhile), under steady input at `--rate` events/s throughout.
@@ -36,10 +36,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from twinstream.chaos import SteadyLoad
+from bench.plots import plot
 from twinstream.config import REPO_ROOT
 from twinstream.engine_client import EngineClient
-from twinstream.harness import (
+from twinstream.kafka import watermarks
+from twinstream.operate import check_buffer
+from twinstream.testing.chaos import SteadyLoad
+from twinstream.testing.harness import (
     EngineProcess,
     Pipeline,
     VisibleTimes,
@@ -50,9 +53,6 @@ from twinstream.harness import (
     ranges,
     wait_for,
 )
-from twinstream.kafka import watermarks
-from twinstream.operate import check_buffer
-from twinstream.plots import plot
 
 
 def inbound_end(pipeline: Pipeline) -> int:

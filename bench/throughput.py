@@ -1,7 +1,7 @@
 """Throughput benchmark: what hot standby costs against a plain Spark query.
 
     make up                      # the local stack must be running
-    .venv/bin/python bench/throughput.py --backlog 1000000
+    .venv/bin/python -m bench.throughput --backlog 1000000
 
 Pre-loads `--backlog` synthetic events into a private pipeline's inbound topic, then
 drains the same backlog three times, one after the other, so all three share the machine
@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.plots import plot, rate_series
 from twinstream.config import REPO_ROOT, Settings
-from twinstream.harness import OutputSampler, Pipeline, bench_pipeline, machine, wait_for
 from twinstream.kafka import TopicSpec, admin_config, ensure_topics, watermarks
-from twinstream.plots import plot, rate_series
+from twinstream.testing.harness import OutputSampler, Pipeline, bench_pipeline, machine, wait_for
 
 
 def plain_spark(settings: Settings, workdir: Path, total: int) -> OutputSampler:

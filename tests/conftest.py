@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from twinstream.config import REPO_ROOT, Settings, load_settings
-from twinstream.harness import Pipeline, wait_for
 from twinstream.stack import core
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
+from twinstream.testing.harness import Pipeline, wait_for
 
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")

@@ -133,8 +133,8 @@ def cmd_status(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
-    from twinstream.election import zk_client
-    from twinstream.quarantine import QuarantineStore
+    from twinstream.core.election import zk_client
+    from twinstream.core.quarantine import QuarantineStore
 
     client = zk_client(settings)
     client.start(timeout=15)

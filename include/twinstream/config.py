@@ -74,7 +74,7 @@ class Settings(BaseSettings):
     # The largest session timeout request ZooKeeper clamps to 2 x tickTime (1 s at 500 ms).
     zk_session_timeout_s: float = Field(default=0.2, gt=0)
     num_buffered_msgs: int = Field(default=10_000, ge=1)
-    # The memory bound, in rows, of both roles (twinstream.gate): a standby keeps every
+    # The memory bound, in rows, of both roles (twinstream.core.gate): a standby keeps every
     # output the active has not published yet, and pauses its query once it holds this
     # many; an active that cannot publish pauses its query once it holds this many
     # unpublished. Nothing is dropped: a paused query leaves its input in Kafka.
@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     max_number_chars: int = Field(default=64, ge=20, le=4000)
     # The largest Kafka message an engine writes. The outbound and dead-letter topics get
     # max.message.bytes of at least this; a dead letter whose raw bytes would exceed it
-    # carries their prefix, full length and sha256 (twinstream.rows.dead_letter).
+    # carries their prefix, full length and sha256 (twinstream.core.rows.dead_letter).
     max_message_bytes: int = Field(default=1_000_000, ge=16_384)
     # Test-only fault injection, off unless set: the transform raises on any batch holding
     # a record that contains this text (a bug outside the per-record guard), so that tests

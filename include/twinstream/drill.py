@@ -262,7 +262,7 @@ class KafkaEpochTail:
         self._consumer.assign([TopicPartition(settings.outbound_topic, 0, high)])
 
     def poll(self, timeout_s: float) -> int | None:
-        from twinstream.outbound import header
+        from twinstream.core.outbound import header
 
         highest = None
         for msg in self._consumer.consume(500, timeout_s):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, TopicPartition
 
 import twinstream
-from twinstream import checkpoint, snapshot
+from twinstream import snapshot
 from twinstream.admin_api import (
     BufferedRow,
     Conflict,
@@ -27,13 +27,11 @@ from twinstream.admin_api import (
     ServerInfo,
 )
 from twinstream.config import Settings
-from twinstream.election import Election, root_acl, zk_client
-from twinstream.gate import Gate
-from twinstream.kafka import consumer_config
-from twinstream.metrics import EngineMetrics
-from twinstream.outbound import KafkaPublisher, LastPublishedReader
-from twinstream.pipeline import rows_of, spark_conf, start_query
-from twinstream.quarantine import (
+from twinstream.core import checkpoint
+from twinstream.core.election import Election, root_acl, zk_client
+from twinstream.core.gate import Gate
+from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
+from twinstream.core.quarantine import (
     Bisection,
     QuarantineStore,
     describe,
@@ -42,6 +40,9 @@ from twinstream.quarantine import (
     next_step,
     quarantine_reason,
 )
+from twinstream.kafka import consumer_config
+from twinstream.metrics import EngineMetrics
+from twinstream.pipeline import rows_of, spark_conf, start_query
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -332,7 +333,7 @@ class Engine:
 
     def _recover(self, error: Any) -> None:
         """A query died. If a batch's processing raised while Kafka answers, the batch's
-        records are the suspects: search them (twinstream.quarantine) and restart at once.
+        records are the suspects: search them (twinstream.core.quarantine) and restart at once.
         Otherwise restart with backoff; after three such failures in a row, leave the
         election so that a healthy standby takes over, and come back once it runs."""
         batch_error, self._batch_error = self._batch_error, None

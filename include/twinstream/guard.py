@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from twinstream.rows import clean_reason
+from twinstream.core.rows import clean_reason
 
 
 @dataclass(frozen=True)

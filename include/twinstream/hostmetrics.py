@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from twinstream.core.rows import Output, clean_reason, dead_letter, encode, fits
 from twinstream.guard import Limits, Rejected, load_json
-from twinstream.rows import Output, clean_reason, dead_letter, encode, fits
 
 WINDOW_SIZE = 20
 # Field -> accepted JSON types, in output order.

@@ -109,7 +109,7 @@ def observe(engine: Engine) -> EngineView:
 def zk_leader(settings: Settings) -> str | None:
     """The engine id holding the election (the first contender), read with the pipeline's
     ZooKeeper credentials; None when nobody holds it."""
-    from twinstream.election import zk_client
+    from twinstream.core.election import zk_client
 
     client = zk_client(settings)
     client.start(timeout=15)

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from twinstream.config import Settings
+from twinstream.core.rows import Output, dead_letter
 from twinstream.hostmetrics import Window, process_host
-from twinstream.rows import Output, dead_letter
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,7 +48,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.enabled": "false",
         # The engine's own stop/start must not wait for Spark's default 10 s grace.
         "spark.sql.streaming.stopTimeout": "30s",
-        # The checkpoint history a gap repair can rewind to (twinstream.checkpoint): 500
+        # The checkpoint history a gap repair can rewind to (twinstream.core.checkpoint): 500
         # batches are about two minutes at the 250 ms trigger (Spark's default keeps 100).
         "spark.sql.streaming.minBatchesToRetain": "500",
     }

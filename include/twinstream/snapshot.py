@@ -24,8 +24,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from twinstream.checkpoint import end_offset, numbered
-from twinstream.rows import Output
+from twinstream.core.checkpoint import end_offset, numbered
+from twinstream.core.rows import Output
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from twinstream.config import Settings
+from twinstream.core.outbound import MSG_ID_HEADER, header
 from twinstream.kafka import consumer_config
-from twinstream.outbound import MSG_ID_HEADER, header
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,13 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from twinstream.chaos import SteadyLoad, SupervisedEngines, audit_range, failover_round
 from twinstream.config import Settings
-from twinstream.harness import wait_for
 from twinstream.kafka import admin_config, watermarks
 from twinstream.publisher import publish, synthetic
 from twinstream.stack import health
 from twinstream.subscriber import read_committed
+from twinstream.testing.chaos import SteadyLoad, SupervisedEngines, audit_range, failover_round
+from twinstream.testing.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -24,10 +24,10 @@ from confluent_kafka.admin import AdminClient
 
 from tests.integration.engines import published
 from twinstream.config import Settings
-from twinstream.harness import EngineProcess, Pipeline, audit, ranges, wait_for
 from twinstream.kafka import admin_config, alter_topic_configs
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
+from twinstream.testing.harness import EngineProcess, Pipeline, audit, ranges, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twinstream.harness import Pipeline, audit, ranges
+from twinstream.testing.harness import Pipeline, audit, ranges
 
 
 def load_dag(dag_id: str) -> Any:

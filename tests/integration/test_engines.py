@@ -20,10 +20,10 @@ from tests.integration.engines import (
     published,
 )
 from twinstream import cli
-from twinstream.harness import EngineProcess, Pipeline, audit, ranges, wait_for
 from twinstream.hostmetrics import reference
 from twinstream.publisher import synthetic
 from twinstream.testing import hostile
+from twinstream.testing.harness import EngineProcess, Pipeline, audit, ranges, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.integration.engines import assert_exactly_once_and_as_reference, load_dag, task_states
-from twinstream.harness import Pipeline, wait_for
+from twinstream.testing.harness import Pipeline, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 

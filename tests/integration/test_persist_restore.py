@@ -24,9 +24,9 @@ from tests.integration.engines import (
 )
 from twinstream import snapshot
 from twinstream.engine_client import EngineClient
-from twinstream.harness import EngineProcess, Pipeline, wait_for
 from twinstream.kafka import admin_config
 from twinstream.operate import check_buffer
+from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 

@@ -15,7 +15,6 @@ from tests.integration.engines import load_dag, task_states
 from twinstream import retention
 from twinstream.audit import Cursor
 from twinstream.config import load_settings
-from twinstream.harness import Pipeline
 from twinstream.kafka import (
     TopicSpec,
     admin_config,
@@ -25,6 +24,7 @@ from twinstream.kafka import (
     producer_config,
 )
 from twinstream.subscriber import read_committed
+from twinstream.testing.harness import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 

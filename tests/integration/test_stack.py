@@ -15,7 +15,6 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
-from twinstream.harness import wait_for
 from twinstream.kafka import (
     admin_config,
     consumer_config,
@@ -27,6 +26,7 @@ from twinstream.stack import core, health
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
 from twinstream.subscriber import read_committed
+from twinstream.testing.harness import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -176,7 +176,7 @@ def test_the_engines_admin_api_rejects_a_missing_or_wrong_token(stack_engines, s
 def test_election_znodes_are_closed_to_clients_without_the_pipelines_credentials(stack, settings):
     from kazoo.exceptions import NoAuthError
 
-    from twinstream.election import zk_client
+    from twinstream.core.election import zk_client
 
     path = settings.election_path
     stranger = KazooClient(hosts=settings.zk_hosts)

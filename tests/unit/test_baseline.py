@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from twinstream.baseline import FLINK, Instance, Status, figure, pair, parse_status
+from bench.baseline import FLINK, Instance, Status, figure, pair, parse_status
 from twinstream.config import Settings
 
 

@@ -6,10 +6,10 @@ import subprocess
 
 import pytest
 
-from twinstream.chaos import KINDS, granted_session_s
+from bench.plots import mark_styles, plot, rate_series
 from twinstream.config import load_settings
-from twinstream.harness import drain_rate, summary, wait_gone
-from twinstream.plots import mark_styles, plot, rate_series
+from twinstream.testing.chaos import KINDS, granted_session_s
+from twinstream.testing.harness import drain_rate, summary, wait_gone
 
 
 def test_the_drain_rate_leaves_the_start_up_out():

@@ -8,7 +8,7 @@ from typing import cast
 
 import pytest
 
-from twinstream import chaos
+from twinstream.testing import chaos
 
 
 class Client:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from twinstream.checkpoint import RewindPoint, numbered, rewind, rewind_point
+from twinstream.core.checkpoint import RewindPoint, numbered, rewind, rewind_point
 
 TOPIC = "p.in"
 

@@ -4,7 +4,7 @@ import threading
 
 from kazoo.client import KazooState
 
-from twinstream.election import Election
+from twinstream.core.election import Election
 
 
 class FakeCounter:

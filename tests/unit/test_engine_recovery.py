@@ -1,5 +1,5 @@
 """What an engine does when its query fails or a takeover finds a gap, with every client
-mocked: search a failed batch's records (twinstream.quarantine), restart with backoff when
+mocked: search a failed batch's records (twinstream.core.quarantine), restart with backoff when
 no record is to blame, and plan a gap's repair from checkpoint history or a snapshot."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 import twinstream.engine as engine_module
 from twinstream import snapshot
-from twinstream.checkpoint import RewindPoint
+from twinstream.core.checkpoint import RewindPoint
 from twinstream.snapshot import Manifest, SnapshotInfo
 
 

@@ -6,8 +6,8 @@ import logging
 import pytest
 
 from tests.unit.fakes import FakeClock
-from twinstream.gate import Fenced, Gate, TransientPublishError
-from twinstream.rows import Output
+from twinstream.core.gate import Fenced, Gate, TransientPublishError
+from twinstream.core.rows import Output
 
 
 def rows(*ids):

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from twinstream.core.rows import MAX_REASON_CHARS, dead_letter
 from twinstream.guard import Limits, Rejected, load_json, nesting_depth
 from twinstream.hostmetrics import Window, process_host, process_record, reference
-from twinstream.rows import MAX_REASON_CHARS, dead_letter
 from twinstream.testing.hostile import GOOD, cases
 
 HOUR_MS = 3_600_000

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-import twinstream.outbound as outbound
+import twinstream.core.outbound as outbound
 from twinstream.config import Settings
-from twinstream.gate import Fenced, TransientPublishError
-from twinstream.rows import Output
+from twinstream.core.gate import Fenced, TransientPublishError
+from twinstream.core.rows import Output
 
 
 class FakeProducer:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from twinstream.quarantine import (
+from twinstream.core.quarantine import (
     CONFIRMATIONS,
     FailedBatch,
     describe,

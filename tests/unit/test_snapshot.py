@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from twinstream import snapshot
-from twinstream.rows import Output
+from twinstream.core.rows import Output
 from twinstream.snapshot import SnapshotError
 
 TOPIC = "hostmetrics.in"

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from twinstream.config import Settings
-from twinstream.gate import Fenced, TransientPublishError
+from twinstream.core.gate import Fenced, TransientPublishError
+from twinstream.core.rows import Output, dead_letter
 from twinstream.kafka import consumer_config, producer_config
-from twinstream.rows import Output, dead_letter
 
 if TYPE_CHECKING:
     from confluent_kafka._types import HeadersType
@@ -64,7 +64,7 @@ class KafkaPublisher:
                     # time instead of waiting out the default 300 s.
                     "message.timeout.ms": 9_000,
                     "client.id": f"twinstream-{settings.pipeline}-{engine_id}",
-                    # The rows are sized for this limit (twinstream.rows); the topics accept
+                    # The rows are sized for this limit (twinstream.core.rows); the topics accept
                     # a little more (twinstream.kafka.topic_specs).
                     "message.max.bytes": settings.max_message_bytes,
                 },

@@ -37,8 +37,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.security import ACL
 
-from twinstream.checkpoint import batch_end, end_offset, forget_batches, numbered
-from twinstream.rows import clean_reason
+from twinstream.core.checkpoint import batch_end, end_offset, forget_batches, numbered
+from twinstream.core.rows import clean_reason
 
 log = logging.getLogger(__name__)
 

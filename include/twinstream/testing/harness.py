@@ -28,10 +28,10 @@ from confluent_kafka.admin import AdminClient
 
 from twinstream.audit import merge_ranges
 from twinstream.config import REPO_ROOT, Settings, load_settings
+from twinstream.core.rows import Output
 from twinstream.hostmetrics import reference
 from twinstream.kafka import admin_config, ensure_topics, topic_specs
 from twinstream.publisher import publish, synthetic
-from twinstream.rows import Output
 from twinstream.subscriber import Record, read_committed
 
 

@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.plots import plot, rate_series
 from twinstream.audit import Findings, find_problems
-from twinstream.chaos import SteadyLoad
 from twinstream.config import REPO_ROOT, Settings
-from twinstream.harness import OutputSampler, machine, summary, wait_for
 from twinstream.kafka import watermarks
-from twinstream.plots import plot, rate_series
 from twinstream.stack.render import java_command
 from twinstream.subscriber import read_committed
+from twinstream.testing.chaos import SteadyLoad
+from twinstream.testing.harness import OutputSampler, machine, summary, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +51,11 @@ class App:
 KAFKA_STREAMS = App(
     "kafka-streams",
     "twinstream-kafka-streams-baseline",
-    "io.twinstream.baseline.StandbyPipeline",
+    "io.bench.baseline.StandbyPipeline",
     "256m",
 )
 # Flink's local MiniCluster (job manager and task manager in one JVM) wants more room.
-FLINK = App(
-    "flink", "twinstream-flink-baseline", "io.twinstream.baseline.CheckpointedPipeline", "768m"
-)
+FLINK = App("flink", "twinstream-flink-baseline", "io.bench.baseline.CheckpointedPipeline", "768m")
 # One input partition, as the Twinstream pipeline has: one task, 0_0.
 TASK = "0_0"
 _STATUS = re.compile(

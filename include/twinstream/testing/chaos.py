@@ -21,10 +21,10 @@ from twinstream.audit import Findings, find_problems
 from twinstream.config import Settings
 from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
 from twinstream.engine_client import EngineClient, EngineError
-from twinstream.harness import Load, wait_for, wait_gone
 from twinstream.publisher import synthetic
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
+from twinstream.testing.harness import Load, wait_for, wait_gone
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from itertools import takewhile
 from typing import Protocol
 
-from twinstream.rows import Output
+from twinstream.core.rows import Output
 
 log = logging.getLogger(__name__)
 
