@@ -17,6 +17,13 @@ from twinstream.guard import Limits
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DAY_MS = 24 * 60 * 60 * 1000
+# A pipeline's topics when not set: <pipeline>.<suffix>.
+TOPIC_SUFFIXES = {
+    "inbound_topic": "in",
+    "outbound_topic": "out",
+    "dlq_topic": "dlq",
+    "progress_topic": "progress",
+}
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 PortList = Annotated[list[Port], NoDecode]
@@ -52,9 +59,13 @@ class Settings(BaseSettings):
     zk_connect: str = Field(default="", pattern=r"^$|^[A-Za-z0-9_.\-]+:\d{1,5}$")
 
     pipeline: str = Field(default="hostmetrics", pattern=r"^[a-z][a-z0-9_-]{0,62}$")
-    inbound_topic: str = "hostmetrics.in"
-    outbound_topic: str = "hostmetrics.out"
-    dlq_topic: str = "hostmetrics.dlq"
+    # A pipeline's topics; empty: <pipeline>.in, .out, .dlq and .progress. The progress
+    # topic holds one record per published transaction, the inbound range it covers
+    # (twinstream.core.outbound): how an input with no output is accounted for.
+    inbound_topic: str = ""
+    outbound_topic: str = ""
+    dlq_topic: str = ""
+    progress_topic: str = ""
     inbound_retention_ms: int = Field(default=7 * DAY_MS, ge=60_000)
     outbound_retention_ms: int = Field(default=7 * DAY_MS, ge=60_000)
     dlq_retention_ms: int = Field(default=14 * DAY_MS, ge=60_000)
@@ -136,6 +147,16 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_topics(cls, values: Any) -> Any:
+        if isinstance(values, dict):
+            pipeline = values.get("pipeline") or "hostmetrics"
+            for field, suffix in TOPIC_SUFFIXES.items():
+                if not values.get(field):
+                    values[field] = f"{pipeline}.{suffix}"
+        return values
+
     @model_validator(mode="after")
     def _check_consistency(self) -> Settings:
         brokers = len(self.kafka_ports)
@@ -167,9 +188,11 @@ class Settings(BaseSettings):
                 f"min_insync_replicas={self.min_insync_replicas} exceeds "
                 f"replication_factor={self.replication_factor}: no write could ever succeed"
             )
-        topics = [self.inbound_topic, self.outbound_topic, self.dlq_topic]
+        topics = [self.inbound_topic, self.outbound_topic, self.dlq_topic, self.progress_topic]
         if len(set(topics)) != len(topics):
-            raise ValueError(f"inbound, outbound and dead-letter topics must differ: {topics}")
+            raise ValueError(
+                f"inbound, outbound, dead-letter and progress topics must differ: {topics}"
+            )
         return self
 
     @property

@@ -84,7 +84,7 @@ class TopicSpec:
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
-    """The three topics of a pipeline, as the settings describe them."""
+    """The four topics of a pipeline, as the settings describe them."""
 
     def spec(name: str, retention_ms: int, written_by_engines: bool = True) -> TopicSpec:
         size = (
@@ -115,6 +115,9 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         spec(settings.inbound_topic, settings.inbound_retention_ms, written_by_engines=False),
         spec(settings.outbound_topic, settings.outbound_retention_ms),
         spec(settings.dlq_topic, settings.dlq_retention_ms),
+        # What the audit needs to account for inputs without output: kept as long as the
+        # outputs it accounts for.
+        spec(settings.progress_topic, settings.outbound_retention_ms),
     ]
 
 

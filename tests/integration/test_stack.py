@@ -73,6 +73,7 @@ def test_topic_configs_are_exactly_as_configured(stack, settings):
         settings.inbound_topic: "259200000",
         settings.outbound_topic: "172800000",
         settings.dlq_topic: "432000000",
+        settings.progress_topic: "172800000",
     }
     for spec in topic_specs(settings):
         partitions = metadata[spec.name].partitions

@@ -235,18 +235,19 @@ def test_kafka_init_waits_for_every_healthy_broker(services):
 
 def test_kafka_init_defaults_are_the_settings_defaults(services):
     env = services["kafka-init"]["environment"]
-    fields = Settings.model_fields
+    defaults = Settings()
     for key in [
         "inbound_topic",
         "outbound_topic",
         "dlq_topic",
+        "progress_topic",
         "inbound_retention_ms",
         "outbound_retention_ms",
         "dlq_retention_ms",
         "replication_factor",
         "min_insync_replicas",
     ]:
-        assert env[f"TWINSTREAM_{key.upper()}"] == str(fields[key].default), key
+        assert env[f"TWINSTREAM_{key.upper()}"] == str(getattr(defaults, key)), key
     assert env["TWINSTREAM_PARTITIONS"] == "1"
     assert set(env["TWINSTREAM_BOOTSTRAP"].split(",")) == {f"{b}:19092" for b in BROKERS}
 

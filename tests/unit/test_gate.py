@@ -6,8 +6,8 @@ import logging
 import pytest
 
 from tests.unit.fakes import FakeClock
-from twinstream.core.gate import Fenced, Gate, TransientPublishError
-from twinstream.core.rows import Output
+from twinstream.core.gate import Fenced, Gate, TransientPublishError, merge
+from twinstream.core.rows import Output, covered
 
 
 def rows(*ids):
@@ -345,3 +345,61 @@ def test_a_repair_that_fails_is_reported_and_the_rest_published():
     assert publisher.transactions == [([15, 16], 9)]
     gate.on_batch(6, rows(17))
     assert publisher.transactions[-1] == ([17], 9)
+
+
+def fan_out(msg_id, n):
+    return [Output(msg_id, "out", "k", f"v{msg_id}.{i}") for i in range(n)]
+
+
+def test_a_fan_out_is_kept_and_published_whole_in_its_order():
+    gate, publisher = active_gate()
+    gate.on_batch(0, [*fan_out(1, 3), *rows(0)])
+    assert publisher.transactions == [([0, 1, 1, 1], 7)]
+    assert [r.value for r in gate.buffered()] == ["v0", "v1.0", "v1.1", "v1.2"]
+
+
+def test_a_takeover_publishes_every_row_of_each_msg_id_after_the_last_committed():
+    publisher = FakePublisher()
+    gate = Gate("b", "p", 100, max_buffer_size=1000)
+    gate.joined()
+    gate.on_batch(0, [*fan_out(0, 2), *fan_out(1, 2), covered(2), *fan_out(3, 3)])
+    gate.take_over(8, fence=lambda: publisher, last_committed=lambda: 1)
+    assert publisher.transactions == [([2, 3, 3, 3], 8)]
+
+
+def test_coverage_rows_keep_a_filtered_range_from_looking_like_a_gap():
+    gaps = []
+
+    def on_gap(first, last):
+        gaps.append((first, last))
+        return False
+
+    gate, publisher = active_gate(last=4)
+    gate._on_gap = on_gap
+    # 5..9 produced nothing, 10 an alert: the gate still sees 5 first.
+    gate.on_batch(3, [*(covered(i) for i in range(5, 10)), *rows(10)])
+    assert publisher.transactions == [([5, 6, 7, 8, 9, 10], 7)]
+    assert gaps == []
+    assert gate.status().uncovered_ranges == []
+
+
+def test_a_stepped_down_active_keeps_whole_fan_outs_it_could_not_publish():
+    gate, _ = active_gate(publisher=FakePublisher(fail=TransientPublishError("down")))
+    gate.on_batch(0, [*fan_out(0, 2), *fan_out(1, 2)])
+    gate.step_down("lost the session")
+    assert [(r.msg_id, r.value) for r in gate.buffered()] == [
+        (0, "v0.0"),
+        (0, "v0.1"),
+        (1, "v1.0"),
+        (1, "v1.1"),
+    ]
+
+
+def test_merge_takes_each_msg_id_whole_from_the_first_source_that_has_it():
+    first = [*fan_out(1, 2)]
+    second = [Output(1, "out", "k", "other"), *rows(2)]
+    assert [(r.msg_id, r.value) for r in merge(second[1:], first, second)] == [
+        (1, "v1.0"),
+        (1, "v1.1"),
+        (2, "v2"),
+    ]

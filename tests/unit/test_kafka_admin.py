@@ -89,7 +89,7 @@ def settings(tmp_path):
 def test_missing_topics_are_created_with_the_configured_shape(settings):
     admin = FakeAdmin()
     changes = ensure_topics(cast(Any, admin), topic_specs(settings))
-    assert [c.action for c in changes] == ["created"] * 3
+    assert [c.action for c in changes] == ["created"] * 4
     partitions, rf, configs = admin.topics["hostmetrics.in"]
     assert (partitions, rf) == (1, 3)
     assert configs == {
@@ -104,7 +104,7 @@ def test_a_second_run_changes_nothing(settings):
     admin = FakeAdmin()
     ensure_topics(cast(Any, admin), topic_specs(settings))
     changes = ensure_topics(cast(Any, admin), topic_specs(settings))
-    assert [c.action for c in changes] == ["unchanged"] * 3
+    assert [c.action for c in changes] == ["unchanged"] * 4
     assert admin.altered == []
 
 
@@ -113,7 +113,7 @@ def test_drifted_configs_are_put_back_and_reported(settings):
     ensure_topics(cast(Any, admin), topic_specs(settings))
     admin.topics["hostmetrics.out"][2]["unclean.leader.election.enable"] = "true"
     changes = ensure_topics(cast(Any, admin), topic_specs(settings))
-    assert [c.action for c in changes] == ["unchanged", "updated", "unchanged"]
+    assert [c.action for c in changes] == ["unchanged", "updated", "unchanged", "unchanged"]
     assert "unclean.leader.election.enable true -> false" in str(changes[1])
     assert admin.altered == [("hostmetrics.out", "unclean.leader.election.enable", "false")]
 
@@ -121,26 +121,26 @@ def test_drifted_configs_are_put_back_and_reported(settings):
 def test_topic_created_concurrently_by_someone_else_is_tolerated(settings):
     admin = FakeAdmin(race=True)
     changes = ensure_topics(cast(Any, admin), topic_specs(settings))
-    assert [c.action for c in changes] == ["unchanged"] * 3
+    assert [c.action for c in changes] == ["unchanged"] * 4
 
 
 def test_a_cluster_still_settling_is_retried_until_the_topics_exist(settings):
     admin = FakeAdmin(failures=[KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT])
     sleeps: list[float] = []
     changes = ensure_topics(cast(Any, admin), topic_specs(settings), sleep=sleeps.append)
-    assert [c.action for c in changes] == ["created"] * 3
+    assert [c.action for c in changes] == ["created"] * 4
     assert len(sleeps) == 2
 
 
 def test_a_create_that_timed_out_but_took_effect_is_still_reported_created(settings):
-    # What CI once saw: the retry found all three topics present and called them unchanged.
+    # What CI once saw: the retry found all the topics present and called them unchanged.
     admin = FakeAdmin(lost_replies=1)
     sleeps: list[float] = []
     changes = ensure_topics(cast(Any, admin), topic_specs(settings), sleep=sleeps.append)
-    assert [c.action for c in changes] == ["created"] * 3
+    assert [c.action for c in changes] == ["created"] * 4
     assert len(sleeps) == 1
     again = ensure_topics(cast(Any, admin), topic_specs(settings))
-    assert [c.action for c in again] == ["unchanged"] * 3
+    assert [c.action for c in again] == ["unchanged"] * 4
 
 
 def test_a_transient_error_past_the_deadline_is_raised(settings):

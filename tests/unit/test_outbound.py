@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 import twinstream.core.outbound as outbound
 from twinstream.config import Settings
 from twinstream.core.gate import Fenced, TransientPublishError
-from twinstream.core.rows import Output
+from twinstream.core.rows import Output, covered
 
 
 class FakeProducer:
@@ -85,13 +85,69 @@ def test_a_refused_row_is_replaced_by_its_dead_letter_and_the_rest_commit(publis
     ]
     pub.publish(rows, epoch=1)
     [committed] = producer.committed
-    assert [t for t, _ in committed] == ["hostmetrics.out", "hostmetrics.dlq", "hostmetrics.out"]
+    assert [t for t, _ in committed] == [
+        "hostmetrics.out",
+        "hostmetrics.dlq",
+        "hostmetrics.out",
+        "hostmetrics.progress",
+    ]
     letter = json.loads(committed[1][1])
     assert letter["msg_id"] == 2
     assert letter["reason"].startswith("unpublishable: MSG_SIZE_TOO_LARGE")
     assert letter["truncated"] is True
     assert letter["raw_bytes"] == 20_000
     assert producer.aborted == 1
+
+
+def test_each_transaction_ends_with_its_progress_record_and_coverage_rows_stay_unpublished(
+    publisher,
+):
+    pub, producer = publisher
+    rows = [
+        Output(7, "out", "c", "alert"),
+        covered(8),
+        covered(9),
+        Output(10, "out", "c", "a"),
+        Output(10, "out", "c", "b"),  # a fan-out: both rows, in order
+        Output(11, "dlq", None, "letter"),
+        covered(12),
+    ]
+    pub.publish(rows, epoch=3)
+    [committed] = producer.committed
+    assert [(t, v) for t, v in committed[:-1]] == [
+        ("hostmetrics.out", b"alert"),
+        ("hostmetrics.out", b"a"),
+        ("hostmetrics.out", b"b"),
+        ("hostmetrics.dlq", b"letter"),
+    ]
+    topic, value = committed[-1]
+    assert topic == "hostmetrics.progress"
+    assert json.loads(value) == {"first": 7, "last": 12, "outputs": 3, "dead_letters": 1}
+
+
+def test_only_coverage_rows_still_commit_their_progress(publisher):
+    pub, producer = publisher
+    pub.publish([covered(1), covered(2)], epoch=1)
+    assert producer.committed == [
+        [("hostmetrics.progress", b'{"first":1,"last":2,"outputs":0,"dead_letters":0}')]
+    ]
+
+
+def test_a_fan_out_with_a_refused_row_becomes_one_dead_letter(publisher):
+    pub, producer = publisher
+    rows = [
+        Output(1, "out", "h", "small"),
+        Output(1, "out", "h", "x" * 20_000),
+        Output(2, "out", "h", "fine"),
+    ]
+    pub.publish(rows, epoch=1)
+    [committed] = producer.committed
+    assert [t for t, _ in committed] == [
+        "hostmetrics.dlq",
+        "hostmetrics.out",
+        "hostmetrics.progress",
+    ]
+    assert json.loads(committed[0][1])["msg_id"] == 1
 
 
 def test_a_cluster_outage_stays_a_transient_error_with_nothing_replaced(publisher):

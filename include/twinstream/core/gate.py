@@ -23,6 +23,11 @@ transactions on the shared transactional id aborts the old active's open transac
 makes its later commits fail), then reads the last committed msg_id from the outbound and
 dead-letter topics, then publishes what its buffer holds after it. A batch Spark replays
 after a restart repeats msg_ids the buffer already has, and they are dropped on arrival.
+
+A msg_id may have several rows (a fan-out): they arrive in one batch, stay together in the
+buffer and are published in one transaction, in the order the batch gave them. A record
+without output has a coverage row (`twinstream.core.rows.NONE`), so that every msg_id a
+batch consumed is in the buffer and a takeover tells a filtered record from a gap.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import takewhile
 from typing import Protocol
@@ -39,6 +44,20 @@ from typing import Protocol
 from twinstream.core.rows import Output
 
 log = logging.getLogger(__name__)
+
+
+def merge(*sources: Iterable[Output]) -> list[Output]:
+    """The rows of every msg_id in any source, in msg_id order, each msg_id's rows taken
+    whole from the first source that has it (sources hold the same rows for a msg_id:
+    engines compute deterministically)."""
+    groups: dict[int, list[Output]] = {}
+    for source in sources:
+        mine: dict[int, list[Output]] = {}
+        for row in source:
+            if row.msg_id not in groups:
+                mine.setdefault(row.msg_id, []).append(row)
+        groups.update(mine)
+    return [row for msg_id in sorted(groups) for row in groups[msg_id]]
 
 
 class Fenced(Exception):
@@ -334,8 +353,7 @@ class Gate:
             if self._held:
                 # What it could not publish stays, as on any standby a row the active has
                 # not published does: a takeover (by this engine, re-elected) needs it.
-                merged = {r.msg_id: r for r in (*self._buffer, *self._held)}
-                self._buffer = deque(merged[msg_id] for msg_id in sorted(merged))
+                self._buffer = deque(merge(self._buffer, self._held))
                 self._published_elsewhere = self._last_published
             self._held = []
             self._set_role("standby" if rejoin else "none")
@@ -475,8 +493,9 @@ class Gate:
         # The ring is in msg_id order: read back from its end only as far as it is
         # unpublished, instead of scanning all num_buffered_msgs rows every batch.
         buffered = list(takewhile(unpublished, reversed(self._buffer)))[::-1]
-        merged = {r.msg_id: r for r in (*self._held, *buffered, *fresh) if unpublished(r)}
-        return [merged[msg_id] for msg_id in sorted(merged)]
+        return merge(
+            *([r for r in rows if unpublished(r)] for rows in (self._held, buffered, fresh))
+        )
 
     def _publish(self, rows: list[Output], batch_id: int | None) -> int:
         if self._role != "active" or self._publisher is None:

@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from twinstream.config import Settings
 from twinstream.core.gate import Fenced, TransientPublishError
-from twinstream.core.rows import Output, dead_letter
+from twinstream.core.rows import DLQ, NONE, OUT, Output, dead_letter, encode
 from twinstream.kafka import consumer_config, producer_config
 
 if TYPE_CHECKING:
@@ -39,7 +39,8 @@ def is_refusal(error: object) -> bool:
 
 
 class KafkaPublisher:
-    """Publishes to the outbound and dead-letter topics in one transaction per call.
+    """Publishes to the outbound and dead-letter topics in one transaction per call, closed
+    by a progress record (the msg_id range it covers) on the progress topic.
 
     `fence()` runs init_transactions on the pipeline's shared transactional id, which aborts
     any transaction an earlier holder left open and fences that holder's producer. A standby
@@ -106,9 +107,7 @@ class KafkaPublisher:
         except TransientPublishError:
             if not refused:
                 raise
-            rows = [
-                self._dead_letter(r, refused[r.msg_id]) if r.msg_id in refused else r for r in rows
-            ]
+            rows = self._replace_refused(rows, refused)
             log.error(
                 "engine %s pipeline %s: Kafka refused msg_id %s (%s); publishing their dead "
                 "letters instead",
@@ -118,6 +117,17 @@ class KafkaPublisher:
                 "; ".join(sorted({e.name() for e in refused.values()})),
             )
             self._transaction(rows, epoch, {})
+
+    def _replace_refused(self, rows: list[Output], refused: dict[int, KafkaError]) -> list[Output]:
+        """Each msg_id with a refused row gets one dead letter instead of all its rows (a
+        fan-out is published whole or not at all)."""
+        replaced: list[Output] = []
+        for row in rows:
+            if row.msg_id not in refused:
+                replaced.append(row)
+            elif not replaced or replaced[-1].msg_id != row.msg_id:
+                replaced.append(self._dead_letter(row, refused[row.msg_id]))
+        return replaced
 
     def _dead_letter(self, row: Output, error: KafkaError) -> Output:
         return dead_letter(
@@ -129,8 +139,10 @@ class KafkaPublisher:
         )
 
     def _transaction(self, rows: list[Output], epoch: int, refused: dict[int, KafkaError]) -> None:
-        topics = {"out": self._settings.outbound_topic, "dlq": self._settings.dlq_topic}
+        topics = {OUT: self._settings.outbound_topic, DLQ: self._settings.dlq_topic}
         epoch_header = str(epoch).encode()
+        if not rows:
+            return
 
         def delivered(msg_id: int) -> Callable[[KafkaError | None, object], None]:
             def report(error: KafkaError | None, _msg: object) -> None:
@@ -146,6 +158,8 @@ class KafkaPublisher:
         try:
             self._producer.begin_transaction()
             for row in rows:
+                if row.kind == NONE:
+                    continue  # covered by the transaction's progress record
                 try:
                     self._produce(
                         topics[row.kind],
@@ -170,6 +184,16 @@ class KafkaPublisher:
                 self._producer.poll(0)
             if refused:
                 raise TransientPublishError(f"{len(refused)} record(s) refused")
+            self._produce(
+                self._settings.progress_topic,
+                key=None,
+                value=progress_record(rows).encode(),
+                headers=[
+                    (MSG_ID_HEADER, str(rows[-1].msg_id).encode()),
+                    ("engine_id", self._engine_id),
+                    ("epoch", epoch_header),
+                ],
+            )
             self._commit()
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
@@ -251,6 +275,20 @@ class KafkaPublisher:
         self._producer = None  # type: ignore[assignment]
 
 
+def progress_record(rows: Sequence[Output]) -> str:
+    """What one transaction covers: every msg_id from `first` to `last` has its rows in
+    this transaction (outputs, dead letters) or had none; with the counts, for the audit.
+    The progress topics' records tile the inbound offsets, each exactly once."""
+    return encode(
+        {
+            "first": rows[0].msg_id,
+            "last": rows[-1].msg_id,
+            "outputs": sum(r.kind == OUT for r in rows),
+            "dead_letters": sum(r.kind == DLQ for r in rows),
+        }
+    )
+
+
 def header(headers: HeadersType | None, name: str) -> str | None:
     """One header's value as text, whichever shape confluent_kafka returned them in."""
     pairs = headers.items() if isinstance(headers, dict) else headers or []
@@ -261,7 +299,8 @@ def header(headers: HeadersType | None, name: str) -> str | None:
 
 
 class LastPublishedReader:
-    """Finds the last msg_id committed to the outbound or dead-letter topic (read_committed)
+    """Finds the last msg_id committed to the progress, outbound or dead-letter topic
+    (read_committed)
     from the records' headers: offsets cannot be counted, transaction markers leave holes.
 
     One consumer, created ahead of time and reused: a standby keeps it connected so that a
@@ -288,7 +327,9 @@ class LastPublishedReader:
         """The last committed msg_id; when both topics are empty, the offset before the
         inbound topic's first retained record (-1 for a new topic)."""
         s = self._settings
-        topics = [s.outbound_topic, s.dlq_topic]
+        # The progress record closes every transaction; the outputs are read too for the
+        # transactions published before progress records existed.
+        topics = [s.progress_topic, s.outbound_topic, s.dlq_topic]
         found = self.last_msg_ids(topics)
         known = [f for f in found.values() if f is not None]
         if known:

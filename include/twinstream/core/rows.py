@@ -1,5 +1,9 @@
-"""The rows the failover core moves: an output row (to the outbound topic) or a dead letter
-(to the dead-letter topic), each carrying the msg_id of the inbound record it came from.
+"""The rows the failover core moves, each carrying the msg_id of the inbound record it came
+from: an output row (to the outbound topic), a dead letter (to the dead-letter topic), or a
+coverage row: the record was consumed and produced no output (a filter, an alert that did
+not fire). A record has one or more output rows, or its dead letter, or one coverage row;
+rows of one msg_id are published in one transaction, and coverage rows are never published
+themselves: each transaction's progress record states the msg_id range it covers.
 
 Guarantee: a dead letter built here always fits in one Kafka message of at most
 `max_message_bytes`: the raw bytes it carries are cut to a prefix when they would not,
@@ -23,12 +27,22 @@ MAX_REASON_CHARS = 500
 _DEAD_LETTER_OVERHEAD = 6 * MAX_REASON_CHARS + 1024
 
 
+OUT = "out"
+DLQ = "dlq"
+NONE = "none"
+
+
 @dataclass(frozen=True)
 class Output:
     msg_id: int
-    kind: str  # "out" or "dlq"
+    kind: str  # OUT, DLQ or NONE
     key: str | None
     value: str
+
+
+def covered(msg_id: int) -> Output:
+    """The coverage row of a record that produced no output."""
+    return Output(msg_id, NONE, None, "")
 
 
 def encode(value: dict[str, Any]) -> str:
