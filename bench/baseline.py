@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.plots import plot, rate_series
-from twinstream.audit import Findings, find_problems
+from twinstream.audit import Findings, find_id_problems
 from twinstream.config import REPO_ROOT, Settings
 from twinstream.kafka import watermarks
 from twinstream.stack.render import java_command
@@ -367,7 +367,7 @@ def run_rounds(
         tail.stop()
         sampler.stop()
         ids = [r.msg_id for r in read_committed(settings, settings.outbound_topic, 0)]
-        findings = find_problems(ids, first, first + sent)
+        findings = find_id_problems(ids, first, first + sent)
     finally:
         for instance in instances.values():
             instance.stop()

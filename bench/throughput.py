@@ -37,17 +37,20 @@ def plain_spark(settings: Settings, workdir: Path, total: int) -> OutputSampler:
     from confluent_kafka.admin import AdminClient
     from pyspark.sql import functions as F
 
-    from twinstream.pipeline import keyed, read_inbound, spark_conf, transform
+    from twinstream import registry
+    from twinstream.pipeline import plan, read_inbound, spark_conf, validated
     from twinstream.spark import session, stop_session
 
     out, dlq = f"{settings.pipeline}.plain.out", f"{settings.pipeline}.plain.dlq"
     ensure_topics(AdminClient(admin_config(settings)), [TopicSpec(out, 1, 3), TopicSpec(dlq, 1, 3)])
-    spark = session(settings, "twinstream-bench-plain", conf=spark_conf(settings))
+    pipeline = registry.load(settings)
+    spark = session(settings, "twinstream-bench-plain", conf=spark_conf(settings, pipeline))
     sampler = OutputSampler(settings, [out, dlq])
     try:
-        rows = transform(keyed(read_inbound(spark, settings), settings), settings)
+        rows = plan(validated(read_inbound(spark, settings), pipeline, settings), pipeline)
         query = (
-            rows.select(
+            rows.where(F.col("kind") != "none")
+            .select(
                 F.when(F.col("kind") == "out", F.lit(out)).otherwise(F.lit(dlq)).alias("topic"),
                 F.col("key"),
                 F.col("value"),

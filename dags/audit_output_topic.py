@@ -3,13 +3,15 @@
 
 **Purpose.** Every audit interval (`TWINSTREAM_AUDIT_INTERVAL_S`, default 600 s), prove
 that the output has no gap and no duplicate: `spark_jobs/audit_output.py`, submitted with
-`SparkSubmitOperator`, reads the outbound and dead-letter topics (read_committed) from where
-the previous audit ended up to the inbound high watermark minus an in-flight allowance
-(`TWINSTREAM_AUDIT_INFLIGHT_MSGS`), and validates them with the Great Expectations suites in
-`twinstream.audit`: msg_id not null, unique across `.out` and `.dlq`, contiguous from the
-last audited msg_id (every inbound offset accounted for), and well-formed output values
-(`window_count` between 1 and 20, averages and sums in range). The result is kept as JSON
-and as GX Data Docs in `<state>/audit/<pipeline>/`.
+`SparkSubmitOperator`, reads the progress, outbound and dead-letter topics (read_committed)
+from where the previous audit ended up to the inbound high watermark minus an in-flight
+allowance (`TWINSTREAM_AUDIT_INFLIGHT_MSGS`), and validates them with the Great
+Expectations suites in `twinstream.audit`: the published transactions' ranges tile the
+inbound offsets from the last audited msg_id, each exactly once (every inbound offset
+accounted for, with or without output), each range's outputs and dead letters are as many
+as its progress record says, and the output values meet the pipeline's own expectations
+(`twinstream.contract`). The result is kept as JSON and as GX Data Docs in
+`<state>/audit/<pipeline>/`.
 
 **Connections.** `spark_default` (`local[2]` locally, a Spark master in compose); Kafka and
 the state folder from the `TWINSTREAM_*` settings. Spark's Kafka connector comes from
@@ -24,7 +26,8 @@ the next scheduled run checks the range again).
 cursor does not move, so the next run audits the same range again: find the cause (the
 engines' logs, `GET /pipeline` `uncovered_ranges`), then move the cursor past the range by
 hand (`<state>/audit/<pipeline>/cursor.json`) once it is understood. The Params
-`outbound_topic`, `dlq_topic` and `cursor` audit other copies of the topics.
+`outbound_topic`, `dlq_topic`, `progress_topic` and `cursor` audit other copies of the
+topics.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ DEFAULT_ARGS = {
     params={
         "outbound_topic": Param(SETTINGS.outbound_topic, type="string", minLength=1),
         "dlq_topic": Param(SETTINGS.dlq_topic, type="string", minLength=1),
+        "progress_topic": Param(SETTINGS.progress_topic, type="string", minLength=1),
         "cursor": Param(
             "",
             type="string",
@@ -79,6 +83,8 @@ def audit_output_topic() -> None:
             "{{ params.outbound_topic }}",
             "--dlq-topic",
             "{{ params.dlq_topic }}",
+            "--progress-topic",
+            "{{ params.progress_topic }}",
             "--cursor",
             "{{ params.cursor }}",
             "--run-id",

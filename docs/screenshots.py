@@ -18,8 +18,9 @@ from pathlib import Path
 
 import httpx
 
+from examples.hostmetrics.generate import synthetic
 from twinstream.config import REPO_ROOT, load_settings
-from twinstream.publisher import publish, synthetic
+from twinstream.publisher import publish
 from twinstream.stack.layout import Layout
 
 CHROMIUM = "/usr/bin/chromium"

@@ -1,11 +1,13 @@
-"""Audit the outbound and dead-letter topics since the last audit (a Spark batch job).
+"""Audit a pipeline's published output since the last audit (a Spark batch job).
 
-    spark-submit spark_jobs/audit_output.py [--outbound-topic T] [--dlq-topic T] [--cursor F]
-        [--run-id ID]
+    spark-submit spark_jobs/audit_output.py [--outbound-topic T] [--dlq-topic T]
+        [--progress-topic T] [--cursor F] [--run-id ID]
 
-Reads `.out` and `.dlq` (read_committed) from where the last audit ended, up to the inbound
-high watermark minus TWINSTREAM_AUDIT_INFLIGHT_MSGS, validates them with the Great
-Expectations suites of `twinstream.audit`, writes the result as JSON and Data Docs under
+Reads `.progress`, `.out` and `.dlq` (read_committed) from where the last audit ended, up
+to the inbound high watermark minus TWINSTREAM_AUDIT_INFLIGHT_MSGS, checks that the
+progress records account for every inbound offset exactly once and the outputs for each,
+validates them with the Great Expectations suites of `twinstream.audit` and the pipeline's
+own expectations (`twinstream.contract`), writes the result as JSON and Data Docs under
 TWINSTREAM_STATE_DIR/audit/<pipeline>/, and moves the cursor on only when the audit passes.
 Every run writes its verdict to `last-audit.json` beside the cursor. Exit status 1 with
 the missing and duplicated msg_id ranges when it fails, 2 on bad input. With `--run-id`
@@ -23,30 +25,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from twinstream import registry
 from twinstream.audit import (
     REPORT,
     Cursor,
     Findings,
+    Span,
     Validation,
     cursor_file,
     find_problems,
     validate,
 )
 from twinstream.config import Settings, SettingsError, load_settings
-from twinstream.hostmetrics import FIELDS
+from twinstream.contract import ContractError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("twinstream.audit")
-
-# The value's fields besides msg_id: the input's, then the statistics.
-VALUE_COLUMNS = (*FIELDS, "window_count", "cpu_user_avg20", "mem_used_sum20")
-VALUE_SCHEMA = (
-    "host STRING, ts STRING, cpu_user DOUBLE, cpu_system DOUBLE, mem_used_mb LONG, "
-    "mem_free_mb LONG, msg_id LONG, window_count LONG, cpu_user_avg20 DOUBLE, "
-    "mem_used_sum20 LONG"
-)
+PROGRESS_SCHEMA = "first BIGINT, last BIGINT, outputs BIGINT, dead_letters BIGINT"
 
 
 def read_topic(spark: SparkSession, settings: Settings, topic: str, start: int) -> DataFrame:
@@ -116,6 +113,7 @@ def write_report(
         "missing": findings.missing,
         "duplicated": findings.duplicated,
         "without_msg_id": findings.without_msg_id,
+        "mismatched": findings.mismatched,
         "expectations_met": expectations_met,
         "results": None if validation is None else str(validation.results_path),
         "data_docs": None if validation is None else str(validation.data_docs),
@@ -129,31 +127,64 @@ def audit(
     """The findings, and whether the Great Expectations suites passed."""
     from pyspark.sql import functions as F
 
+    contract = registry.load(settings)
     cursor_path = cursor_file(settings.audit_dir, args.cursor)
     cursor_path.parent.mkdir(parents=True, exist_ok=True)
     cursor = Cursor.load(cursor_path)
-    end = max(cursor.next_msg_id, inbound_end(settings))
+    limit = max(cursor.next_msg_id, inbound_end(settings))
+    progress = read_topic(spark, settings, args.progress_topic, cursor.progress_offset).cache()
+    spans_df = (
+        progress.select(F.from_json("value", PROGRESS_SCHEMA).alias("p"))
+        .select("p.*")
+        .where(F.col("last") < limit)
+        .withColumn("size", F.col("last") - F.col("first") + 1)
+        .cache()
+    )
+    spans = [
+        Span(r["first"], r["last"], r["outputs"], r["dead_letters"]) for r in spans_df.collect()
+    ]
+    # Down to a transaction's boundary: a range is audited whole or not yet.
+    end = max([cursor.next_msg_id, *(s.last + 1 for s in spans)])
     out = read_topic(spark, settings, args.outbound_topic, cursor.out_offset).cache()
     dlq = read_topic(spark, settings, args.dlq_topic, cursor.dlq_offset).cache()
-    window = out.unionByName(dlq).where(F.col("msg_id").isNull() | (F.col("msg_id") < end))
-    ids = window.select("msg_id", "topic").cache()
-    findings = find_problems((r["msg_id"] for r in ids.toLocalIterator()), cursor.next_msg_id, end)
+    counts = (
+        out.withColumn("kind", F.lit("out"))
+        .unionByName(dlq.withColumn("kind", F.lit("dlq")))
+        .where(F.col("msg_id").isNull() | (F.col("msg_id") < end))
+        .groupBy("msg_id", "kind")
+        .count()
+    )
+    findings = find_problems(
+        spans,
+        ((r["msg_id"], r["kind"], int(r["count"])) for r in counts.toLocalIterator()),
+        cursor.next_msg_id,
+        end,
+    )
     log.info("audit %s: %s", settings.pipeline, findings.summary())
-    if end <= cursor.next_msg_id and findings.rows == 0:
+    if end <= cursor.next_msg_id and findings.rows == 0 and not spans:
         write_report(cursor_path, args.run_id, findings, None)
         return findings, True
 
-    values = (
-        out.where(F.col("msg_id") < end)
-        .select("msg_id", F.from_json("value", VALUE_SCHEMA).alias("v"))
-        .select(
-            "msg_id",
-            F.col("v.msg_id").alias("value_msg_id"),
-            *(F.col(f"v.{c}") for c in VALUE_COLUMNS),
+    values = None
+    if contract.expectations is not None:
+        values = (
+            out.where(F.col("msg_id") < end)
+            .select(
+                F.col("msg_id").alias("header_msg_id"),
+                F.from_json("value", contract.value_schema).alias("v"),
+            )
+            .select("header_msg_id", "v.*")
         )
-    )
     run_name = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{cursor.next_msg_id}-{end}"
-    validation = validate(settings.audit_dir, run_name, ids, values, cursor.next_msg_id, end)
+    validation = validate(
+        settings.audit_dir,
+        run_name,
+        spans_df,
+        values,
+        cursor.next_msg_id,
+        end,
+        contract.expectations() if contract.expectations is not None else None,
+    )
     log.info(
         "audit %s: Great Expectations %s; result %s; Data Docs %s",
         settings.pipeline,
@@ -167,6 +198,7 @@ def audit(
             next_msg_id=end,
             out_offset=next_offset(out, end, cursor.out_offset),
             dlq_offset=next_offset(dlq, end, cursor.dlq_offset),
+            progress_offset=next_offset(progress, end, cursor.progress_offset),
             audits=cursor.audits + 1,
         ).save(cursor_path)
     elif findings.ok:
@@ -193,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--outbound-topic", default=settings.outbound_topic)
     parser.add_argument("--dlq-topic", default=settings.dlq_topic)
+    parser.add_argument("--progress-topic", default=settings.progress_topic)
     parser.add_argument(
         "--cursor", default="", help="cursor file (empty: <state>/audit/<pipeline>/cursor.json)"
     )
@@ -213,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         findings, expectations_met = audit(spark, settings, args)
+    except ContractError as exc:
+        print(f"audit_output: {exc}", file=sys.stderr)
+        return 2
     finally:
         spark.stop()
     if not findings.ok:

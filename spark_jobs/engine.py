@@ -16,8 +16,10 @@ import threading
 
 import uvicorn
 
+from twinstream import registry
 from twinstream.admin_api import create_app
 from twinstream.config import SettingsError, load_settings
+from twinstream.contract import ContractError
 from twinstream.engine import Engine, EngineControl
 
 
@@ -38,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings()
         port = settings.engine_admin_port(args.engine_id)
         token = settings.secret("admin_token")
-        engine = Engine(settings, args.engine_id)
-    except SettingsError as exc:
+        engine = Engine(settings, args.engine_id, registry.load(settings))
+    except (SettingsError, ContractError) as exc:
         print(f"engine {args.engine_id}: {exc}", file=sys.stderr)
         return 2
 

@@ -1,11 +1,12 @@
 """`twinstream`: command-line tools for users of a pipeline.
 
-twinstream publish --rate 1000 --count 60000       synthetic host metrics
-twinstream publish --file metrics.jsonl            a CSV or JSONL file
-twinstream subscribe --output out.csv              outbound -> CSV (read_committed)
+twinstream publish --pipeline hostmetrics --count 60000    the pipeline's sample records
+twinstream publish --pipeline payments --file p.jsonl       a CSV or JSONL file
+twinstream subscribe --pipeline payments --output out.csv   outbound -> CSV (read_committed)
 twinstream status                                  every engine's role, lag, buffer
 twinstream quarantine list                         offsets the engines quarantined
 twinstream quarantine release 1234                 release one once its bug is fixed
+twinstream new-pipeline NAME                       a runnable pipeline and its test
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ import argparse
 import csv
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
 
 import httpx
 
+from twinstream import registry
 from twinstream.config import Settings, SettingsError, load_settings
-from twinstream.hostmetrics import FIELDS
-from twinstream.publisher import from_file, publish, synthetic
+from twinstream.contract import ContractError, field_types
+from twinstream.publisher import from_file, publish
 from twinstream.subscriber import read_committed
-
-OUTPUT_COLUMNS = [*FIELDS, "msg_id", "window_count", "cpu_user_avg20", "mem_used_sum20"]
 
 
 def _progress(line: str) -> None:
@@ -32,17 +33,18 @@ def _progress(line: str) -> None:
 
 
 def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
+    contract = registry.load(settings)
+    records: Iterable[bytes]
     if args.file:
-        records = from_file(Path(args.file))
+        records = from_file(Path(args.file), field_types(contract.schema))
         total = None
     else:
-        records = synthetic(
-            args.count,
-            hosts=args.hosts,
-            seed=args.seed,
-            broken_every=args.broken_every,
-            max_record_bytes=settings.max_record_bytes,
-        )
+        if contract.sample is None:
+            raise ValueError(
+                f"pipeline {settings.pipeline} declares no sample records: send a file "
+                "(--file records.jsonl or .csv)"
+            )
+        records = contract.sample(args.count, args.seed, args.broken_every)
         total = args.count
     progress = publish(settings, records, rate=args.rate, total=total, on_progress=_progress)
     print(file=sys.stderr)
@@ -51,10 +53,11 @@ def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_subscribe(settings: Settings, args: argparse.Namespace) -> int:
+    contract = registry.load(settings)
+    columns = ["msg_id", *field_types(contract.value_schema or "")]
     out: TextIO = open(args.output, "w", newline="") if args.output else sys.stdout  # noqa: SIM115
     try:
-        writer = csv.DictWriter(out, fieldnames=OUTPUT_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
+        writer: csv.DictWriter[str] | None = None
         count = 0
         for record in read_committed(
             settings,
@@ -64,7 +67,19 @@ def cmd_subscribe(settings: Settings, args: argparse.Namespace) -> int:
             max_records=args.max,
             follow=args.follow,
         ):
-            writer.writerow(json.loads(record.value))
+            try:
+                value = json.loads(record.value)
+            except ValueError:
+                value = {"value": record.value}
+            if not isinstance(value, dict):
+                value = {"value": value}
+            row = {**value, "msg_id": record.msg_id}
+            if writer is None:
+                # The value's fields as the pipeline declares them, else the first record's.
+                fields = columns if len(columns) > 1 else ["msg_id", *value]
+                writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore")
+                writer.writeheader()
+            writer.writerow(row)
             count += 1
             if args.output and count % 1000 == 0:
                 _progress(f"{count} records written to {args.output}")
@@ -167,27 +182,40 @@ def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
         client.close()
 
 
+def cmd_new_pipeline(settings: Settings, args: argparse.Namespace) -> int:
+    from twinstream.skeleton import write
+
+    folder = Path(args.dir)
+    for path in write(args.name, folder):
+        print(f"wrote {path}")
+    print(
+        f"\nnext: `pytest {folder / args.name / 'test_pipeline.py'}` (from {folder}), then "
+        f"list it in {settings.pipelines_file}:\n\n[{args.name}]\nmodule = "
+        f'"{args.name}.pipeline"\n\nand `make up` runs it (README: Write your own pipeline)'
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="twinstream", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    pub = sub.add_parser("publish", help="send host metrics to the inbound topic")
-    pub.add_argument("--file", help="a .csv or .jsonl file to send instead of synthetic data")
+    pub = sub.add_parser("publish", help="send records to a pipeline's inbound topic")
+    pub.add_argument("--file", help="a .csv or .jsonl file to send instead of sample records")
     pub.add_argument("--rate", type=float, default=1000.0, help="records per second (0: max)")
-    pub.add_argument("--count", type=int, default=10_000, help="synthetic records to send")
-    pub.add_argument("--hosts", type=int, default=10, help="distinct synthetic hosts")
+    pub.add_argument("--count", type=int, default=10_000, help="sample records to send")
     pub.add_argument("--seed", type=int, default=1)
     pub.add_argument(
         "--broken-every",
         type=int,
         default=0,
         metavar="N",
-        help="make every Nth synthetic record invalid (cycling through each kind)",
+        help="make every Nth sample record invalid (each kind the pipeline rejects in turn)",
     )
 
-    subp = sub.add_parser("subscribe", help="write the outbound topic as CSV")
+    subp = sub.add_parser("subscribe", help="write a pipeline's outbound topic as CSV")
     subp.add_argument("--output", help="CSV file (default: standard output)")
     subp.add_argument("--from-offset", type=int, default=0)
     subp.add_argument("--max", type=int, default=None, help="stop after this many records")
@@ -200,20 +228,29 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     sub.add_parser("status", help="every engine's role, lag and buffer as a table")
+    new = sub.add_parser("new-pipeline", help="write a runnable pipeline and its test")
+    new.add_argument("name", help="the pipeline's name (a Python package name)")
+    new.add_argument("--dir", default=".", help="where to write it (default: here)")
     quar = sub.add_parser("quarantine", help="list or release quarantined inbound offsets")
     quar.add_argument("action", choices=["list", "release"])
     quar.add_argument("offset", nargs="?", type=int, help="the msg_id to release")
+    for command in (pub, subp, quar):
+        command.add_argument(
+            "--pipeline", help="one of the pipelines file's (default: TWINSTREAM_PIPELINE)"
+        )
     args = parser.parse_args(argv)
     try:
-        settings = load_settings()
+        chosen = getattr(args, "pipeline", None)
+        settings = load_settings(**({"pipeline": chosen} if chosen else {}))
         handler = {
             "publish": cmd_publish,
             "subscribe": cmd_subscribe,
             "status": cmd_status,
             "quarantine": cmd_quarantine,
+            "new-pipeline": cmd_new_pipeline,
         }
         return handler[args.command](settings, args)
-    except (SettingsError, ValueError, OSError, RuntimeError) as exc:
+    except (SettingsError, ContractError, ValueError, OSError, RuntimeError) as exc:
         print(f"\ntwinstream {args.command}: {exc}", file=sys.stderr)
         return 2
 

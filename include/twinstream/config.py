@@ -13,8 +13,6 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from twinstream.guard import Limits
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DAY_MS = 24 * 60 * 60 * 1000
 # A pipeline's topics when not set: <pipeline>.<suffix>.
@@ -59,6 +57,10 @@ class Settings(BaseSettings):
     zk_connect: str = Field(default="", pattern=r"^$|^[A-Za-z0-9_.\-]+:\d{1,5}$")
 
     pipeline: str = Field(default="hostmetrics", pattern=r"^[a-z][a-z0-9_-]{0,62}$")
+    # Which pipelines run, and where their code is (twinstream.registry).
+    pipelines_file: Path = REPO_ROOT / "pipelines.toml"
+    # A pipeline's module[:attribute] outside the pipelines file (tests' own pipelines).
+    pipeline_module: str = ""
     # A pipeline's topics; empty: <pipeline>.in, .out, .dlq and .progress. The progress
     # topic holds one record per published transaction, the inbound range it covers
     # (twinstream.core.outbound): how an input with no output is accounted for.
@@ -91,13 +93,9 @@ class Settings(BaseSettings):
     # unpublished. Nothing is dropped: a paused query leaves its input in Kafka.
     max_buffered_msgs: int = Field(default=100_000, ge=1)
     window_retention_ms: int = Field(default=60 * 60 * 1000, ge=1000)
-    # The per-record guard's limits (twinstream.guard): a record past any of them is a dead
-    # letter with its reason before the work the limit protects. Nesting: JSON decoders
-    # recurse per level. Number length: int("9" * 4301) raises, and a number no 64-bit
-    # consumer can read is no metric.
+    # The largest inbound record: a larger one is a dead letter (`oversize`) before it is
+    # parsed (twinstream.pipeline.validated).
     max_record_bytes: int = Field(default=64 * 1024, ge=64)
-    max_json_depth: int = Field(default=64, ge=1, le=512)
-    max_number_chars: int = Field(default=64, ge=20, le=4000)
     # The largest Kafka message an engine writes. The outbound and dead-letter topics get
     # max.message.bytes of at least this; a dead letter whose raw bytes would exceed it
     # carries their prefix, full length and sha256 (twinstream.core.rows.dead_letter).
@@ -224,15 +222,6 @@ class Settings(BaseSettings):
     @property
     def airflow_url(self) -> str:
         return f"http://{self.bind_host}:{self.airflow_port}"
-
-    @property
-    def record_limits(self) -> Limits:
-        """The per-record guard's limits."""
-        return Limits(
-            max_bytes=self.max_record_bytes,
-            max_depth=self.max_json_depth,
-            max_number_chars=self.max_number_chars,
-        )
 
     @property
     def transactional_id(self) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from twinstream.audit import Findings, find_problems, format_ranges
+from twinstream.audit import Findings, find_problems, format_ranges, from_records
 from twinstream.config import Settings
 from twinstream.engine_client import EngineError
 from twinstream.operate import Engine, EngineView, OperateError
@@ -164,23 +164,27 @@ def measure_takeover(
     return result
 
 
-def audit_window(records: Iterable[tuple[str, int | None]], first: int, end: int) -> dict[str, Any]:
-    """Exactly-once over msg_ids first..end-1 of the committed (topic, msg_id) pairs read;
-    the same check as the scheduled audit, on the handover's window only."""
-    ids = [msg_id for _topic, msg_id in records if msg_id is None or first <= msg_id < end]
-    findings: Findings = find_problems(ids, first, end)
+def audit_window(
+    records: Iterable[tuple[str, int | None, str]], first: int, end: int
+) -> dict[str, Any]:
+    """Exactly-once over msg_ids first..end-1 of the committed (kind, msg_id, value)
+    records read; the same check as the scheduled audit, on the handover's window only."""
+    spans, rows = from_records(records)
+    findings: Findings = find_problems(spans, rows, first, end, clip=True)
     report = {
         "first_msg_id": first,
         "end_msg_id": end,
         "records": findings.rows,
         "missing": findings.missing,
         "duplicated": findings.duplicated,
+        "mismatched": findings.mismatched,
         "ok": findings.ok,
     }
     if not findings.ok:
         raise OperateError(
             f"the handover's window msg_id {first}..{end - 1} is not exactly once: missing "
             f"{format_ranges(findings.missing)}; duplicated {format_ranges(findings.duplicated)}"
+            f"; outputs not as their progress record says {format_ranges(findings.mismatched)}"
         )
     log.info("drill: msg_id %s..%s each published exactly once", first, end - 1)
     return report
@@ -229,7 +233,7 @@ def audit_handover(
         sleep(2.0)
     first, end = window_bounds(takeover, now_published)
     records = committed_since(settings, first)
-    return audit_window(((kind, r.msg_id) for kind, r in records), first, end)
+    return audit_window(((kind, r.msg_id, r.value) for kind, r in records), first, end)
 
 
 def figures(takeover: Mapping[str, Any], audit: Mapping[str, Any], rejoined: str) -> str:

@@ -27,6 +27,7 @@ from twinstream.admin_api import (
     ServerInfo,
 )
 from twinstream.config import Settings
+from twinstream.contract import Pipeline
 from twinstream.core import checkpoint
 from twinstream.core.election import Election, root_acl, zk_client
 from twinstream.core.gate import Gate
@@ -85,9 +86,10 @@ def is_in_sync(state: str, lag: int | None, in_sync_lag: int, query_reported: bo
 
 
 class Engine:
-    def __init__(self, settings: Settings, engine_id: str) -> None:
+    def __init__(self, settings: Settings, engine_id: str, pipeline: Pipeline) -> None:
         settings.engine_admin_port(engine_id)  # an unknown engine id fails here, by name
         self.settings = settings
+        self.pipeline = pipeline
         self.engine_id = engine_id
         self.metrics = EngineMetrics(engine_id, settings.pipeline)
         self.gate = Gate(
@@ -187,6 +189,7 @@ class Engine:
         self._query = start_query(
             self._spark,
             self.settings,
+            self.pipeline,
             self.engine_id,
             self.process_batch,
             starting_offset,
@@ -655,7 +658,10 @@ class Engine:
         return session(
             self.settings,
             f"twinstream-{self.settings.pipeline}-{self.engine_id}",
-            conf={**spark_conf(self.settings), "spark.driver.memory": self.settings.engine_heap},
+            conf={
+                **spark_conf(self.settings, self.pipeline),
+                "spark.driver.memory": self.settings.engine_heap,
+            },
         )
 
     # -- the query's sink ---------------------------------------------------------------

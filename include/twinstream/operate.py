@@ -324,7 +324,8 @@ def committed_since(
     settings: Settings, first_msg_id: int, timeout_s: float = 60.0
 ) -> list[tuple[str, Record]]:
     """(kind, record) of every committed record with msg_id >= first_msg_id (or none) in
-    the outbound ("out") and dead-letter ("dlq") topics, duplicates included. Reads back
+    the outbound ("out"), dead-letter ("dlq") and progress ("progress") topics, duplicates
+    included; a progress record whose range reaches first_msg_id counts. Reads back
     from the end of each topic in growing spans: outbound offsets are not msg_ids
     (transaction markers take offsets too)."""
     from confluent_kafka import Consumer, TopicPartition
@@ -335,7 +336,11 @@ def committed_since(
     found: list[tuple[str, Record]] = []
     consumer = Consumer(consumer_config(settings, f"twinstream-ops-{uuid.uuid4()}"))
     try:
-        for kind, topic in (("out", settings.outbound_topic), ("dlq", settings.dlq_topic)):
+        for kind, topic in (
+            ("out", settings.outbound_topic),
+            ("dlq", settings.dlq_topic),
+            ("progress", settings.progress_topic),
+        ):
             partition = TopicPartition(topic, 0)
             low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s)
             span = 1024

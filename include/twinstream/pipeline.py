@@ -1,44 +1,46 @@
-"""The hostmetrics pipeline as Spark Structured Streaming: inbound Kafka records ->
-per-host stateful transform (RocksDB state store) -> rows for the gate.
+"""Any contract pipeline (`twinstream.contract`) as one Spark Structured Streaming query:
+inbound Kafka records -> validation in the JVM -> the user's transform -> rows for the gate.
 
-Split as Spark's examples are: `read_inbound` (the source), pure DataFrame transforms
-(`keyed`, `transform`) and `start_query`, which hands each micro-batch to a typed
-`process_batch(df, batch_id)`. The per-host logic is `twinstream.hostmetrics`, shared with
-the reference the tests compare against.
+Split as Spark's examples are: `read_inbound` (the source), pure DataFrame functions
+(`validated`, `plan`) and `start_query`, which hands each micro-batch to a typed
+`process_batch(df, batch_id)`; `rows_of` turns a batch into the gate's rows.
+
+One source, two branches, one union: the user's transform of the valid records, and a
+stateless branch that gives every other record its dead letter and every valid one a
+coverage row (dropped in `rows_of` when the record has output). Both branches read the same
+source instance, so the query has one source (a restart on its checkpoint resumes it).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from twinstream.config import Settings
-from twinstream.core.rows import Output, dead_letter
-from twinstream.hostmetrics import Window, process_host
+from twinstream.contract import DEAD_LETTER, MSG_ID, RAW, Pipeline
+from twinstream.core.rows import DLQ, NONE, OUT, Output, covered, dead_letter, fits
 
 if TYPE_CHECKING:
-    import pandas as pd
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
-    from pyspark.sql.streaming.state import GroupState
+    from pyspark.sql.types import DataType
 
-OUTPUT_SCHEMA = "msg_id LONG, kind STRING, key STRING, value STRING"
-# The window as JSON text: pyspark 4.3's Python worker fails to read ARRAY fields of a state
-# schema (KeyError 'elementType' in ArrayType.fromJson), and JSON round-trips floats exactly.
-STATE_SCHEMA = "window STRING, last_ts_ms LONG"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-# Rows whose host cannot be read share this group; they only produce dead letters.
-NO_HOST = ""
-# The kind of a quarantined record's row: its raw bytes (base64), for the driver to
-# dead-letter with the quarantine's reason.
+# The kind of a quarantined record's row: its raw bytes, for the driver to dead-letter with
+# the quarantine's reason (which lives in ZooKeeper, not in the plan).
 QUARANTINED = "quarantined"
+# What the query hands to foreachBatch, whichever branch a row comes from.
+ROW_COLUMNS = ("msg_id", "kind", "key", "value", "raw")
+
+_INTEGRAL = ("tinyint", "smallint", "int", "bigint")
+_FRACTIONAL = ("float", "double")
 
 
-def spark_conf(settings: Settings) -> dict[str, str]:
+def spark_conf(settings: Settings, pipeline: Pipeline | None = None) -> dict[str, str]:
     return {
+        **(pipeline.spark_conf if pipeline is not None else {}),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
         # Pinned into the checkpoint's offsets: changing it later breaks restore. One
         # partition: a single-partition source gains nothing from more, and every extra
@@ -48,8 +50,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.enabled": "false",
         # The engine's own stop/start must not wait for Spark's default 10 s grace.
         "spark.sql.streaming.stopTimeout": "30s",
-        # The checkpoint history a gap repair can rewind to (twinstream.core.checkpoint): 500
-        # batches are about two minutes at the 250 ms trigger (Spark's default keeps 100).
+        # The checkpoint history a gap repair can rewind to (twinstream.core.checkpoint):
+        # 500 batches are about two minutes at the 250 ms trigger (Spark's default keeps 100).
         "spark.sql.streaming.minBatchesToRetain": "500",
     }
 
@@ -82,93 +84,193 @@ def read_inbound(
     )
 
 
-def keyed(inbound: DataFrame, settings: Settings, quarantined: Iterable[int] = ()) -> DataFrame:
-    """msg_id (the inbound offset), the raw bytes and the host to group by; a quarantined
-    record's group is NULL, a key no record can have (hosts are strings, unreadable ones
-    NO_HOST). One plan either way: a union of two branches of the source would be a second
-    source to Spark, which a restarted query on the same checkpoint refuses."""
+def _type_check(name: str, data_type: DataType, found: Column, typed: Column) -> Column:
+    """The reason a present member does not fit its declared type, or NULL. `found` is the
+    JSON type the record holds (schema_of_variant), `typed` the value from_json read."""
     from pyspark.sql import functions as F
 
-    host = F.get_json_object(F.col("value").cast("string"), "$.host")
-    too_big = F.length(F.col("value")) > settings.max_record_bytes
-    group = F.when(too_big | host.isNull(), F.lit(NO_HOST)).otherwise(host)
+    kind = data_type.simpleString()
+    if kind == "string":
+        fits_type = found == "STRING"
+    elif kind == "boolean":
+        fits_type = found == "BOOLEAN"
+    elif kind in _INTEGRAL:
+        # An integer literal: JSON's 2e3 or 2.0 is a float, not a count.
+        fits_type = found.isin("BIGINT", "INT", "SMALLINT", "TINYINT") | found.rlike(
+            r"^DECIMAL\(\d+,0\)$"
+        )
+    elif kind in _FRACTIONAL or kind.startswith("decimal"):
+        fits_type = found.isin("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT") | (
+            found.startswith("DECIMAL")
+        )
+    else:  # structs, arrays, maps, dates: what from_json could read
+        fits_type = typed.isNotNull()
+    reason = (
+        F.when(found == "VOID", F.lit(f"wrong_type: {name} is null"))
+        .when(
+            ~fits_type, F.concat(F.lit(f"wrong_type: {name} is "), found, F.lit(f", want {kind}"))
+        )
+        .when(typed.isNull(), F.lit(f"out_of_range: {name} does not fit {kind}"))
+    )
+    if kind in _FRACTIONAL:
+        reason = reason.when(
+            F.isnan(typed) | (F.abs(typed) == F.lit(float("inf"))),
+            F.lit(f"out_of_range: {name} is not finite"),
+        )
+    return reason
+
+
+def validated(
+    inbound: DataFrame, pipeline: Pipeline, settings: Settings, quarantined: Iterable[int] = ()
+) -> DataFrame:
+    """Every inbound record as msg_id, `_raw`, the schema's fields (typed) and `reason`:
+    NULL for a valid record, else why it is a dead letter; QUARANTINED for an excluded
+    offset. All in the JVM: one parse as a variant (strict JSON, the members' JSON types),
+    one with the schema (the typed values, exactly as Jackson reads them)."""
+    from pyspark.sql import functions as F
+
+    schema = pipeline.struct()
+    text = F.col("value").cast("string")
+    parsed = F.from_json(text, schema, {"allowNonNumericNumbers": "false"})
+    # The typed fields as columns, so that the checks' SQL can name them.
+    doc = F.expr("try_parse_json(cast(value as string))")
     excluded = sorted(quarantined)
     if excluded:
-        group = F.when(F.col("offset").isin(excluded), F.lit(None).cast("string")).otherwise(group)
-    return inbound.select(
-        F.col("offset").alias("msg_id"),
-        F.col("value").alias("raw"),
-        group.alias("host"),
+        # A quarantined record is not even parsed: the parser may be what fails on it.
+        skip = F.col("offset").isin(excluded)
+        doc = F.when(~skip, doc)
+        parsed = F.when(~skip, parsed)
+    base = inbound.select(
+        F.col("offset").alias(MSG_ID),
+        F.col("value").alias(RAW),
+        doc.alias("_doc"),
+        parsed.alias("_typed"),
+    ).select(
+        MSG_ID,
+        RAW,
+        "_doc",
+        "_typed",
+        *(F.col("_typed").getField(f.name).alias(f.name) for f in schema.fields),
     )
-
-
-def transform(rows: DataFrame, settings: Settings) -> DataFrame:
-    """Per host, in msg_id order: validate, advance the rolling window, emit one row per
-    record (output or dead letter)."""
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
-    retention_ms = settings.window_retention_ms
-    limits = settings.record_limits
-    max_message_bytes = settings.max_message_bytes
-    fault_marker = settings.fault_marker.encode()
-
-    def per_host(
-        key: tuple[Any, ...], batches: Iterator[pd.DataFrame], state: GroupState
-    ) -> Iterator[pd.DataFrame]:
-        import pandas as pd
-
-        (host,) = key
-        frame = pd.concat(list(batches), ignore_index=True).sort_values("msg_id")
-        if host is None:
-            # Quarantined: to the driver as raw bytes, never to the transform or the state.
-            yield pd.DataFrame(
-                {
-                    "msg_id": frame["msg_id"],
-                    "kind": QUARANTINED,
-                    "key": None,
-                    "value": [base64.b64encode(r or b"").decode("ascii") for r in frame["raw"]],
-                }
-            )
-            return
-        records = list(zip(frame["msg_id"].tolist(), frame["raw"].tolist(), strict=True))
-        if fault_marker and any(fault_marker in (raw or b"") for _, raw in records):
-            # Test-only fault injection (TWINSTREAM_FAULT_MARKER): a bug in the transform,
-            # outside the per-record guard, that fails the whole batch on every engine.
-            raise RuntimeError(f"fault injected: a record holds {fault_marker!r}")
-        if host == NO_HOST:
-            _, outputs = process_host(None, records, retention_ms, limits, None, max_message_bytes)
-        else:
-            window = _window_from_state(state.get) if state.exists else None
-            window, outputs = process_host(
-                window, records, retention_ms, limits, host, max_message_bytes
-            )
-            if window is not None:
-                encoded = json.dumps([window.cpu_user, window.mem_used_mb])
-                state.update((encoded, window.last_ts_ms))
-        yield pd.DataFrame(
-            {
-                "msg_id": [o.msg_id for o in outputs],
-                "kind": [o.kind for o in outputs],
-                "key": [o.key for o in outputs],
-                "value": [o.value for o in outputs],
-            }
+    keys = F.json_object_keys(F.col(RAW).cast("string"))
+    limit = settings.max_record_bytes
+    size = F.length(F.col(RAW))
+    not_parsed = (
+        F.when(
+            F.size(keys) != F.size(F.array_distinct(keys)),
+            F.lit("duplicate_key: an object names a member twice"),
         )
-
-    return rows.groupBy("host").applyInPandasWithState(
-        per_host,
-        outputStructType=OUTPUT_SCHEMA,
-        stateStructType=STATE_SCHEMA,
-        outputMode="append",
-        # Expiry is decided by event time inside the window logic, so it does not depend on
-        # batch boundaries (a watermark timeout would, and engines batch differently).
-        timeoutConf=GroupStateTimeout.NoTimeout,
+        .when(
+            F.col(RAW).cast("string").rlike(r"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}"),
+            F.lit("bad_encoding: a string holds a lone surrogate, or the record is not JSON"),
+        )
+        .otherwise(F.lit("not_json: not a JSON document (syntax, nesting over 1000, NaN)"))
     )
+    missing = F.array_compact(
+        F.array(
+            *(
+                F.when(F.expr(f"variant_get(_doc, '$.{f.name}')").isNull(), F.lit(f.name))
+                for f in schema.fields
+            )
+        )
+    )
+    members = [
+        _type_check(
+            f.name,
+            f.dataType,
+            F.expr(f"schema_of_variant(variant_get(_doc, '$.{f.name}'))"),
+            F.col("_typed").getField(f.name),
+        )
+        for f in schema.fields
+    ]
+    checks = [
+        F.when(~F.coalesce(F.expr(condition), F.lit(False)), F.lit(reason))
+        for reason, condition in pipeline.checks.items()
+    ]
+    reason = (
+        F.when(F.col(RAW).isNull(), F.lit("not_json: a record without a value (a tombstone)"))
+        .when(
+            size > limit,
+            F.concat(F.lit("oversize: "), size.cast("string"), F.lit(f" bytes, over {limit}")),
+        )
+        .when(~F.expr(f"is_valid_utf8(cast({RAW} as string))"), F.lit("not_json: not UTF-8"))
+        .when(F.col("_doc").isNull(), not_parsed)
+        .when(
+            ~F.col(RAW).cast("string").rlike(r"^[ \t\n\r]*\{"),
+            F.lit("not_json: a JSON value that is not an object"),
+        )
+        # Jackson reads the first value and ignores what follows it.
+        .when(
+            ~F.col(RAW).cast("string").rlike(r"\}[ \t\n\r]*$"),
+            F.lit("not_json: something follows the JSON object"),
+        )
+        .when(
+            F.size(missing) > 0,
+            F.concat(F.lit("missing_field: "), F.array_join(missing, ", ")),
+        )
+    )
+    # The first rule a record breaks is its reason: members in schema order, then checks.
+    first = F.coalesce(*members, *checks) if members or checks else F.lit(None).cast("string")
+    reason = reason.otherwise(first)
+    fault = settings.fault_marker
+    if fault:
+        # Test-only fault injection (TWINSTREAM_FAULT_MARKER): a bug outside the per-record
+        # guard, failing the whole batch on every engine, for the quarantine to find.
+        reason = F.when(
+            F.instr(F.col(RAW).cast("string"), fault) > 0,
+            F.raise_error(F.lit(f"fault injected: a record holds {fault!r}")).cast("string"),
+        ).otherwise(reason)
+    # Last, so that it wins: a quarantined record reaches neither the rules above (one of
+    # them may be what fails) nor the transform.
+    if excluded:
+        reason = F.when(F.col(MSG_ID).isin(excluded), F.lit(QUARANTINED)).otherwise(reason)
+    return base.select(MSG_ID, RAW, *(f.name for f in schema.fields), reason.alias("reason"))
 
 
-def _window_from_state(values: tuple[Any, ...]) -> Window:
-    encoded, last_ts = values
-    cpu, mem = json.loads(encoded)
-    return Window(tuple(float(c) for c in cpu), tuple(int(m) for m in mem), int(last_ts))
+def plan(validated_records: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """The rows of every record (ROW_COLUMNS): the transform's outputs of the valid ones,
+    the dead letters and quarantined records, a coverage row per valid record."""
+    from pyspark.sql import functions as F
+
+    schema = pipeline.struct()
+    valid = validated_records.where(F.col("reason").isNull()).select(
+        MSG_ID, *(f.name for f in schema.fields), RAW
+    )
+    out = pipeline.transform(valid)
+    columns = set(out.columns)
+    needed = {MSG_ID, *pipeline.value, *([pipeline.key] if pipeline.key else [])}
+    if not needed <= columns:
+        from twinstream.contract import ContractError
+
+        raise ContractError(
+            f"pipeline {pipeline.name}: the transform's output lacks {sorted(needed - columns)} "
+            f"(it has {sorted(columns)})"
+        )
+    if pipeline.value_format == "text":
+        value = F.col(pipeline.value[0]).cast("string")
+    else:
+        value = F.to_json(F.struct(*(F.col(c) for c in pipeline.value)))
+    key = F.col(pipeline.key).cast("string") if pipeline.key else F.lit(None).cast("string")
+    letter = F.col(DEAD_LETTER) if DEAD_LETTER in columns else F.lit(None).cast("string")
+    outputs = out.select(
+        F.col(MSG_ID).cast("long").alias("msg_id"),
+        F.when(letter.isNotNull(), F.lit(DLQ)).otherwise(F.lit(OUT)).alias("kind"),
+        F.when(letter.isNull(), key).alias("key"),
+        F.coalesce(letter, value).alias("value"),
+        (F.col(RAW) if RAW in columns else F.lit(None).cast("binary")).cast("binary").alias("raw"),
+    )
+    reason = F.col("reason")
+    others = validated_records.select(
+        F.col(MSG_ID).alias("msg_id"),
+        F.when(reason.isNull(), F.lit(NONE))
+        .when(reason == QUARANTINED, F.lit(QUARANTINED))
+        .otherwise(F.lit(DLQ))
+        .alias("kind"),
+        F.lit(None).cast("string").alias("key"),
+        reason.alias("value"),
+        F.when(reason.isNotNull(), F.col(RAW)).alias("raw"),
+    )
+    return outputs.unionByName(others)
 
 
 def rows_of(
@@ -176,17 +278,41 @@ def rows_of(
     quarantined: Mapping[int, str] | None = None,
     max_message_bytes: int = 1_000_000,
 ) -> list[Output]:
-    """The batch's rows, in any order (the gate orders by msg_id: sorting here would cost
-    Spark another stage per batch). A quarantined record arrives as its raw bytes (base64)
-    and becomes its dead letter here, with the quarantine's reason."""
-    rows = []
+    """The batch's rows for the gate, in msg_id order and, within a msg_id, ordered by key
+    and value (Spark's union and shuffle give them in any order; every engine must publish
+    the same bytes). Dead letters are built here (`twinstream.core.rows.dead_letter`); a
+    coverage row stays only for a record with no other row; a record with an output too
+    large for one message becomes its dead letter instead."""
+    by_id: dict[int, list[Output]] = {}
+    letters: dict[int, Output] = {}
     for r in batch.collect():
         msg_id = int(r["msg_id"])
-        if r["kind"] == QUARANTINED and quarantined is not None:
-            raw = base64.b64decode(r["value"] or "")
-            rows.append(dead_letter(msg_id, quarantined[msg_id], raw, max_message_bytes))
+        kind = r["kind"]
+        if kind == NONE:
+            by_id.setdefault(msg_id, [])
+        elif kind == OUT:
+            by_id.setdefault(msg_id, []).append(Output(msg_id, OUT, r["key"], r["value"]))
         else:
-            rows.append(Output(msg_id, r["kind"], r["key"], r["value"]))
+            reason = r["value"] or "error: no reason"
+            if kind == QUARANTINED and quarantined is not None:
+                reason = quarantined.get(msg_id, reason)
+            raw = bytes(r["raw"]) if r["raw"] is not None else b""
+            letters.setdefault(msg_id, dead_letter(msg_id, reason, raw, max_message_bytes))
+            by_id.setdefault(msg_id, [])
+    rows: list[Output] = []
+    for msg_id in sorted(by_id):
+        if msg_id in letters:
+            rows.append(letters[msg_id])
+            continue
+        outputs = sorted(by_id[msg_id], key=lambda o: (o.key or "", o.value))
+        if not outputs:
+            rows.append(covered(msg_id))
+        elif all(fits(o, max_message_bytes) for o in outputs):
+            rows.extend(outputs)
+        else:
+            raw = "\n".join(o.value for o in outputs).encode("utf-8", "backslashreplace")
+            reason = "oversize: an output would not fit one message"
+            rows.append(dead_letter(msg_id, reason, raw, max_message_bytes))
     return rows
 
 
@@ -197,6 +323,7 @@ def query_name(settings: Settings, engine_id: str) -> str:
 def start_query(
     spark: SparkSession,
     settings: Settings,
+    pipeline: Pipeline,
     engine_id: str,
     process_batch: Callable[[DataFrame, int], None],
     starting_offset: int | None = None,
@@ -206,7 +333,7 @@ def start_query(
     checkpoint = settings.checkpoint_dir(engine_id)
     inbound = read_inbound(spark, settings, starting_offset, max_offsets)
     return (
-        transform(keyed(inbound, settings, quarantined), settings)
+        plan(validated(inbound, pipeline, settings, quarantined), pipeline)
         .writeStream.queryName(query_name(settings, engine_id))
         .option("checkpointLocation", str(checkpoint))
         .outputMode("append")

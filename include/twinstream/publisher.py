@@ -1,78 +1,29 @@
-"""Inbound records for users and tests: a synthetic host-metrics generator (with optional
-broken records of every kind the pipeline rejects), file readers (CSV, JSONL), and a
-rate-limited producer with a progress line."""
+"""Inbound records for users and tests: file readers (CSV typed by a pipeline's schema,
+JSONL as it is) and a rate-limited producer with a progress line."""
 
 from __future__ import annotations
 
 import csv
 import json
-import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from confluent_kafka import KafkaError, Producer
 
 from twinstream.config import Settings
-from twinstream.hostmetrics import FIELDS
 from twinstream.kafka import producer_config
 
 FEEDER_LINGER_MS = 50
 
-BROKEN_KINDS = ("not_json", "missing_field", "wrong_type", "bad_time", "oversize")
 
-
-def synthetic(
-    count: int,
-    hosts: int = 10,
-    seed: int = 1,
-    start: datetime | None = None,
-    broken_every: int = 0,
-    max_record_bytes: int = 64 * 1024,
-) -> Iterator[bytes]:
-    """`count` records; event time advances 10 ms per record from `start`. With
-    `broken_every=N`, every Nth record is broken, cycling through BROKEN_KINDS."""
-    rng = random.Random(seed)  # noqa: S311 - reproducible test data, not secrets
-    start = start or datetime(2026, 1, 1, tzinfo=UTC)
-    broken = 0
-    for i in range(count):
-        ts = start + timedelta(milliseconds=10 * i)
-        record = {
-            "host": f"host-{rng.randrange(hosts):03d}",
-            "ts": ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z",
-            "cpu_user": round(rng.uniform(0, 100), 2),
-            "cpu_system": round(rng.uniform(0, 30), 2),
-            "mem_used_mb": rng.randrange(256, 32_768),
-            "mem_free_mb": rng.randrange(0, 16_384),
-        }
-        if broken_every and (i + 1) % broken_every == 0:
-            yield break_record(record, BROKEN_KINDS[broken % len(BROKEN_KINDS)], max_record_bytes)
-            broken += 1
-        else:
-            yield json.dumps(record).encode()
-
-
-def break_record(record: dict[str, object], kind: str, max_record_bytes: int) -> bytes:
-    """A record the pipeline must reject with a reason starting with `kind`."""
-    if kind == "not_json":
-        return json.dumps(record).encode()[:-3]
-    if kind == "missing_field":
-        return json.dumps({k: v for k, v in record.items() if k != "mem_free_mb"}).encode()
-    if kind == "wrong_type":
-        return json.dumps({**record, "cpu_user": str(record["cpu_user"])}).encode()
-    if kind == "bad_time":
-        return json.dumps({**record, "ts": "22/11/2026 10:00"}).encode()
-    if kind == "oversize":
-        return json.dumps({**record, "padding": "x" * max_record_bytes}).encode()
-    raise ValueError(f"unknown broken kind {kind!r}; one of {BROKEN_KINDS}")
-
-
-def from_file(path: Path) -> Iterator[bytes]:
-    """JSONL (one object per line, sent as is) or CSV with a header naming the fields
-    (numbers converted to the field's type; a bad value is sent as text, so the pipeline
-    dead-letters it with its reason rather than the tool dropping it)."""
+def from_file(path: Path, fields: Mapping[str, str] | None = None) -> Iterator[bytes]:
+    """JSONL (one object per line, sent as is) or CSV with a header naming the fields,
+    each value converted to its field's type in `fields` (name -> Spark type name, from
+    the pipeline's schema: `twinstream.contract.field_types`); a value that does not convert
+    is sent as text, so the pipeline dead-letters it with its reason rather than the tool
+    dropping it. Columns not in `fields` are left out."""
     if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
         with path.open("rb") as lines:
             for line in lines:
@@ -81,22 +32,27 @@ def from_file(path: Path) -> Iterator[bytes]:
         return
     if path.suffix.lower() != ".csv":
         raise ValueError(f"{path}: want .csv or .jsonl, got {path.suffix or 'no suffix'}")
+    if not fields:
+        raise ValueError(f"{path}: a CSV file needs the pipeline's fields (--pipeline)")
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = [f for f in FIELDS if f not in (reader.fieldnames or [])]
+        missing = [f for f in fields if f not in (reader.fieldnames or [])]
         if missing:
             raise ValueError(f"{path}: CSV header lacks {', '.join(missing)}")
         for row in reader:
-            yield json.dumps({k: _typed(k, v) for k, v in row.items() if k in FIELDS}).encode()
+            yield json.dumps(
+                {k: _typed(fields[k], v) for k, v in row.items() if k in fields}
+            ).encode()
 
 
-def _typed(field: str, text: str) -> object:
-    types = FIELDS[field]
+def _typed(kind: str, text: str) -> object:
     try:
-        if int in types and float not in types:
+        if kind in ("tinyint", "smallint", "int", "bigint", "long", "integer", "short", "byte"):
             return int(text)
-        if float in types:
+        if kind in ("float", "double", "real") or kind.startswith("decimal"):
             return float(text)
+        if kind == "boolean" and text.lower() in ("true", "false"):
+            return text.lower() == "true"
     except ValueError:
         return text
     return text

@@ -24,6 +24,8 @@ class Record:
     engine_id: str | None
     epoch: int | None
     timestamp_ms: int
+    # A record without a value (a tombstone), which `raw` shows as empty bytes.
+    tombstone: bool = False
 
     @property
     def value(self) -> str:
@@ -79,6 +81,7 @@ def read_committed(
                 engine_id=engine,
                 epoch=int(epoch) if epoch is not None else None,
                 timestamp_ms=msg.timestamp()[1],
+                tombstone=value is None,
             )
     finally:
         consumer.close()

@@ -19,9 +19,10 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from examples.hostmetrics.generate import synthetic
 from twinstream.config import Settings
 from twinstream.kafka import admin_config, watermarks
-from twinstream.publisher import publish, synthetic
+from twinstream.publisher import publish
 from twinstream.stack import health
 from twinstream.subscriber import read_committed
 from twinstream.testing.chaos import SteadyLoad, SupervisedEngines, audit_range, failover_round

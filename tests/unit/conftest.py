@@ -18,7 +18,8 @@ def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> engine_module.Eng
     for name in ("zk_client", "Consumer", "LastPublishedReader", "KafkaPublisher", "Election"):
         monkeypatch.setattr(engine_module, name, mock.MagicMock(name=name))
     # No stack has run on a fresh clone: no secret files; the ZooKeeper client is a mock.
-    e = engine_module.Engine(load_settings(zk_password="unit-test", state_dir=tmp_path), "a")
+    settings = load_settings(zk_password="unit-test", state_dir=tmp_path)
+    e = engine_module.Engine(settings, "a", mock.MagicMock(name="pipeline"))
     e._state = "running"
     e._query = mock.MagicMock(name="query")
     e._spark = mock.MagicMock(name="spark")

@@ -11,9 +11,12 @@ from twinstream.audit import (
     REPORT,
     AuditFailed,
     Cursor,
+    Span,
     cursor_file,
+    find_id_problems,
     find_problems,
     format_ranges,
+    from_records,
     merge_ranges,
     verdict,
 )
@@ -26,25 +29,73 @@ def test_ranges_are_merged_not_listed_one_by_one():
     assert format_ranges([(i, i) for i in range(0, 200, 2)], limit=2) == "0, 2 and 98 more ranges"
 
 
+def spans_of(*ranges, outputs_each=1):
+    """Progress records of transactions first..last, each msg_id with `outputs_each` rows."""
+    return [Span(a, b, (b - a + 1) * outputs_each, 0) for a, b in ranges]
+
+
+def rows_of(ids, kind="out"):
+    return [(i, kind, 1) for i in ids]
+
+
 def test_a_clean_window_passes():
-    findings = find_problems(reversed(range(100, 200)), 100, 200)
+    findings = find_problems(
+        spans_of((150, 199), (100, 149)), rows_of(reversed(range(100, 200))), 100, 200
+    )
     assert findings.ok
     assert findings.summary() == "msg_id 100..199: 100 records; every msg_id exactly once"
 
 
-def test_missing_duplicated_late_and_headerless_records_are_found():
-    ids: list[int | None] = [i for i in range(100, 200) if not 120 <= i <= 129 and i != 150]
-    ids += [160, 161, 161, 99, None]  # duplicates, a late duplicate of an audited id, no id
-    findings = find_problems(ids, 100, 200)
+def test_inputs_without_output_and_fan_outs_are_accounted_for_by_their_ranges():
+    spans = [Span(0, 9, 0, 0), Span(10, 19, 3, 1), Span(20, 29, 6, 0)]
+    rows = [(12, "out", 3), (15, "dlq", 1), (20, "out", 2), (29, "out", 4)]
+    assert find_problems(spans, rows, 0, 30).ok
+
+
+def test_gaps_overlaps_late_ranges_misplaced_and_headerless_records_are_found():
+    spans = spans_of((100, 119), (130, 149), (150, 169), (160, 199), (90, 99))
+    ids: list[int | None] = [*range(100, 120), *range(130, 200), *range(90, 100)]
+    rows = [*rows_of(ids), *rows_of(range(160, 170)), (None, "out", 1)]
+    findings = find_problems(spans, rows, 100, 200)
     assert not findings.ok
-    assert findings.missing == [(120, 129), (150, 150)]
-    assert findings.duplicated == [(99, 99), (160, 161)]
+    assert findings.missing == [(120, 129)]
+    # 90..99 is below the cursor (audited before); 160..169 is covered twice, and the
+    # overlapping ranges do not hold the outputs their records say.
+    assert findings.duplicated == [(90, 99), (160, 169)]
+    assert findings.mismatched == [(150, 169), (160, 199)]
     assert findings.without_msg_id == 1
-    assert "missing: 120..129, 150; duplicated: 99, 160..161" in findings.summary()
+    assert "missing: 120..129; duplicated: 90..99, 160..169" in findings.summary()
+
+
+def test_a_range_whose_outputs_do_not_match_its_counts_is_a_finding():
+    spans = [Span(0, 4, 5, 0), Span(5, 9, 5, 0)]
+    rows = [*rows_of(range(10)), (7, "out", 1)]  # msg_id 7 published twice
+    findings = find_problems(spans, rows, 0, 10)
+    assert findings.mismatched == [(5, 9)]
+    assert "outputs differ from their progress record: 5..9" in findings.summary()
+
+
+def test_a_clipped_window_cuts_ranges_and_counts_only_whole_ones():
+    spans = spans_of((0, 99), (100, 199), (200, 299))
+    rows = rows_of(range(50, 250))
+    assert find_problems(spans, rows, 50, 250, clip=True).ok
+    assert find_problems(spans[:1] + spans[2:], rows, 50, 250, clip=True).missing == [(100, 199)]
 
 
 def test_nothing_new_is_not_a_failure():
-    assert find_problems([], 500, 500).ok
+    assert find_problems([], [], 500, 500).ok
+
+
+def test_records_become_spans_and_rows():
+    spans, rows = from_records(
+        [
+            ("progress", 9, '{"first":0,"last":9,"outputs":1,"dead_letters":1}'),
+            ("out", 3, "{}"),
+            ("dlq", 5, "{}"),
+        ]
+    )
+    assert spans == [Span(0, 9, 1, 1)]
+    assert rows == [(3, "out", 1), (5, "dlq", 1)]
 
 
 def test_the_cursor_round_trips_and_starts_at_zero(tmp_path):
@@ -102,3 +153,10 @@ def test_a_report_of_another_run_or_none_is_an_error_not_a_finding(tmp_path):
 def test_the_cursor_is_the_given_one_or_the_pipelines_own(tmp_path):
     assert cursor_file(tmp_path) == tmp_path / "cursor.json"
     assert cursor_file(tmp_path, "/elsewhere/c.json") == Path("/elsewhere/c.json")
+
+
+def test_the_baselines_one_record_per_input_check_finds_gaps_and_repeats():
+    findings = find_id_problems([*range(100, 120), 110, 99, None, *range(125, 200)], 100, 200)
+    assert findings.missing == [(120, 124)]
+    assert findings.duplicated == [(99, 99), (110, 110)]
+    assert findings.without_msg_id == 1

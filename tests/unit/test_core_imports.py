@@ -12,7 +12,7 @@ from twinstream.config import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "include" / "twinstream"
 # What the core may reach outside itself: plumbing that knows no pipeline either.
-ALLOWED = ("config", "kafka", "guard")
+ALLOWED = ("config", "kafka")
 
 
 def twinstream_imports(source: str) -> set[str]:

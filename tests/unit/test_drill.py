@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -151,14 +152,32 @@ def test_a_retried_stop_refuses_instead_of_stopping_the_new_active():
     assert a.calls == []
 
 
+def span(first, last, outputs):
+    return {"first": first, "last": last, "outputs": outputs, "dead_letters": 0}
+
+
 def test_the_window_audit_names_gaps_and_duplicates():
     takeover = {"last_published_before": 1500}
     first, end = drill.window_bounds(takeover, 1600)
     assert (first, end) == (501, 1601)
-    clean = [("out", i) for i in range(0, 1700)]
+    progress = [
+        (
+            "progress",
+            last,
+            json.dumps({"first": i, "last": last, "outputs": 100, "dead_letters": 0}),
+        )
+        for i in range(0, 1700, 100)
+        for last in [i + 99]
+    ]
+    clean = [*progress, *(("out", i, "{}") for i in range(0, 1700))]
     assert drill.audit_window(clean, first, end)["records"] == 1100
-    broken = [("out", i) for i in range(first, end) if i != 1501] + [("dlq", 1502)]
-    with pytest.raises(OperateError, match=r"missing 1501.*duplicated 1502"):
+    # The transaction of 1500..1599 lost, one of 1502..1599 in its place: 1500 and 1501
+    # are missing (1550's repeat is inside a range whose count is off).
+    broken = [p for p in progress if p[1] != 1599]
+    broken.append(("progress", 1599, json.dumps(span(1502, 1599, 98))))
+    broken += [("out", i, "{}") for i in range(0, 1700) if i not in (1500, 1501)]
+    broken.append(("out", 1550, "{}"))
+    with pytest.raises(OperateError, match=r"missing 1500..1501; duplicated none; .* 1502..1599"):
         drill.audit_window(broken, first, end)
 
 
@@ -175,9 +194,15 @@ def test_the_handover_audit_waits_for_new_output_with_progress(monkeypatch, capl
     b.published = [1500, 1500, 1502]
     monkeypatch.setattr(
         "twinstream.operate.committed_since",
-        lambda _settings, first: [
-            ("out", type("R", (), {"msg_id": i})()) for i in range(first, 1503)
-        ],
+        lambda _settings, first: (
+            [("out", type("R", (), {"msg_id": i, "value": "{}"})()) for i in range(first, 1503)]
+            + [
+                (
+                    "progress",
+                    type("R", (), {"msg_id": 1502, "value": json.dumps(span(0, 1502, 1503))})(),
+                )
+            ]
+        ),
     )
     slept: list[float] = []
 

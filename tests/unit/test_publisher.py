@@ -1,30 +1,16 @@
-"""The publish tool's inputs: synthetic data with broken records, CSV and JSONL files."""
+"""The publish tool's inputs: CSV typed by a pipeline's schema, JSONL as it is."""
 
 import json
 from typing import Any
 
 import pytest
 
+from examples.hostmetrics.logic import SCHEMA
 from tests.unit.fakes import FakeClock
 from twinstream import publisher
 from twinstream.config import load_settings
-from twinstream.hostmetrics import Event, Rejection, parse
-from twinstream.publisher import BROKEN_KINDS, from_file, synthetic
-
-
-def test_synthetic_records_are_valid_and_reproducible():
-    first = list(synthetic(50, seed=3))
-    assert first == list(synthetic(50, seed=3))
-    assert all(isinstance(parse(i, r, 65536), Event) for i, r in enumerate(first))
-
-
-def test_every_nth_synthetic_record_is_broken_cycling_through_each_kind():
-    records = list(synthetic(200, broken_every=20, max_record_bytes=4096))
-    reasons = [parse(i, r, 4096) for i, r in enumerate(records)]
-    broken = [(i, r) for i, r in enumerate(reasons) if isinstance(r, Rejection)]
-    assert [i for i, _ in broken] == list(range(19, 200, 20))
-    kinds = [r.reason.split(":")[0] for _, r in broken]
-    assert kinds == [BROKEN_KINDS[k % 5] for k in range(10)]
+from twinstream.contract import field_types
+from twinstream.publisher import from_file
 
 
 def test_csv_rows_become_typed_json_and_bad_values_pass_through_for_the_dead_letter_topic(
@@ -36,7 +22,7 @@ def test_csv_rows_become_typed_json_and_bad_values_pass_through_for_the_dead_let
         "web-1,2026-11-22T10:00:00Z,12.5,3,2048,6144,ignored\n"
         "web-2,2026-11-22T10:00:01Z,lots,3,2048,6144,x\n"
     )
-    good, bad = (json.loads(r) for r in from_file(path))
+    good, bad = (json.loads(r) for r in from_file(path, field_types(SCHEMA)))
     assert good == {
         "host": "web-1",
         "ts": "2026-11-22T10:00:00Z",
@@ -45,10 +31,8 @@ def test_csv_rows_become_typed_json_and_bad_values_pass_through_for_the_dead_let
         "mem_used_mb": 2048,
         "mem_free_mb": 6144,
     }
+    # The pipeline dead-letters it (wrong_type), not the tool.
     assert bad["cpu_user"] == "lots"
-    rejected = parse(1, json.dumps(bad).encode(), 4096)
-    assert isinstance(rejected, Rejection)
-    assert rejected.reason.startswith("wrong_type")
 
 
 def test_jsonl_lines_are_sent_as_they_are(tmp_path):
@@ -61,6 +45,8 @@ def test_a_csv_without_the_fields_or_an_unknown_suffix_is_refused_by_name(tmp_pa
     csv_path = tmp_path / "m.csv"
     csv_path.write_text("host,ts\nweb-1,2026-11-22T10:00:00Z\n")
     with pytest.raises(ValueError, match="CSV header lacks cpu_user, cpu_system"):
+        list(from_file(csv_path, field_types(SCHEMA)))
+    with pytest.raises(ValueError, match="needs the pipeline's fields"):
         list(from_file(csv_path))
     with pytest.raises(ValueError, match=r"want \.csv or \.jsonl"):
         list(from_file(tmp_path / "m.parquet"))

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import psutil
 
-from twinstream.audit import Findings, find_problems
+from examples.hostmetrics.generate import synthetic
+from twinstream.audit import Findings, find_problems, from_records
 from twinstream.config import Settings
 from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
 from twinstream.engine_client import EngineClient, EngineError
-from twinstream.publisher import synthetic
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
 from twinstream.testing.harness import Load, wait_for, wait_gone
@@ -116,16 +116,13 @@ def granted_session_s(settings: Settings) -> float:
 
 
 def audit_range(settings: Settings, first: int, end: int) -> Findings:
-    """Every msg_id first..end-1 exactly once in the committed outbound and dead-letter
-    topics."""
+    """Every msg_id first..end-1 in exactly one published transaction, with its outputs
+    (the progress, outbound and dead-letter topics)."""
     from twinstream.operate import committed_since
 
-    ids = [
-        r.msg_id
-        for _kind, r in committed_since(settings, first)
-        if r.msg_id is None or r.msg_id < end
-    ]
-    return find_problems(ids, first, end)
+    records = committed_since(settings, first)
+    spans, rows = from_records((kind, r.msg_id, r.value) for kind, r in records)
+    return find_problems(spans, rows, first, end, clip=True)
 
 
 @dataclass

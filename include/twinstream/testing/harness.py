@@ -26,13 +26,15 @@ import httpx
 import psutil
 from confluent_kafka.admin import AdminClient
 
+from twinstream import registry
 from twinstream.audit import merge_ranges
 from twinstream.config import REPO_ROOT, Settings, load_settings
+from twinstream.contract import Pipeline as Contract
 from twinstream.core.rows import Output
-from twinstream.hostmetrics import reference
 from twinstream.kafka import admin_config, ensure_topics, topic_specs
-from twinstream.publisher import publish, synthetic
+from twinstream.publisher import publish
 from twinstream.subscriber import Record, read_committed
+from twinstream.testing import reference
 
 
 def wait_for(
@@ -205,8 +207,14 @@ class Pipeline:
     """A pipeline of its own on the shared stack, with engines the test controls."""
 
     def __init__(
-        self, base_env: dict[str, str], workdir: Path, engine_ids: tuple[str, ...] = ("a", "b")
+        self,
+        base_env: dict[str, str],
+        workdir: Path,
+        engine_ids: tuple[str, ...] = ("a", "b"),
+        module: str = "examples.hostmetrics.pipeline",
     ) -> None:
+        """`module`: the contract pipeline the engines run (module[:attribute]), under a
+        name of its own, so that its topics and znodes are this test's alone."""
         self.name = f"t{uuid.uuid4().hex[:8]}"
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -214,9 +222,7 @@ class Pipeline:
         self.env = {
             **base_env,
             "TWINSTREAM_PIPELINE": self.name,
-            "TWINSTREAM_INBOUND_TOPIC": f"{self.name}.in",
-            "TWINSTREAM_OUTBOUND_TOPIC": f"{self.name}.out",
-            "TWINSTREAM_DLQ_TOPIC": f"{self.name}.dlq",
+            "TWINSTREAM_PIPELINE_MODULE": module,
             "TWINSTREAM_ENGINE_IDS": ",".join(engine_ids),
             "TWINSTREAM_ENGINE_ADMIN_PORTS": ",".join(str(self.ports[e]) for e in engine_ids),
             "TWINSTREAM_STATE_DIR": str(workdir),
@@ -227,6 +233,7 @@ class Pipeline:
             "PYSPARK_PYTHON": sys.executable,
         }
         self.settings = self._settings()
+        self.contract: Contract = registry.load(self.settings)
         ensure_topics(AdminClient(admin_config(self.settings)), topic_specs(self.settings))
         self.engines: dict[str, EngineProcess] = {}
         self.produced = 0  # records sent to the inbound topic so far
@@ -312,8 +319,20 @@ class Pipeline:
             engine.stop()
 
     def load(self, count: int, rate: float, **kwargs: Any) -> Load:
-        """Publish `count` synthetic records at `rate`/s in the background."""
-        records = synthetic(count, max_record_bytes=self.settings.max_record_bytes, **kwargs)
+        """Publish `count` example records at `rate`/s in the background: the hostmetrics
+        generator's (kwargs: hosts, seed, start, broken_every), or the pipeline's sample."""
+        if self.contract.name == "hostmetrics":
+            from examples.hostmetrics.generate import synthetic
+
+            records: Iterable[bytes] = synthetic(
+                count, max_record_bytes=self.settings.max_record_bytes, **kwargs
+            )
+        elif self.contract.sample is not None:
+            records = self.contract.sample(
+                count, int(kwargs.get("seed", 1)), int(kwargs.get("broken_every", 0))
+            )
+        else:
+            raise AssertionError(f"pipeline {self.contract.name} declares no sample: use send()")
         return self.send(list(records), rate)
 
     def send(self, records: list[bytes | None], rate: float) -> Load:
@@ -360,6 +379,9 @@ class Pipeline:
         s = self.settings
         return [*read_committed(s, s.outbound_topic), *read_committed(s, s.dlq_topic)]
 
+    def progress(self) -> list[Record]:
+        return list(read_committed(self.settings, self.settings.progress_topic))
+
     def inbound(self) -> list[Record]:
         return list(read_committed(self.settings, self.settings.inbound_topic))
 
@@ -373,17 +395,28 @@ class Pipeline:
 
         wait_for(done, timeout_s, f"msg_id {last_msg_id} published", every_s=0.5)
 
-    def reference(self) -> dict[int, Output]:
-        records = [(r.offset, r.raw) for r in self.inbound()]
-        return {
-            o.msg_id: o
-            for o in reference(
-                records,
-                self.settings.window_retention_ms,
-                self.settings.record_limits,
-                self.settings.max_message_bytes,
-            )
-        }
+    def reference(self) -> dict[int, list[Output]]:
+        """msg_id -> the rows a reference run of the same pipeline gives it (none: the
+        record had no output), over what the inbound topic holds now."""
+        records = [(r.offset, None if r.tombstone else r.raw) for r in self.inbound()]
+        expected: dict[int, list[Output]] = {offset: [] for offset, _ in records}
+        for row in reference.run(self.contract, records, self.settings):
+            if row.kind != "none":
+                expected[row.msg_id].append(row)
+        return expected
+
+
+def coverage(progress: Iterable[Record], end: int) -> tuple[list[int], list[int]]:
+    """(missing, duplicated) msg_ids below `end` by the progress records' ranges: every
+    inbound offset must be in exactly one published transaction's range."""
+    import json
+
+    counts: collections.Counter[int] = collections.Counter()
+    for record in progress:
+        span = json.loads(record.value)
+        counts.update(range(int(span["first"]), int(span["last"]) + 1))
+    missing = [i for i in range(end) if counts[i] == 0]
+    return missing, sorted(i for i, c in counts.items() if c > 1)
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Example pipelines on the Twinstream contract (twinstream.contract)."""

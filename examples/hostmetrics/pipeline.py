@@ -1,0 +1,143 @@
+"""Host metrics on the contract: one output per valid input, per-host state in RocksDB.
+
+Inbound value (JSON object)::
+
+    {"host": "web-1", "ts": "2026-11-22T10:00:00.000Z", "cpu_user": 12.5,
+     "cpu_system": 3.0, "mem_used_mb": 2048, "mem_free_mb": 6144}
+
+Outbound value: the input fields, then ``msg_id``, ``window_count``, ``cpu_user_avg20``
+and ``mem_used_sum20`` over the host's last 20 events (fewer after a gap in the host's
+event time longer than TWINSTREAM_WINDOW_RETENTION_MS, which starts a fresh window).
+
+The framework validates the schema; the transform adds what only this pipeline knows: an
+RFC 3339 UTC time (`bad_time`) and a window whose sums stay in range (`overflow`). The
+value is serialised here, by Python's JSON encoder, so that its bytes are those of the
+first version of this example (`tests/data/hostmetrics-golden.jsonl.gz`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from examples.hostmetrics.generate import synthetic
+from examples.hostmetrics.logic import FIELDS, SCHEMA, Event, Overflow, Window, parse_time, step
+from twinstream.config import load_settings
+from twinstream.contract import Pipeline
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.state import GroupState
+
+OUTPUT = "msg_id BIGINT, host STRING, value STRING, dead_letter STRING, _raw BINARY"
+# The window as JSON text: pyspark 4.3's Python worker fails to read ARRAY fields of a state
+# schema (KeyError 'elementType' in ArrayType.fromJson), and JSON round-trips floats exactly.
+STATE = "window STRING, last_ts_ms BIGINT"
+
+
+def advance(
+    window: Window | None, record: Any, retention_ms: int
+) -> tuple[Window | None, str | None, str | None]:
+    """One record through the window: (the new window, its output value, a dead letter's
+    reason). A rejected record leaves the window as it was."""
+    try:
+        ts_ms = parse_time(record.ts)
+    except (ValueError, OverflowError):
+        return window, None, f"bad_time: {record.ts[:64]!r} is not RFC 3339 UTC"
+    event = Event(
+        msg_id=int(record.msg_id),
+        host=record.host,
+        ts=record.ts,
+        ts_ms=ts_ms,
+        cpu_user=float(record.cpu_user),
+        cpu_system=float(record.cpu_system),
+        mem_used_mb=int(record.mem_used_mb),
+        mem_free_mb=int(record.mem_free_mb),
+    )
+    try:
+        new_window, output = step(window, event, retention_ms)
+    except Overflow as exc:
+        return window, None, str(exc)
+    return new_window, output.value, None
+
+
+def transform(records: DataFrame) -> DataFrame:
+    """Per host, in msg_id order: advance the host's window, one output per record."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    retention_ms = load_settings().window_retention_ms
+
+    def per_host(
+        key: tuple[Any, ...], batches: Iterator[pd.DataFrame], state: GroupState
+    ) -> Iterator[pd.DataFrame]:
+        import pandas as pd
+
+        frame = pd.concat(list(batches), ignore_index=True).sort_values("msg_id")
+        # itertuples renames a column that starts with an underscore.
+        frame = frame.rename(columns={"_raw": "raw"})
+        window = from_state(state.get) if state.exists else None
+        rows: dict[str, list[Any]] = {c: [] for c in ("msg_id", "value", "dead_letter", "_raw")}
+        for record in frame.itertuples(index=False):
+            window, value, reason = advance(window, record, retention_ms)
+            rows["msg_id"].append(record.msg_id)
+            rows["value"].append(value)
+            rows["dead_letter"].append(reason)
+            rows["_raw"].append(record.raw if reason is not None else None)
+        if window is not None:
+            state.update((json.dumps([window.cpu_user, window.mem_used_mb]), window.last_ts_ms))
+        yield pd.DataFrame({"host": key[0], **rows})
+
+    return records.groupBy("host").applyInPandasWithState(
+        per_host,
+        outputStructType=OUTPUT,
+        stateStructType=STATE,
+        outputMode="append",
+        # Expiry is decided by event time inside the window logic, so it does not depend on
+        # batch boundaries (a watermark timeout would, and engines batch differently).
+        timeoutConf=GroupStateTimeout.NoTimeout,
+    )
+
+
+def from_state(values: tuple[Any, ...]) -> Window:
+    encoded, last_ts = values
+    cpu, mem = json.loads(encoded)
+    return Window(tuple(float(c) for c in cpu), tuple(int(m) for m in mem), int(last_ts))
+
+
+def expectations() -> list[Any]:
+    """The outbound values: the fields the pipeline writes, typed and in range."""
+    import great_expectations.expectations as gxe
+
+    return [
+        gxe.ExpectColumnPairValuesToBeEqual(column_A="msg_id", column_B="header_msg_id"),
+        gxe.ExpectColumnValuesToNotBeNull(column="host"),
+        gxe.ExpectColumnValuesToNotBeNull(column="ts"),
+        gxe.ExpectColumnValuesToBeBetween(column="window_count", min_value=1, max_value=20),
+        gxe.ExpectColumnValuesToNotBeNull(column="window_count"),
+        gxe.ExpectColumnValuesToBeBetween(column="cpu_user_avg20", min_value=0, max_value=100),
+        gxe.ExpectColumnValuesToNotBeNull(column="cpu_user_avg20"),
+        gxe.ExpectColumnValuesToBeBetween(column="mem_used_sum20", min_value=0),
+        gxe.ExpectColumnValuesToNotBeNull(column="mem_used_sum20"),
+    ]
+
+
+pipeline = Pipeline(
+    name="hostmetrics",
+    schema=SCHEMA,
+    checks={"wrong_type: host is empty": "host <> ''"},
+    transform=transform,
+    key="host",
+    value=["value"],
+    value_format="text",
+    expectations=expectations,
+    value_schema=(
+        f"{SCHEMA}, msg_id BIGINT, window_count BIGINT, cpu_user_avg20 DOUBLE, "
+        "mem_used_sum20 BIGINT"
+    ),
+    sample=lambda count, seed, broken_every: synthetic(count, seed=seed, broken_every=broken_every),
+    description=__doc__ or "",
+)
+
+__all__ = ["FIELDS", "pipeline"]
