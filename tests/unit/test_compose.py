@@ -480,6 +480,10 @@ def test_engine_service_runs_the_engine_in_our_image(services, index, engine_id)
     assert binds == {
         str(REPO / "include"): engine["environment"]["PYTHONPATH"],
         str(REPO / "spark_jobs"): "/opt/airflow/spark_jobs",
+        # The pipelines file beside the package's parent, as twinstream.config.REPO_ROOT
+        # finds it, and the pipelines it lists.
+        str(REPO / "pipelines.toml"): "/opt/airflow/pipelines.toml",
+        str(REPO / "examples"): "/opt/airflow/examples",
     }
     assert all(v.get("read_only") for v in engine["volumes"] if v["type"] == "bind")
     script = f"{binds[str(REPO / 'spark_jobs')]}/engine.py"
