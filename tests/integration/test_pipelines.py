@@ -31,8 +31,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engi
 # (the outage test saw roles change with 1 s sessions), as a production stack would size
 # engines that share a machine.
 SHARED = {"TWINSTREAM_ZK_SESSION_TIMEOUT_S": "4", "TWINSTREAM_TRIGGER_INTERVAL_MS": "1000"}
-RATE = 150.0
-COUNT = 6_000  # 40 s of load per pipeline
+RATE = 100.0
+COUNT = 5_000  # 50 s of load per pipeline
 
 
 @pytest.fixture
@@ -71,7 +71,12 @@ def test_two_pipelines_fail_over_one_at_a_time_leaving_the_other_untouched(
     pairs = {p.name: p.start_pair(SHARED, SHARED) for p in (orders, payments)}
     (o_active, o_standby), (p_active, p_standby) = pairs[orders.name], pairs[payments.name]
     loads = [p.load(COUNT, rate=RATE, broken_every=97) for p in (orders, payments)]
-    wait_for(lambda: published(o_active) >= orders.produced - COUNT + 1500, 90, "orders flowing")
+    for pipeline, active in ((orders, o_active), (payments, p_active)):
+
+        def flowing(p: Pipeline = pipeline, a: EngineProcess = active) -> bool:
+            return published(a) >= p.produced - COUNT + 2000
+
+        wait_for(flowing, 120, f"{pipeline.name} flowing under load")
     payments_epoch = p_active.get("/server")["epoch"]
 
     # Orders fail over; payments must not notice.
@@ -80,14 +85,15 @@ def test_two_pipelines_fail_over_one_at_a_time_leaving_the_other_untouched(
     ended_ms = int(time.time() * 1000)
     assert (p_active.role(), p_standby.role()) == ("active", "standby")
     assert p_active.get("/server")["epoch"] == payments_epoch
-    times = progress_times(payments, started_ms - 10_000)
+    times = progress_times(payments, started_ms - 30_000)
     before = [b - a for a, b in itertools.pairwise(times) if b < started_ms]
     during = [b - a for a, b in itertools.pairwise(times) if started_ms <= b <= ended_ms]
+    assert len(before) >= 3, f"payments published {len(before)} transactions before the kill"
     rhythm = sorted(before)[len(before) // 2]
-    # A batch a second; while a JVM dies and another takes over on the same two cores,
-    # payments may slow, never stop.
+    # Its rhythm: a batch a second when the cores are free, several seconds with four
+    # engines on two. While a JVM dies and another takes over, payments may slow, not stop.
     assert during, "payments published nothing while orders failed over"
-    assert max(during) <= max(5_000, 4 * rhythm), (rhythm, max(during))
+    assert max(during) <= max(10_000, 3 * rhythm), (rhythm, max(during))
 
     # Then payments fail over, orders running on their new active.
     payments_takeover_s = fail_over(payments, p_active, p_standby)
