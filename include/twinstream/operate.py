@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -286,38 +286,43 @@ class Comparison:
 
 
 def compare_buffer(
-    buffered: list[dict[str, Any]], published: Mapping[int, tuple[str, str | None, str]]
+    buffered: list[dict[str, Any]],
+    published: Mapping[int, Sequence[tuple[str, str | None, str]]],
 ) -> Comparison:
     """The engine's buffered rows against the records already published for the same
-    msg_ids: same topic kind, key and value, byte for byte."""
+    msg_ids: same topic kind, key and value, byte for byte, every row of a msg_id (a
+    fan-out has several). A coverage row (an input without output) matches no record."""
     last_published = max(published) if published else None
-    result = Comparison(0, None, None)
+    mine: dict[int, list[tuple[str, str | None, str]]] = {}
     for row in buffered:
-        msg_id = int(row["msg_id"])
+        rows = mine.setdefault(int(row["msg_id"]), [])
+        if row["kind"] != "none":
+            rows.append((row["kind"], row["key"], row["value"]))
+    result = Comparison(0, None, None)
+    for msg_id, rows in mine.items():
         if last_published is None or msg_id > last_published:
             continue  # not published yet: the active is behind this standby
         result.first_msg_id = msg_id if result.first_msg_id is None else result.first_msg_id
         result.last_msg_id = msg_id
         result.compared += 1
-        mine = (row["kind"], row["key"], row["value"])
-        theirs = published.get(msg_id)
-        if theirs is None:
+        theirs = list(published.get(msg_id, []))
+        if rows and not theirs:
             result.mismatches.append(f"msg_id {msg_id}: buffered, but not in the outbound topics")
-        elif theirs != mine:
-            result.mismatches.append(f"msg_id {msg_id}: buffered {mine}, published {theirs}")
+        elif theirs != rows:
+            result.mismatches.append(f"msg_id {msg_id}: buffered {rows}, published {theirs}")
     return result
 
 
 def published_since(
     settings: Settings, first_msg_id: int, timeout_s: float = 60.0
-) -> dict[int, tuple[str, str | None, str]]:
-    """msg_id -> (kind, key, value) of the committed records with msg_id >= first_msg_id in
-    the outbound and dead-letter topics."""
-    return {
-        r.msg_id: (kind, r.key, r.value)
-        for kind, r in committed_since(settings, first_msg_id, timeout_s)
-        if r.msg_id is not None
-    }
+) -> dict[int, list[tuple[str, str | None, str]]]:
+    """msg_id -> [(kind, key, value), ...] of the committed records with msg_id >=
+    first_msg_id in the outbound and dead-letter topics, in the order they were published."""
+    found: dict[int, list[tuple[str, str | None, str]]] = {}
+    for kind, r in committed_since(settings, first_msg_id, timeout_s):
+        if kind in ("out", "dlq") and r.msg_id is not None:
+            found.setdefault(r.msg_id, []).append((kind, r.key, r.value))
+    return found
 
 
 def committed_since(

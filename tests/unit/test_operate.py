@@ -173,7 +173,7 @@ def _row(msg_id: int, value: str = "v", kind: str = "out") -> dict[str, Any]:
 
 
 def test_buffered_outputs_are_compared_with_the_published_ones():
-    published = {i: ("out", "h", f"v{i}") for i in range(10, 20)}
+    published = {i: [("out", "h", f"v{i}")] for i in range(10, 20)}
     same = operate.compare_buffer([_row(i) for i in range(5, 25)], published)
     # 5..9 were published before what was read; 20..24 not yet: only 10..19 count... and
     # 5..9 are reported as missing, since they are at or below the last published msg_id.
@@ -187,10 +187,48 @@ def test_buffered_outputs_are_compared_with_the_published_ones():
 
     differs = operate.compare_buffer([_row(i) for i in range(10, 15)] + [_row(15, "x")], published)
     assert differs.mismatches == [
-        "msg_id 15: buffered ('out', 'h', 'x15'), published ('out', 'h', 'v15')"
+        "msg_id 15: buffered [('out', 'h', 'x15')], published [('out', 'h', 'v15')]"
     ]
     wrong_topic = operate.compare_buffer([_row(12, kind="dlq")], published)
     assert len(wrong_topic.mismatches) == 1
+
+
+def test_fan_outs_and_inputs_without_output_compare_whole():
+    published = {3: [("out", "k", "a"), ("out", "k", "b")], 5: [("out", "k", "c")]}
+    buffered = [
+        {"msg_id": 3, "kind": "out", "key": "k", "value": "a"},
+        {"msg_id": 3, "kind": "out", "key": "k", "value": "b"},
+        {"msg_id": 4, "kind": "none", "key": None, "value": ""},
+        {"msg_id": 5, "kind": "out", "key": "k", "value": "c"},
+    ]
+    result = operate.compare_buffer(buffered, published)
+    assert (result.compared, result.mismatches) == (3, [])
+    half = operate.compare_buffer(buffered[:1] + buffered[2:], published)
+    assert half.mismatches == [
+        "msg_id 3: buffered [('out', 'k', 'a')], published [('out', 'k', 'a'), ('out', 'k', 'b')]"
+    ]
+
+
+def test_published_records_are_grouped_by_msg_id_without_the_progress_records(
+    settings, monkeypatch
+):
+    def record(msg_id, value):
+        return type("R", (), {"msg_id": msg_id, "key": "k", "value": value})()
+
+    monkeypatch.setattr(
+        operate,
+        "committed_since",
+        lambda _s, _first, _t: [
+            ("out", record(3, "a")),
+            ("out", record(3, "b")),
+            ("progress", record(3, "{}")),
+            ("dlq", record(4, "d")),
+        ],
+    )
+    assert operate.published_since(settings, 3) == {
+        3: [("out", "k", "a"), ("out", "k", "b")],
+        4: [("dlq", "k", "d")],
+    }
 
 
 def test_check_buffer_fails_on_a_mismatch_and_on_nothing_to_compare(settings, monkeypatch):
@@ -201,15 +239,17 @@ def test_check_buffer_fails_on_a_mismatch_and_on_nothing_to_compare(settings, mo
     monkeypatch.setattr(
         operate,
         "published_since",
-        lambda _s, first: {i: ("out", "h", f"v{i}") for i in range(first, 18)},
+        lambda _s, first: {i: [("out", "h", f"v{i}")] for i in range(first, 18)},
     )
     result = operate.check_buffer(engine, settings, 10)
     assert (result.compared, result.last_msg_id) == (8, 17)
-    monkeypatch.setattr(operate, "published_since", lambda _s, first: {5: ("out", "h", "v5")})
+    monkeypatch.setattr(operate, "published_since", lambda _s, first: {5: [("out", "h", "v5")]})
     with pytest.raises(OperateError, match="none of its 10 buffered outputs"):
         operate.check_buffer(engine, settings, 10)
     monkeypatch.setattr(
-        operate, "published_since", lambda _s, first: {i: ("out", "h", "x") for i in range(10, 20)}
+        operate,
+        "published_since",
+        lambda _s, first: {i: [("out", "h", "x")] for i in range(10, 20)},
     )
     with pytest.raises(OperateError, match="10 of 10 buffered outputs differ"):
         operate.check_buffer(engine, settings, 10)
