@@ -58,8 +58,8 @@ def baseline_round(engines: SupervisedEngines) -> float:
     """kill -9 the only engine; seconds until supervisord's restart publishes again."""
     (active,) = [e for e in engines.clients if engines.pid(e)]
     client = engines.clients[active]
-    wait_for(lambda: client.server()["role"] == "active", 300, f"engine {active} active")
-    result = Takeover(active, int(client.server()["epoch"]), None)
+    wait_for(lambda: client.server().role == "active", 300, f"engine {active} active")
+    result = Takeover(active, client.server().epoch, None)
     pid = engines.pid(active)
     with KafkaEpochTail(engines.settings) as tail:
         started = time.monotonic()
@@ -93,10 +93,10 @@ def warm_up(
             except AssertionError:
                 if time.monotonic() > deadline:
                     raise
-        lags = {}
+        lags: dict[str, int | str | None] = {}
         for engine_id, client in engines.clients.items():
             try:
-                lags[engine_id] = client.pipeline()["lag"]
+                lags[engine_id] = client.pipeline().lag
             except Exception as exc:  # reported in the progress line, waited out
                 lags[engine_id] = f"unreachable ({exc})"
         print(
@@ -201,7 +201,7 @@ def main() -> int:
 
     def published() -> bool:
         return any(
-            (engines.clients[e].pipeline()["last_msg_id_published"] or -1) >= end - 1
+            (engines.clients[e].pipeline().last_msg_id_published or -1) >= end - 1
             for e in engines.clients
             if engines.pid(e)
         )

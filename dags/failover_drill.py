@@ -130,7 +130,7 @@ def failover_drill() -> None:
                 now=time.time(),
                 since="its start",
             )
-            role = engine.server()["role"]
+            role = engine.server().role
         logging.getLogger("twinstream").info("%s (role %s)", check.message, role)
         done = check.done and role == "standby"
         return PokeReturnValue(is_done=done, xcom_value=f"{check.message}, role {role}")

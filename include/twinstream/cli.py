@@ -19,11 +19,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
 
-import httpx
-
 from twinstream import registry
 from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.contract import ContractError, field_types
+from twinstream.engine_client import EngineClient, EngineError
 from twinstream.publisher import from_file, publish
 from twinstream.subscriber import read_committed
 
@@ -92,7 +91,6 @@ def cmd_subscribe(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_status(settings: Settings, _args: argparse.Namespace) -> int:
     token = settings.secret("admin_token")
-    headers = {"Authorization": f"Bearer {token}"}
     columns = [
         "engine",
         "role",
@@ -109,34 +107,34 @@ def cmd_status(settings: Settings, _args: argparse.Namespace) -> int:
     for engine_id in settings.engine_ids:
         url = settings.engine_admin_url(engine_id)
         try:
-            server = httpx.get(f"{url}/server", headers=headers, timeout=5).json()
-            pipe = httpx.get(f"{url}/pipeline", headers=headers, timeout=5).json()
-        except (httpx.HTTPError, ValueError) as exc:
-            rows.append([engine_id, "unreachable", type(exc).__name__, *[""] * 6])
+            with EngineClient(engine_id, url, token, timeout_s=5.0) as client:
+                server, pipe = client.server(), client.pipeline()
+        except EngineError as exc:
+            rows.append([engine_id, "unreachable", exc.reason[:60], *[""] * 6])
             continue
-        active += server["role"] == "active"
+        active += server.role == "active"
         rows.append(
             [
                 engine_id,
-                server["role"],
-                pipe["state"],
-                str(pipe["lag"]),
-                f"{pipe['buffer_fill']}/{pipe['buffer_size']}",
-                str(pipe["last_msg_id_processed"]),
-                str(pipe["last_msg_id_published"]),
-                "yes" if pipe["in_sync"] else "no",
-                server["zk_state"],
+                server.role,
+                pipe.state,
+                str(pipe.lag),
+                f"{pipe.buffer_fill}/{pipe.buffer_size}",
+                str(pipe.last_msg_id_processed),
+                str(pipe.last_msg_id_published),
+                "yes" if pipe.in_sync else "no",
+                server.zk_state,
             ]
         )
-        if pipe["uncovered_ranges"]:
-            rows[-1][2] += f" UNCOVERED {pipe['uncovered_ranges']}"
-        if pipe.get("quarantined"):
-            rows[-1][2] += f" QUARANTINED {len(pipe['quarantined'])} (twinstream quarantine list)"
-        if pipe.get("paused"):
+        if pipe.uncovered_ranges:
+            rows[-1][2] += f" UNCOVERED {pipe.uncovered_ranges}"
+        if pipe.quarantined:
+            rows[-1][2] += f" QUARANTINED {len(pipe.quarantined)} (twinstream quarantine list)"
+        if pipe.paused:
             rows[-1][2] += " PAUSED"
-        for repair in pipe.get("repairs") or []:
-            done = f"in {repair['seconds']} s" if repair["seconds"] is not None else "repairing"
-            rows[-1][2] += f" REPAIRED {repair['first']}..{repair['last']} {done}"
+        for repair in pipe.repairs:
+            done = f"in {repair.seconds} s" if repair.seconds is not None else "repairing"
+            rows[-1][2] += f" REPAIRED {repair.first}..{repair.last} {done}"
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:

@@ -99,13 +99,13 @@ def stop_and_measure(
     `timeout_s`, the stopped engine is started again (the pipeline must not stay without
     an active because of a drill) and the drill fails."""
     server = active.server()
-    if server["role"] != "active" or server["zk_state"] != "CONNECTED":
+    if server.role != "active" or server.zk_state != "CONNECTED":
         raise OperateError(
-            f"engine {active.engine_id} is no longer the active ({server['role']}, ZooKeeper "
-            f"{server['zk_state']}): the plan is stale; trigger a new drill"
+            f"engine {active.engine_id} is no longer the active ({server.role}, ZooKeeper "
+            f"{server.zk_state}): the plan is stale; trigger a new drill"
         )
     before = active.pipeline()
-    result = Takeover(active.engine_id, int(server["epoch"]), before["last_msg_id_published"])
+    result = Takeover(active.engine_id, server.epoch, before.last_msg_id_published)
     started = clock()
     active.stop()
     log.info("drill: stop of %s acknowledged after %.3f s", active.engine_id, clock() - started)
@@ -154,9 +154,9 @@ def measure_takeover(
                 if engine_id in unreachable:
                     unreachable.discard(engine_id)
                     log.info("drill: engine %s answers again", engine_id)
-                if seen["role"] == "active" and seen["zk_state"] == "CONNECTED":
+                if seen.role == "active" and seen.zk_state == "CONNECTED":
                     result.role_s = clock() - started
-                    result.new_active, result.new_epoch = engine_id, int(seen["epoch"])
+                    result.new_active, result.new_epoch = engine_id, seen.epoch
                     break
         if result.role_s is not None and result.first_output_s is not None:
             break
@@ -219,7 +219,7 @@ def audit_handover(
     deadline = clock() + timeout_s
     before = takeover["last_published_before"]
     while True:
-        now_published = new_active.pipeline()["last_msg_id_published"]
+        now_published = new_active.pipeline().last_msg_id_published
         if now_published is not None and before is not None and now_published > before:
             break
         if clock() >= deadline:

@@ -1,4 +1,5 @@
-"""A client of one engine's admin API, for the DAGs and the tools (httpx, bearer token).
+"""The one client of an engine's admin API (httpx, bearer token), typed by the API's own
+pydantic models: the DAGs, the CLI, the stack's health checks and the tests use it.
 
 Every failure becomes EngineError with the engine, the request and the engine's own
 reason, so an Airflow task log says what went wrong without a stack trace to read.
@@ -9,6 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+
+from twinstream.admin_api import (
+    BufferedRow,
+    PipelineInfo,
+    RestoreReport,
+    ServerInfo,
+)
+from twinstream.snapshot import Manifest
 
 
 class EngineError(Exception):
@@ -85,34 +94,46 @@ class EngineClient:
             return False
         return True
 
-    def server(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", "/server")
-        return result
+    def server(self) -> ServerInfo:
+        return ServerInfo.model_validate(self._call("GET", "/server"))
 
-    def pipeline(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", "/pipeline")
-        return result
+    def pipeline(self) -> PipelineInfo:
+        return PipelineInfo.model_validate(self._call("GET", "/pipeline"))
 
-    def stop(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/pipeline/stop", timeout_s=120.0)
-        return result
+    def stop(self) -> PipelineInfo:
+        return PipelineInfo.model_validate(self._call("POST", "/pipeline/stop", timeout_s=120.0))
 
-    def start(self) -> dict[str, Any]:
+    def start(self) -> PipelineInfo:
         # Starts the query and joins the election; Spark's start takes seconds.
-        result: dict[str, Any] = self._call("POST", "/pipeline/start", timeout_s=120.0)
-        return result
+        return PipelineInfo.model_validate(self._call("POST", "/pipeline/start", timeout_s=120.0))
 
-    def persist(self) -> dict[str, Any]:
+    def persist(self) -> Manifest:
         # Stops the standby's query, copies, restarts it: seconds, longer on a large state.
-        result: dict[str, Any] = self._call("POST", "/pipeline/persist", timeout_s=600.0)
-        return result
+        return Manifest.model_validate(self._call("POST", "/pipeline/persist", timeout_s=600.0))
 
-    def restore(self, snapshot: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call(
+    def restore(self, snapshot: str) -> RestoreReport:
+        result = self._call(
             "POST", "/pipeline/restore", json={"snapshot": snapshot}, timeout_s=600.0
         )
-        return result
+        return RestoreReport.model_validate(result)
 
-    def buffer(self, last: int) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._call("GET", "/pipeline/buffer", params={"last": last})
-        return result
+    def buffer(self, last: int) -> list[BufferedRow]:
+        rows = self._call("GET", "/pipeline/buffer", params={"last": last})
+        return [BufferedRow.model_validate(row) for row in rows]
+
+    def metrics(self) -> str:
+        try:
+            response = self._client.get("/metrics")
+        except httpx.HTTPError as exc:
+            raise EngineError(self.engine_id, "GET /metrics", None, str(exc)) from exc
+        if response.status_code >= 400:
+            raise EngineError(self.engine_id, "GET /metrics", response.status_code, response.text)
+        return response.text
+
+    def response(
+        self, method: str, path: str, timeout_s: float | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """The raw response, refusals included: for callers (tests, tools) that look at
+        the status code of a request the API refuses."""
+        extra: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
+        return self._client.request(method, path, **kwargs, **extra)

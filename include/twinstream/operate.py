@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from twinstream import snapshot
+from twinstream.admin_api import BufferedRow, PipelineInfo, RestoreReport, ServerInfo
 from twinstream.config import Settings
 from twinstream.engine_client import EngineClient, EngineError
+from twinstream.snapshot import Manifest
 from twinstream.subscriber import Record
 
 log = logging.getLogger(__name__)
@@ -50,13 +52,13 @@ class Engine(Protocol):
     engine_id: str
     base_url: str
 
-    def server(self) -> dict[str, Any]: ...
-    def pipeline(self) -> dict[str, Any]: ...
-    def stop(self) -> dict[str, Any]: ...
-    def start(self) -> dict[str, Any]: ...
-    def persist(self) -> dict[str, Any]: ...
-    def restore(self, snapshot: str) -> dict[str, Any]: ...
-    def buffer(self, last: int) -> list[dict[str, Any]]: ...
+    def server(self) -> ServerInfo: ...
+    def pipeline(self) -> PipelineInfo: ...
+    def stop(self) -> PipelineInfo: ...
+    def start(self) -> PipelineInfo: ...
+    def persist(self) -> Manifest: ...
+    def restore(self, snapshot: str) -> RestoreReport: ...
+    def buffer(self, last: int) -> list[BufferedRow]: ...
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,12 @@ def observe(engine: Engine) -> EngineView:
     return EngineView(
         engine.engine_id,
         reachable=True,
-        role=server.get("role"),
-        zk_state=server.get("zk_state"),
-        state=info.get("state"),
-        reason=info.get("reason") or "",
-        in_sync=bool(info.get("in_sync")),
-        lag=info.get("lag"),
+        role=server.role,
+        zk_state=server.zk_state,
+        state=info.state,
+        reason=info.reason,
+        in_sync=info.in_sync,
+        lag=info.lag,
     )
 
 
@@ -142,15 +144,17 @@ def pick_standby(views: Iterable[EngineView], leader: str | None) -> str:
 
 
 def persist_from(engine: Engine) -> dict[str, Any]:
+    """The manifest of the snapshot the engine wrote, as JSON (an XCom)."""
     manifest = engine.persist()
     log.info(
         "engine %s: snapshot %s, next inbound offset %s, %s bytes",
         engine.engine_id,
-        manifest["snapshot_id"],
-        manifest["next_offset"],
-        manifest["size_bytes"],
+        manifest.snapshot_id,
+        manifest.next_offset,
+        manifest.size_bytes,
     )
-    return manifest
+    dumped: dict[str, Any] = manifest.model_dump(mode="json")
+    return dumped
 
 
 def verify_persisted(settings: Settings, manifest: Mapping[str, Any]) -> str:
@@ -239,15 +243,14 @@ def start_restore(engine: Engine, snapshot_id: str, force: bool) -> dict[str, An
         log.warning("%s: stopping it for the forced restore", view.describe())
         engine.stop()
     report = engine.restore(snapshot_id)
-    info = report["pipeline"]
     log.info(
         "engine %s: restoring %s from inbound offset %s; lag %s",
         engine.engine_id,
-        report["snapshot"],
-        report["next_offset"],
-        info.get("lag"),
+        report.snapshot,
+        report.next_offset,
+        report.pipeline.lag,
     )
-    return {**report, "started_at": time.time()}
+    return {**report.model_dump(mode="json"), "started_at": time.time()}
 
 
 @dataclass
@@ -263,14 +266,14 @@ def sync_check(
     it failed or the wait is over. The message is the progress line for the sensor's log."""
     info = engine.pipeline()
     elapsed = now - started_at
-    rate = info.get("events_per_s")
+    rate = info.events_per_s
     line = (
-        f"engine {engine.engine_id}: {info['state']}, lag {info.get('lag')}, "
+        f"engine {engine.engine_id}: {info.state}, lag {info.lag}, "
         f"{'-' if rate is None else rate} events/s, {elapsed:.0f} s since {since}"
     )
-    if info["state"] not in WORKING:
-        raise OperateError(f"{line}: the pipeline is {info['state']}: {info.get('reason')}")
-    if info.get("in_sync"):
+    if info.state not in WORKING:
+        raise OperateError(f"{line}: the pipeline is {info.state}: {info.reason}")
+    if info.in_sync:
         return SyncCheck(True, f"{line}: in sync")
     if elapsed > wait_s:
         raise OperateError(f"{line}: not in sync after the {wait_s:.0f} s allowed")
@@ -286,7 +289,7 @@ class Comparison:
 
 
 def compare_buffer(
-    buffered: list[dict[str, Any]],
+    buffered: Sequence[BufferedRow],
     published: Mapping[int, Sequence[tuple[str, str | None, str]]],
 ) -> Comparison:
     """The engine's buffered rows against the records already published for the same
@@ -295,9 +298,9 @@ def compare_buffer(
     last_published = max(published) if published else None
     mine: dict[int, list[tuple[str, str | None, str]]] = {}
     for row in buffered:
-        rows = mine.setdefault(int(row["msg_id"]), [])
-        if row["kind"] != "none":
-            rows.append((row["kind"], row["key"], row["value"]))
+        rows = mine.setdefault(row.msg_id, [])
+        if row.kind != "none":
+            rows.append((row.kind, row.key, row.value))
     result = Comparison(0, None, None)
     for msg_id, rows in mine.items():
         if last_published is None or msg_id > last_published:
@@ -366,7 +369,7 @@ def check_buffer(engine: Engine, settings: Settings, last: int) -> Comparison:
     buffered = engine.buffer(last)
     if not buffered:
         raise OperateError(f"engine {engine.engine_id}: its buffer is empty; nothing to compare")
-    published = published_since(settings, int(buffered[0]["msg_id"]))
+    published = published_since(settings, buffered[0].msg_id)
     result = compare_buffer(buffered, published)
     if result.mismatches:
         shown = "\n".join(result.mismatches[:20])
@@ -377,7 +380,7 @@ def check_buffer(engine: Engine, settings: Settings, last: int) -> Comparison:
     if result.compared == 0:
         raise OperateError(
             f"engine {engine.engine_id}: none of its {len(buffered)} buffered outputs "
-            f"(msg_id {buffered[0]['msg_id']}..{buffered[-1]['msg_id']}) is published yet"
+            f"(msg_id {buffered[0].msg_id}..{buffered[-1].msg_id}) is published yet"
         )
     log.info(
         "engine %s: %s buffered outputs (msg_id %s..%s) equal the published ones",

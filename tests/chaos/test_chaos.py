@@ -58,7 +58,7 @@ def wait_all_published(engines: SupervisedEngines, last_msg_id: int) -> None:
         for client in engines.clients.values():
             with contextlib.suppress(Exception):
                 info = client.pipeline()
-                if (info["last_msg_id_published"] or -1) >= last_msg_id:
+                if (info.last_msg_id_published or -1) >= last_msg_id:
                     return True
         return False
 

@@ -8,15 +8,16 @@ from typing import cast
 
 import pytest
 
+from tests.unit.fakes import pipeline_info, server_info
 from twinstream.testing import chaos
 
 
 class Client:
     def server(self):
-        return {"epoch": 5, "pid": 123, "role": "active", "zk_state": "CONNECTED"}
+        return server_info(epoch=5, pid=123, role="active")
 
     def pipeline(self):
-        return {"last_msg_id_published": 10}
+        return pipeline_info(last_msg_id_published=10)
 
 
 class Engines:

@@ -1,15 +1,17 @@
 """`twinstream status` shows what an operator must see at a glance: roles, and any
-quarantined offsets, backpressure pause and gap repair (admin API answers faked)."""
+quarantined offsets, backpressure pause and gap repair (the admin client's answers faked)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.unit.fakes import pipeline_info, server_info
 from twinstream import cli
+from twinstream.admin_api import PipelineInfo, ServerInfo
 from twinstream.config import load_settings
+from twinstream.engine_client import EngineClient
 
 PIPELINES: dict[str, dict[str, Any]] = {
     "a": {
@@ -44,16 +46,15 @@ PIPELINES: dict[str, dict[str, Any]] = {
 def test_status_shows_quarantine_pause_and_repairs(monkeypatch: pytest.MonkeyPatch, capsys):
     settings = load_settings(admin_token="t")
 
-    def get(url: str, **_: Any) -> httpx.Response:
-        engine = "a" if f":{settings.engine_admin_port('a')}/" in url else "b"
-        if url.endswith("/server"):
-            role = "active" if engine == "a" else "standby"
-            body: dict[str, Any] = {"role": role, "zk_state": "CONNECTED"}
-        else:
-            body = PIPELINES[engine]
-        return httpx.Response(200, json=body, request=httpx.Request("GET", url))
+    def server(client: EngineClient) -> ServerInfo:
+        role = "active" if client.engine_id == "a" else "standby"
+        return server_info(engine_id=client.engine_id, role=role)
 
-    monkeypatch.setattr(httpx, "get", get)
+    def pipeline(client: EngineClient) -> PipelineInfo:
+        return pipeline_info(**PIPELINES[client.engine_id])
+
+    monkeypatch.setattr(EngineClient, "server", server)
+    monkeypatch.setattr(EngineClient, "pipeline", pipeline)
     assert cli.cmd_status(settings, None) == 0  # type: ignore[arg-type]
     lines = capsys.readouterr().out.splitlines()
     a_line = next(line for line in lines if line.startswith("a "))

@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
-from tests.unit.fakes import FakeClock
+from tests.unit.fakes import FakeClock, pipeline_info, server_info
 from twinstream import drill
+from twinstream.admin_api import BufferedRow, PipelineInfo, RestoreReport, ServerInfo
 from twinstream.config import load_settings
 from twinstream.drill import Takeover
 from twinstream.engine_client import EngineError
 from twinstream.operate import EngineView, OperateError
+from twinstream.snapshot import Manifest
 
 
 def view(engine_id: str, role="standby", in_sync=True, **kw: Any) -> EngineView:
@@ -37,34 +39,34 @@ class Engine:
         self.published: list[int | None] = [41]
         self.unreachable_until = 0.0
 
-    def server(self) -> dict[str, Any]:
+    def server(self) -> ServerInfo:
         if self.clock.now < self.unreachable_until:
             raise EngineError(self.engine_id, "GET /server", None, "refused")
         role = self._role
         if self.active_at is not None and self.clock.now >= self.active_at:
             role = "active"
-        return {"role": role, "zk_state": "CONNECTED", "epoch": self.epoch}
+        return server_info(engine_id=self.engine_id, role=role, epoch=self.epoch)
 
-    def pipeline(self) -> dict[str, Any]:
+    def pipeline(self) -> PipelineInfo:
         value = self.published.pop(0) if len(self.published) > 1 else self.published[0]
-        return {"last_msg_id_published": value}
+        return pipeline_info(last_msg_id_published=value)
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> PipelineInfo:
         self.calls.append("stop")
         self._role = "none"
-        return {}
+        return pipeline_info(state="stopped")
 
-    def start(self) -> dict[str, Any]:
+    def start(self) -> PipelineInfo:
         self.calls.append("start")
-        return {}
+        return pipeline_info()
 
-    def persist(self) -> dict[str, Any]:
+    def persist(self) -> Manifest:
         raise NotImplementedError
 
-    def restore(self, snapshot: str) -> dict[str, Any]:
+    def restore(self, snapshot: str) -> RestoreReport:
         raise NotImplementedError
 
-    def buffer(self, last: int) -> list[dict[str, Any]]:
+    def buffer(self, last: int) -> list[BufferedRow]:
         raise NotImplementedError
 
 

@@ -10,11 +10,14 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.unit.fakes import pipeline_info, server_info
 from tests.unit.test_snapshot import Clock, fake_checkpoint, write
 from twinstream import operate
+from twinstream.admin_api import BufferedRow, RestoreReport
 from twinstream.config import load_settings
 from twinstream.engine_client import EngineClient, EngineError
 from twinstream.operate import EngineView, OperateError
+from twinstream.snapshot import Manifest
 
 
 def view(engine_id: str, role="standby", state="running", in_sync=True, **kw) -> EngineView:
@@ -38,13 +41,13 @@ class FakeEngine:
         }
         self.role = role
         self.calls: list[str] = []
-        self.buffered: list[dict[str, Any]] = []
+        self.buffered: list[BufferedRow] = []
 
     def server(self):
-        return {"role": self.role, "zk_state": "CONNECTED"}
+        return server_info(engine_id=self.engine_id, role=self.role)
 
     def pipeline(self):
-        return dict(self.info)
+        return pipeline_info(**self.info)
 
     def stop(self):
         self.calls.append("stop")
@@ -58,12 +61,14 @@ class FakeEngine:
 
     def persist(self):
         self.calls.append("persist")
-        return {"snapshot_id": "s", "next_offset": 1, "size_bytes": 2}
+        return Manifest.model_construct(snapshot_id="s", next_offset=1, size_bytes=2)
 
     def restore(self, snapshot):
         self.calls.append(f"restore {snapshot}")
         self.info["state"] = "restoring"
-        return {"snapshot": snapshot, "next_offset": 10, "pipeline": self.pipeline()}
+        return RestoreReport(
+            snapshot=snapshot, next_offset=10, log_start_offset=0, pipeline=self.pipeline()
+        )
 
     def buffer(self, last):
         return self.buffered[-last:]
@@ -168,8 +173,8 @@ def test_sync_check_reports_progress_then_done_then_times_out():
         operate.sync_check(engine, started_at=100.0, wait_s=60, now=120.0)
 
 
-def _row(msg_id: int, value: str = "v", kind: str = "out") -> dict[str, Any]:
-    return {"msg_id": msg_id, "kind": kind, "key": "h", "value": f"{value}{msg_id}"}
+def _row(msg_id: int, value: str = "v", kind: str = "out") -> BufferedRow:
+    return BufferedRow(msg_id=msg_id, kind=kind, key="h", value=f"{value}{msg_id}")
 
 
 def test_buffered_outputs_are_compared_with_the_published_ones():
@@ -196,10 +201,10 @@ def test_buffered_outputs_are_compared_with_the_published_ones():
 def test_fan_outs_and_inputs_without_output_compare_whole():
     published = {3: [("out", "k", "a"), ("out", "k", "b")], 5: [("out", "k", "c")]}
     buffered = [
-        {"msg_id": 3, "kind": "out", "key": "k", "value": "a"},
-        {"msg_id": 3, "kind": "out", "key": "k", "value": "b"},
-        {"msg_id": 4, "kind": "none", "key": None, "value": ""},
-        {"msg_id": 5, "kind": "out", "key": "k", "value": "c"},
+        BufferedRow(msg_id=3, kind="out", key="k", value="a"),
+        BufferedRow(msg_id=3, kind="out", key="k", value="b"),
+        BufferedRow(msg_id=4, kind="none", key=None, value=""),
+        BufferedRow(msg_id=5, kind="out", key="k", value="c"),
     ]
     result = operate.compare_buffer(buffered, published)
     assert (result.compared, result.mismatches) == (3, [])
@@ -294,10 +299,10 @@ def test_the_client_sends_the_token_and_turns_errors_into_reasons():
             return httpx.Response(409, json={"reason": "this engine is the active"})
         if request.url.path == "/pipeline/restore":
             return httpx.Response(502, text="<html>bad gateway</html>")
-        return httpx.Response(200, json={"role": "standby"})
+        return httpx.Response(200, json=server_info(role="standby").model_dump())
 
     client = EngineClient("a", "http://x:1", "tok", transport=httpx.MockTransport(handler))
-    assert client.server() == {"role": "standby"}
+    assert client.server() == server_info(role="standby")
     assert seen[0].headers["authorization"] == "Bearer tok"
     with pytest.raises(
         EngineError, match="engine a: POST /pipeline/persist: HTTP 409: this engine"

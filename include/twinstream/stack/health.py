@@ -10,6 +10,7 @@ import httpx
 from confluent_kafka.admin import AdminClient
 
 from twinstream.config import Settings
+from twinstream.engine_client import EngineClient, EngineError
 from twinstream.kafka import admin_config
 
 Probe = Callable[[], tuple[bool, str]]
@@ -92,20 +93,17 @@ def airflow(settings: Settings, since: float = 0.0, timeout_s: float = 3.0) -> t
 def engine(settings: Settings, engine_id: str, timeout_s: float = 3.0) -> tuple[bool, str, str]:
     """(healthy, detail, role): the engine's pipeline runs and it is active or standby."""
     url = settings.engine_admin_url(engine_id)
-    headers = {"Authorization": f"Bearer {settings.secret('admin_token')}"}
     try:
-        server = httpx.get(f"{url}/server", headers=headers, timeout=timeout_s)
-        pipeline = httpx.get(f"{url}/pipeline", headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        return False, f"no answer at {url}: {type(exc).__name__}", "none"
-    if server.status_code != 200 or pipeline.status_code != 200:
-        return False, f"{url} answered {server.status_code}/{pipeline.status_code}", "none"
-    role = server.json()["role"]
-    info = pipeline.json()
+        with EngineClient(engine_id, url, settings.secret("admin_token"), timeout_s) as client:
+            server, info = client.server(), client.pipeline()
+    except EngineError as exc:
+        what = "no answer" if exc.status is None else f"HTTP {exc.status}"
+        return False, f"{what} at {url}: {exc.reason[:200]}", "none"
+    role = server.role
     detail = (
-        f"{role}, pipeline {info['state']}, lag {info['lag']}, "
-        f"buffer {info['buffer_fill']}/{info['buffer_size']}"
+        f"{role}, pipeline {info.state}, lag {info.lag}, "
+        f"buffer {info.buffer_fill}/{info.buffer_size}"
     )
-    if info["state"] != "running":
-        return False, f"{detail} ({info['reason']})", role
+    if info.state != "running":
+        return False, f"{detail} ({info.reason})", role
     return role in ("active", "standby"), detail, role

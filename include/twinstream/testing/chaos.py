@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import psutil
 
 from examples.hostmetrics.generate import synthetic
+from twinstream.admin_api import PipelineInfo, ServerInfo
 from twinstream.audit import Findings, find_problems, from_records
 from twinstream.config import Settings
 from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
@@ -53,7 +54,7 @@ class SupervisedEngines:
         info = self.supervisor.process(f"engine-{engine_id}")
         return info.pid if info.state == "RUNNING" else 0
 
-    def _status(self, engine_id: str) -> tuple[dict[str, object], dict[str, object]] | None:
+    def _status(self, engine_id: str) -> tuple[ServerInfo, PipelineInfo] | None:
         try:
             client = self.clients[engine_id]
             return client.server(), client.pipeline()
@@ -65,7 +66,7 @@ class SupervisedEngines:
         if status is None:
             return False
         server, info = status
-        return bool(server["role"] == "standby" and info["state"] == "running" and info["in_sync"])
+        return bool(server.role == "standby" and info.state == "running" and info.in_sync)
 
     def current_pair(self) -> tuple[str, str] | None:
         """(active, standby) if one engine is active with a live session and another is an
@@ -76,7 +77,7 @@ class SupervisedEngines:
             if status is None:
                 continue
             server, _info = status
-            if server["role"] == "active" and server["zk_state"] == "CONNECTED":
+            if server.role == "active" and server.zk_state == "CONNECTED":
                 actives.append(engine_id)
             elif self.is_standby_in_sync(engine_id):
                 standbys.append(engine_id)
@@ -153,10 +154,10 @@ def failover_round(
     active, standby = engines.wait_pair()
     client = engines.clients[active]
     server = client.server()
-    result = Takeover(active, int(server["epoch"]), client.pipeline()["last_msg_id_published"])
+    result = Takeover(active, server.epoch, client.pipeline().last_msg_id_published)
     pid = engines.pid(active)
-    if pid != server["pid"]:
-        raise AssertionError(f"engine {active}: supervisord says pid {pid}, itself {server['pid']}")
+    if pid != server.pid:
+        raise AssertionError(f"engine {active}: supervisord says pid {pid}, itself {server.pid}")
     tree = process_tree(pid)
     thaw: threading.Timer | None = None
     with KafkaEpochTail(engines.settings) as tail:

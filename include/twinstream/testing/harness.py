@@ -31,6 +31,7 @@ from twinstream.audit import merge_ranges
 from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.contract import Pipeline as Contract
 from twinstream.core.rows import Output
+from twinstream.engine_client import EngineClient, EngineError
 from twinstream.kafka import admin_config, ensure_topics, topic_specs
 from twinstream.publisher import publish
 from twinstream.subscriber import Record, read_committed
@@ -77,15 +78,21 @@ class EngineProcess:
     proc: subprocess.Popen[bytes]
     token: str
     tree: set[int] = field(default_factory=set)
+    _client: EngineClient | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def client(self) -> EngineClient:
+        """The admin API's one client (twinstream.engine_client), made on first use."""
+        if self._client is None:
+            self._client = EngineClient(self.engine_id, self.url, self.token, timeout_s=5.0)
+        return self._client
+
     def get(self, path: str) -> dict[str, Any]:
-        response = httpx.get(
-            f"{self.url}{path}", headers={"Authorization": f"Bearer {self.token}"}, timeout=5
-        )
+        response = self.client.response("GET", path)
         response.raise_for_status()
         result: dict[str, Any] = response.json()
         return result
@@ -94,17 +101,10 @@ class EngineProcess:
         self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 120
     ) -> httpx.Response:
         """The raw response: tests look at refusals (409, 422) as much as at successes."""
-        return httpx.post(
-            f"{self.url}{path}",
-            headers={"Authorization": f"Bearer {self.token}"},
-            json=body,
-            timeout=timeout_s,
-        )
+        return self.client.response("POST", path, json=body, timeout_s=timeout_s)
 
     def get_text(self, path: str) -> str:
-        response = httpx.get(
-            f"{self.url}{path}", headers={"Authorization": f"Bearer {self.token}"}, timeout=5
-        )
+        response = self.client.response("GET", path)
         response.raise_for_status()
         return response.text
 
@@ -115,15 +115,20 @@ class EngineProcess:
             return None
 
     def role(self) -> str | None:
-        server = self.try_get("/server")
-        return server["role"] if server else None
+        try:
+            return self.client.server().role
+        except EngineError:
+            return None
 
     def may_commit(self) -> bool:
         """Active with a live ZooKeeper session. An active whose session is SUSPENDED holds
         its commits; if the session expired meanwhile, a successor may already be active,
         and this one steps down as soon as it reconnects and hears LOST."""
-        server = self.try_get("/server")
-        return bool(server and server["role"] == "active" and server["zk_state"] == "CONNECTED")
+        try:
+            server = self.client.server()
+        except EngineError:
+            return False
+        return server.role == "active" and server.zk_state == "CONNECTED"
 
     def remember_tree(self) -> None:
         """Spark's JVM is a child: note it so that stop() can make sure it is gone."""
@@ -162,6 +167,9 @@ class EngineProcess:
             if psutil.pid_exists(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
 class Load(threading.Thread):
