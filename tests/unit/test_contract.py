@@ -1,0 +1,99 @@
+"""The contract's own checks and the pipelines file, without Spark: a pipeline that breaks
+the contract, or a file that names nothing usable, fails by name with the fix."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from twinstream import registry
+from twinstream.config import SettingsError, load_settings
+from twinstream.contract import ContractError, Pipeline, field_types
+
+
+def identity(df):
+    return df
+
+
+def test_field_types_read_ddl_without_spark():
+    assert field_types(
+        "id STRING, n BIGINT NOT NULL, tags ARRAY<STRING>, m MAP<STRING, INT>, d DECIMAL(10,2)"
+    ) == {
+        "id": "string",
+        "n": "bigint",
+        "tags": "array<string>",
+        "m": "map<string, int>",
+        "d": "decimal(10,2)",
+    }
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"value": []}, "value names no column"),
+        ({"value": ["a", "b"], "value_format": "text"}, "publishes one column as it is"),
+        ({"value": ["msg_id"]}, r"\['msg_id'\] are the framework's columns"),
+        ({"key": "dead_letter"}, r"\['dead_letter'\] are the framework's columns"),
+        ({"expectations": list}, "expectations need value_schema"),
+    ],
+)
+def test_a_pipeline_that_breaks_the_contract_is_refused_by_name(changes, message):
+    fields = {"name": "p", "schema": "a STRING", "transform": identity, "key": "a", "value": ["a"]}
+    with pytest.raises(ContractError, match=message):
+        Pipeline(**{**fields, **changes})
+
+
+@pytest.fixture(autouse=True)
+def own_path(monkeypatch):
+    """Loading a pipeline puts the pipelines file's folder on sys.path and PYTHONPATH:
+    each test gets both back as they were."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+
+
+def write(folder: Path, text: str) -> Path:
+    path = folder / "pipelines.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_pipelines_file_lists_modules_and_loads_the_named_one(tmp_path, monkeypatch):
+    package = tmp_path / "mine"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "flow.py").write_text(
+        "from twinstream.contract import Pipeline\n"
+        "pipeline = Pipeline(name='flow', schema='a STRING', transform=lambda df: df,"
+        " key='a', value=['a'])\n"
+        "other = 3\n"
+    )
+    path = write(tmp_path, '[flow]\nmodule = "mine.flow"\n\n[odd]\nmodule = "mine.flow:other"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings = load_settings(pipelines_file=path, pipeline="flow")
+    assert registry.names(settings) == ["flow", "odd"]
+    assert registry.load(settings).name == "flow"
+    with pytest.raises(ContractError, match=r"mine\.flow has no Pipeline named 'other'"):
+        registry.load(load_settings(pipelines_file=path, pipeline="odd"))
+    with pytest.raises(SettingsError, match=r"'nope' is not in .* \(it lists flow, odd\)"):
+        registry.load(load_settings(pipelines_file=path, pipeline="nope"))
+
+
+def test_a_bad_pipelines_file_says_what_to_write(tmp_path):
+    missing = load_settings(pipelines_file=tmp_path / "none.toml")
+    with pytest.raises(SettingsError, match=r"no pipelines file .* TWINSTREAM_PIPELINES_FILE"):
+        registry.load(missing)
+    broken = load_settings(pipelines_file=write(tmp_path, "[flow]\nmodule = 3\n"))
+    with pytest.raises(SettingsError, match=r'\[flow\] needs module = "package.module'):
+        registry.names(broken)
+    unimportable = load_settings(
+        pipelines_file=write(tmp_path, '[hostmetrics]\nmodule = "no.such.module"\n')
+    )
+    with pytest.raises(ContractError, match=r"cannot import pipeline module 'no\.such\.module'"):
+        registry.load(unimportable)
+
+
+def test_the_repositorys_pipelines_file_lists_both_examples():
+    assert registry.names(load_settings()) == ["hostmetrics", "payments"]
