@@ -52,20 +52,39 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _offset(value: Any, topic: str) -> int | None:
+    """Partition 0's offset in a source's start or end offset (JSON text in PySpark 4, a
+    dict before 4.0)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    partitions = value.get(topic) if isinstance(value, dict) else None
+    return int(partitions.get("0", 0)) if partitions else None
+
+
 def query_position(progress: Mapping[str, Any], topic: str) -> int | None:
     """The next inbound offset the query will read, from its last progress report; None
     before the first report. PySpark 4 gives a source's endOffset as a JSON string (before
     4.0 it was a dict): reading only the dict form found no position at all, ever."""
     for source in progress.get("sources") or []:
-        end = source.get("endOffset") or {}
-        if isinstance(end, str):
-            try:
-                end = json.loads(end)
-            except ValueError:
-                continue
-        partitions = end.get(topic) if isinstance(end, dict) else None
-        if partitions:
-            return int(partitions.get("0", 0))
+        end = _offset(source.get("endOffset"), topic)
+        if end is not None:
+            return end
+    return None
+
+
+def events_per_s(progress: Mapping[str, Any], topic: str) -> float | None:
+    """Inbound records the last batch consumed, per second of it. From the source's offsets,
+    not Spark's processedRowsPerSecond: the plan reads its one source in two branches (the
+    transform's and the dead letters'), and Spark counts every record twice."""
+    duration_ms = (progress.get("durationMs") or {}).get("triggerExecution")
+    for source in progress.get("sources") or []:
+        start = _offset(source.get("startOffset"), topic)
+        end = _offset(source.get("endOffset"), topic)
+        if end is not None and duration_ms:
+            return round((end - (start or 0)) / (float(duration_ms) / 1000), 1)
     return None
 
 
@@ -797,8 +816,7 @@ class Engine:
         return progress
 
     def _events_per_s(self) -> float | None:
-        rate = self._progress().get("processedRowsPerSecond")
-        return round(float(rate), 1) if rate is not None else None
+        return events_per_s(self._progress(), self.settings.inbound_topic)
 
     def _query_position(self) -> int | None:
         return query_position(self._progress(), self.settings.inbound_topic)

@@ -3,7 +3,7 @@ restore sensor rely on."""
 
 import pytest
 
-from twinstream.engine import is_in_sync, query_position
+from twinstream.engine import events_per_s, is_in_sync, query_position
 
 
 @pytest.mark.parametrize(
@@ -44,3 +44,19 @@ def test_no_query_position_before_the_first_report_or_for_another_topic():
     assert query_position({"sources": [{"endOffset": None}]}, "hostmetrics.in") is None
     other = {"sources": [{"endOffset": '{"other.in":{"0":5}}'}]}
     assert query_position(other, "hostmetrics.in") is None
+
+
+def test_the_rate_counts_inbound_offsets_not_spark_s_rows_read_twice():
+    progress = {
+        "numInputRows": 2000,  # 1,000 records, read by both branches of the plan
+        "processedRowsPerSecond": 4000.0,
+        "durationMs": {"triggerExecution": 500},
+        "sources": [
+            {
+                "startOffset": '{"hostmetrics.in":{"0":1000}}',
+                "endOffset": '{"hostmetrics.in":{"0":2000}}',
+            }
+        ],
+    }
+    assert events_per_s(progress, "hostmetrics.in") == 2000.0
+    assert events_per_s({}, "hostmetrics.in") is None
