@@ -46,7 +46,7 @@ def _consume(settings, topic, start, count):
 def test_up_reports_every_service_started(stack, stack_engines, settings):
     # stack_engines: modules before this one may have stopped the engines to free the cores.
     assert stack.started_supervisor
-    assert [t.action for t in stack.topics] == ["created"] * 3
+    assert [t.action for t in stack.topics] == ["created"] * 4  # in, out, dlq, progress
     assert core.status(settings, echo=lambda _line: None) == 0
 
 
