@@ -223,6 +223,14 @@ def from_records(
     return spans, rows
 
 
+def window(records: Iterable[tuple[str, int | None, str]], first: int, end: int) -> Findings:
+    """The findings of committed records (`from_records`) over msg_ids first..end-1, a
+    window that need not start or end at a transaction's boundary (a drill's, a chaos
+    round's)."""
+    spans, rows = from_records(records)
+    return find_problems(spans, rows, first, end, clip=True)
+
+
 def id_expectations(first: int, end: int) -> list[Any]:
     """The progress ranges: each starts once, and together they span exactly
     first..end-1 (the Python findings name the gaps and overlaps)."""

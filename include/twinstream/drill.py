@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from twinstream.audit import Findings, find_problems, format_ranges, from_records
+from twinstream.audit import Findings, format_ranges, window
 from twinstream.config import Settings
 from twinstream.engine_client import EngineError
 from twinstream.operate import Engine, EngineView, OperateError
@@ -169,8 +169,7 @@ def audit_window(
 ) -> dict[str, Any]:
     """Exactly-once over msg_ids first..end-1 of the committed (kind, msg_id, value)
     records read; the same check as the scheduled audit, on the handover's window only."""
-    spans, rows = from_records(records)
-    findings: Findings = find_problems(spans, rows, first, end, clip=True)
+    findings: Findings = window(records, first, end)
     report = {
         "first_msg_id": first,
         "end_msg_id": end,

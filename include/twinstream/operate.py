@@ -322,18 +322,21 @@ def published_since(
     """msg_id -> [(kind, key, value), ...] of the committed records with msg_id >=
     first_msg_id in the outbound and dead-letter topics, in the order they were published."""
     found: dict[int, list[tuple[str, str | None, str]]] = {}
-    for kind, r in committed_since(settings, first_msg_id, timeout_s):
-        if kind in ("out", "dlq") and r.msg_id is not None:
+    for kind, r in committed_since(settings, first_msg_id, timeout_s, kinds=("out", "dlq")):
+        if r.msg_id is not None:
             found.setdefault(r.msg_id, []).append((kind, r.key, r.value))
     return found
 
 
 def committed_since(
-    settings: Settings, first_msg_id: int, timeout_s: float = 60.0
+    settings: Settings,
+    first_msg_id: int,
+    timeout_s: float = 60.0,
+    kinds: Sequence[str] = ("out", "dlq", "progress"),
 ) -> list[tuple[str, Record]]:
     """(kind, record) of every committed record with msg_id >= first_msg_id (or none) in
-    the outbound ("out"), dead-letter ("dlq") and progress ("progress") topics, duplicates
-    included; a progress record whose range reaches first_msg_id counts. Reads back
+    the outbound ("out"), dead-letter ("dlq") and progress ("progress") topics of `kinds`,
+    duplicates included; a progress record whose range reaches first_msg_id counts. Reads back
     from the end of each topic in growing spans: outbound offsets are not msg_ids
     (transaction markers take offsets too)."""
     from confluent_kafka import Consumer, TopicPartition
@@ -344,11 +347,13 @@ def committed_since(
     found: list[tuple[str, Record]] = []
     consumer = Consumer(consumer_config(settings, f"twinstream-ops-{uuid.uuid4()}"))
     try:
-        for kind, topic in (
-            ("out", settings.outbound_topic),
-            ("dlq", settings.dlq_topic),
-            ("progress", settings.progress_topic),
-        ):
+        topics = {
+            "out": settings.outbound_topic,
+            "dlq": settings.dlq_topic,
+            "progress": settings.progress_topic,
+        }
+        for kind in kinds:
+            topic = topics[kind]
             partition = TopicPartition(topic, 0)
             low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s)
             span = 1024

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from twinstream.config import Settings
-from twinstream.contract import DEAD_LETTER, MSG_ID, RAW, Pipeline
+from twinstream.contract import DEAD_LETTER, MSG_ID, RAW, ContractError, Pipeline
 from twinstream.core.rows import DLQ, NONE, OUT, Output, covered, dead_letter, fits
 
 if TYPE_CHECKING:
@@ -31,8 +31,6 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 # The kind of a quarantined record's row: its raw bytes, for the driver to dead-letter with
 # the quarantine's reason (which lives in ZooKeeper, not in the plan).
 QUARANTINED = "quarantined"
-# What the query hands to foreachBatch, whichever branch a row comes from.
-ROW_COLUMNS = ("msg_id", "kind", "key", "value", "raw")
 
 _INTEGRAL = ("tinyint", "smallint", "int", "bigint")
 _FRACTIONAL = ("float", "double")
@@ -130,9 +128,7 @@ def validated(
     from pyspark.sql import functions as F
 
     schema = pipeline.struct()
-    text = F.col("value").cast("string")
-    parsed = F.from_json(text, schema, {"allowNonNumericNumbers": "false"})
-    # The typed fields as columns, so that the checks' SQL can name them.
+    parsed = F.from_json(F.col("value").cast("string"), schema, {"allowNonNumericNumbers": "false"})
     doc = F.expr("try_parse_json(cast(value as string))")
     excluded = sorted(quarantined)
     if excluded:
@@ -140,6 +136,7 @@ def validated(
         skip = F.col("offset").isin(excluded)
         doc = F.when(~skip, doc)
         parsed = F.when(~skip, parsed)
+    # The typed fields as columns, so that the checks' SQL can name them.
     base = inbound.select(
         F.col("offset").alias(MSG_ID),
         F.col("value").alias(RAW),
@@ -149,10 +146,10 @@ def validated(
         MSG_ID,
         RAW,
         "_doc",
-        "_typed",
         *(F.col("_typed").getField(f.name).alias(f.name) for f in schema.fields),
     )
-    keys = F.json_object_keys(F.col(RAW).cast("string"))
+    raw_text = F.col(RAW).cast("string")
+    keys = F.json_object_keys(raw_text)
     limit = settings.max_record_bytes
     size = F.length(F.col(RAW))
     not_parsed = (
@@ -161,7 +158,7 @@ def validated(
             F.lit("duplicate_key: an object names a member twice"),
         )
         .when(
-            F.col(RAW).cast("string").rlike(r"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}"),
+            raw_text.rlike(r"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}"),
             F.lit("bad_encoding: a string holds a lone surrogate, or the record is not JSON"),
         )
         .otherwise(F.lit("not_json: not a JSON document (syntax, nesting over 1000, NaN)"))
@@ -179,7 +176,7 @@ def validated(
             f.name,
             f.dataType,
             F.expr(f"schema_of_variant(variant_get(_doc, '$.{f.name}'))"),
-            F.col("_typed").getField(f.name),
+            F.col(f"`{f.name}`"),
         )
         for f in schema.fields
     ]
@@ -196,12 +193,12 @@ def validated(
         .when(~F.expr(f"is_valid_utf8(cast({RAW} as string))"), F.lit("not_json: not UTF-8"))
         .when(F.col("_doc").isNull(), not_parsed)
         .when(
-            ~F.col(RAW).cast("string").rlike(r"^[ \t\n\r]*\{"),
+            ~raw_text.rlike(r"^[ \t\n\r]*\{"),
             F.lit("not_json: a JSON value that is not an object"),
         )
         # Jackson reads the first value and ignores what follows it.
         .when(
-            ~F.col(RAW).cast("string").rlike(r"\}[ \t\n\r]*$"),
+            ~raw_text.rlike(r"\}[ \t\n\r]*$"),
             F.lit("not_json: something follows the JSON object"),
         )
         .when(
@@ -217,7 +214,7 @@ def validated(
         # Test-only fault injection (TWINSTREAM_FAULT_MARKER): a bug outside the per-record
         # guard, failing the whole batch on every engine, for the quarantine to find.
         reason = F.when(
-            F.instr(F.col(RAW).cast("string"), fault) > 0,
+            F.instr(raw_text, fault) > 0,
             F.raise_error(F.lit(f"fault injected: a record holds {fault!r}")).cast("string"),
         ).otherwise(reason)
     # Last, so that it wins: a quarantined record reaches neither the rules above (one of
@@ -228,20 +225,16 @@ def validated(
 
 
 def plan(validated_records: DataFrame, pipeline: Pipeline) -> DataFrame:
-    """The rows of every record (ROW_COLUMNS): the transform's outputs of the valid ones,
-    the dead letters and quarantined records, a coverage row per valid record."""
+    """The rows of every record (msg_id, kind, key, value, raw): the transform's outputs
+    of the valid ones, the dead letters and quarantined records, a coverage row per valid
+    record."""
     from pyspark.sql import functions as F
 
-    schema = pipeline.struct()
-    valid = validated_records.where(F.col("reason").isNull()).select(
-        MSG_ID, *(f.name for f in schema.fields), RAW
-    )
+    valid = validated_records.where(F.col("reason").isNull()).drop("reason")
     out = pipeline.transform(valid)
     columns = set(out.columns)
     needed = {MSG_ID, *pipeline.value, *([pipeline.key] if pipeline.key else [])}
     if not needed <= columns:
-        from twinstream.contract import ContractError
-
         raise ContractError(
             f"pipeline {pipeline.name}: the transform's output lacks {sorted(needed - columns)} "
             f"(it has {sorted(columns)})"

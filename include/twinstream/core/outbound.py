@@ -144,6 +144,13 @@ class KafkaPublisher:
         if not rows:
             return
 
+        def headers(msg_id: int) -> list[tuple[str, bytes]]:
+            return [
+                (MSG_ID_HEADER, str(msg_id).encode()),
+                ("engine_id", self._engine_id),
+                ("epoch", epoch_header),
+            ]
+
         def delivered(msg_id: int) -> Callable[[KafkaError | None, object], None]:
             def report(error: KafkaError | None, _msg: object) -> None:
                 if error is not None and is_refusal(error):
@@ -165,11 +172,7 @@ class KafkaPublisher:
                         topics[row.kind],
                         key=row.key.encode() if row.key is not None else None,
                         value=row.value.encode(),
-                        headers=[
-                            (MSG_ID_HEADER, str(row.msg_id).encode()),
-                            ("engine_id", self._engine_id),
-                            ("epoch", epoch_header),
-                        ],
+                        headers=headers(row.msg_id),
                         on_delivery=delivered(row.msg_id),
                     )
                 except KafkaException as exc:
@@ -188,11 +191,7 @@ class KafkaPublisher:
                 self._settings.progress_topic,
                 key=None,
                 value=progress_record(rows).encode(),
-                headers=[
-                    (MSG_ID_HEADER, str(rows[-1].msg_id).encode()),
-                    ("engine_id", self._engine_id),
-                    ("epoch", epoch_header),
-                ],
+                headers=headers(rows[-1].msg_id),
             )
             self._commit()
         except KafkaException as exc:

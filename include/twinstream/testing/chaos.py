@@ -19,7 +19,7 @@ import psutil
 
 from examples.hostmetrics.generate import synthetic
 from twinstream.admin_api import PipelineInfo, ServerInfo
-from twinstream.audit import Findings, find_problems, from_records
+from twinstream.audit import Findings, window
 from twinstream.config import Settings
 from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
 from twinstream.engine_client import EngineClient, EngineError
@@ -122,8 +122,7 @@ def audit_range(settings: Settings, first: int, end: int) -> Findings:
     from twinstream.operate import committed_since
 
     records = committed_since(settings, first)
-    spans, rows = from_records((kind, r.msg_id, r.value) for kind, r in records)
-    return find_problems(spans, rows, first, end, clip=True)
+    return window(((kind, r.msg_id, r.value) for kind, r in records), first, end)
 
 
 @dataclass
