@@ -26,6 +26,10 @@ class Entry:
     name: str
     module: str
     root: Path
+    # This pipeline's engines and their admin ports; empty: the settings' own
+    # (TWINSTREAM_ENGINE_IDS, _ENGINE_ADMIN_PORTS), for the first pipeline of the file.
+    engines: tuple[str, ...] = ()
+    admin_ports: tuple[int, ...] = ()
 
 
 def entries(path: Path) -> dict[str, Entry]:
@@ -43,8 +47,53 @@ def entries(path: Path) -> dict[str, Entry]:
     for name, table in data.items():
         if not isinstance(table, dict) or not isinstance(table.get("module"), str):
             raise SettingsError(f'{path}: [{name}] needs module = "package.module[:attribute]"')
-        found[name] = Entry(name, table["module"], path.parent)
+        engines = tuple(str(e) for e in table.get("engines", ()))
+        ports = tuple(int(p) for p in table.get("admin_ports", ()))
+        if len(engines) != len(ports):
+            raise SettingsError(
+                f"{path}: [{name}] names {len(engines)} engines and {len(ports)} admin_ports: "
+                "one port per engine"
+            )
+        found[name] = Entry(name, table["module"], path.parent, engines, ports)
+    taken: dict[str, str] = {}
+    for entry in found.values():
+        for engine in entry.engines:
+            if engine in taken:
+                raise SettingsError(
+                    f"{path}: engine {engine!r} is in [{taken[engine]}] and [{entry.name}]: "
+                    "engine ids are the stack's, one pipeline each"
+                )
+            taken[engine] = entry.name
     return found
+
+
+def settings_for(base: Settings, name: str) -> Settings:
+    """The settings of pipeline `name` on the stack `base` describes: its topics
+    (`<name>.in`, ...), its engines and admin ports from the pipelines file (the base
+    settings' own when the file gives none)."""
+    listed = entries(base.pipelines_file)
+    if name not in listed:
+        raise SettingsError(
+            f"pipeline {name!r} is not in {base.pipelines_file} "
+            f"(it lists {', '.join(listed) or 'none'})"
+        )
+    entry = listed[name]
+    update: dict[str, object] = {
+        "pipeline": name,
+        "inbound_topic": f"{name}.in",
+        "outbound_topic": f"{name}.out",
+        "dlq_topic": f"{name}.dlq",
+        "progress_topic": f"{name}.progress",
+        "pipeline_module": "",
+    }
+    if entry.engines:
+        update |= {"engine_ids": list(entry.engines), "engine_admin_ports": list(entry.admin_ports)}
+    return base.model_copy(update=update)
+
+
+def all_settings(base: Settings) -> dict[str, Settings]:
+    """Every listed pipeline's settings, in the file's order."""
+    return {name: settings_for(base, name) for name in entries(base.pipelines_file)}
 
 
 def names(settings: Settings) -> list[str]:

@@ -97,3 +97,38 @@ def test_a_bad_pipelines_file_says_what_to_write(tmp_path):
 
 def test_the_repositorys_pipelines_file_lists_both_examples():
     assert registry.names(load_settings()) == ["hostmetrics", "payments"]
+
+
+def test_each_pipeline_gets_its_topics_engines_and_ports(tmp_path):
+    path = write(
+        tmp_path,
+        '[one]\nmodule = "m.one"\n\n'
+        '[two]\nmodule = "m.two"\nengines = ["c", "d"]\nadmin_ports = [8703, 8704]\n',
+    )
+    stack = registry.all_settings(load_settings(pipelines_file=path))
+    one, two = stack["one"], stack["two"]
+    assert (one.inbound_topic, one.engine_ids, one.engine_admin_ports) == (
+        "one.in",
+        ["a", "b"],
+        [8701, 8702],
+    )
+    assert (two.progress_topic, two.engine_ids, two.engine_admin_url("c")) == (
+        "two.progress",
+        ["c", "d"],
+        "http://127.0.0.1:8703",
+    )
+    assert two.election_path == "/twinstream/two/election"
+    assert two.transactional_id == "twinstream-two"
+
+
+def test_engines_belong_to_one_pipeline_and_have_one_port_each(tmp_path):
+    twice = write(
+        tmp_path,
+        '[one]\nmodule = "m"\nengines = ["a"]\nadmin_ports = [1]\n\n'
+        '[two]\nmodule = "m"\nengines = ["a"]\nadmin_ports = [2]\n',
+    )
+    with pytest.raises(SettingsError, match=r"engine 'a' is in \[one\] and \[two\]"):
+        registry.entries(twice)
+    short = write(tmp_path, '[one]\nmodule = "m"\nengines = ["a", "b"]\nadmin_ports = [1]\n')
+    with pytest.raises(SettingsError, match="2 engines and 1 admin_ports"):
+        registry.entries(short)

@@ -141,3 +141,22 @@ def test_airflow_gets_engine_connections_and_not_the_callers_test_mode(tmp_path)
         "schema": "http",
         "password": "tok",
     }
+
+
+def test_every_pipelines_engines_run_with_their_own_pipelines_environment(tmp_path):
+    from twinstream import registry
+
+    path = tmp_path / "pipelines.toml"
+    path.write_text(
+        '[hostmetrics]\nmodule = "m.h"\n\n'
+        '[payments]\nmodule = "m.p"\nengines = ["c", "d"]\nadmin_ports = [8703, 8704]\n'
+    )
+    s = _settings(tmp_path, pipelines_file=path)
+    programs = render.programs(s, Layout.of(s), registry.all_settings(s))
+    engines = {p.name: p.environment for p in programs if p.name.startswith("engine-")}
+    assert sorted(engines) == ["engine-a", "engine-b", "engine-c", "engine-d"]
+    assert engines["engine-a"]["TWINSTREAM_PIPELINE"] == "hostmetrics"
+    assert engines["engine-c"]["TWINSTREAM_PIPELINE"] == "payments"
+    assert engines["engine-c"]["TWINSTREAM_INBOUND_TOPIC"] == "payments.in"
+    assert engines["engine-d"]["TWINSTREAM_ENGINE_IDS"] == "c,d"
+    assert engines["engine-d"]["TWINSTREAM_ENGINE_ADMIN_PORTS"] == "8703,8704"

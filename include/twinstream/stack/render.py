@@ -185,7 +185,11 @@ def settings_environment(settings: Settings) -> dict[str, str]:
     return env
 
 
-def programs(settings: Settings, layout: Layout) -> list[Program]:
+def programs(
+    settings: Settings, layout: Layout, pipelines: Mapping[str, Settings] | None = None
+) -> list[Program]:
+    """Every program of the stack; the engines of every pipeline in `pipelines` (name ->
+    its settings, twinstream.registry.all_settings), or of `settings`' own pipeline."""
     env = settings_environment(settings)
     result = [
         Program(
@@ -218,24 +222,27 @@ def programs(settings: Settings, layout: Layout) -> list[Program]:
                 stopwaitsecs=60,
             )
         )
-    for engine_id in settings.engine_ids:
-        result.append(
-            Program(
-                name=f"engine-{engine_id}",
-                command=[
-                    sys.executable,
-                    str(REPO_ROOT / "spark_jobs" / "engine.py"),
-                    "--engine-id",
-                    engine_id,
-                ],
-                priority=40,
-                # Spark's Python workers must run the virtualenv's interpreter.
-                environment={**env, "PYSPARK_PYTHON": sys.executable},
-                startsecs=10,
-                # SIGTERM: leave the election (a standby takes over), then stop the query.
-                stopwaitsecs=60,
+    for pipeline in (pipelines or {settings.pipeline: settings}).values():
+        # Each engine's environment is its pipeline's: topics, engine ids and ports.
+        engine_env = {**settings_environment(pipeline), "PYSPARK_PYTHON": sys.executable}
+        for engine_id in pipeline.engine_ids:
+            result.append(
+                Program(
+                    name=f"engine-{engine_id}",
+                    command=[
+                        sys.executable,
+                        str(REPO_ROOT / "spark_jobs" / "engine.py"),
+                        "--engine-id",
+                        engine_id,
+                    ],
+                    priority=40,
+                    # Spark's Python workers must run the virtualenv's interpreter.
+                    environment=engine_env,
+                    startsecs=10,
+                    # SIGTERM: leave the election (a standby takes over), then stop the query.
+                    stopwaitsecs=60,
+                )
             )
-        )
     result.append(
         Program(
             name="airflow",
