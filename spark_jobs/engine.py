@@ -1,9 +1,11 @@
 """Start one Twinstream engine: `python spark_jobs/engine.py --engine-id a`.
 
-Configuration comes from the TWINSTREAM_* environment (see twinstream.config). The engine
-serves its admin API, starts the streaming query from its own checkpoint, joins the
-election, and runs until SIGTERM or SIGINT, when it leaves the election first so that a
-standby takes over at once, then stops its query.
+Configuration comes from the TWINSTREAM_* environment (see twinstream.config) and the
+pipelines file: the engine runs the pipeline whose engines include it (engine ids are the
+stack's, twinstream.registry.for_engine), so every engine of a stack shares one
+environment. The engine serves its admin API, starts the streaming query from its own
+checkpoint, joins the election, and runs until SIGTERM or SIGINT, when it leaves the
+election first so that a standby takes over at once, then stops its query.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from twinstream.engine import Engine, EngineControl
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--engine-id", required=True, help="one of TWINSTREAM_ENGINE_IDS")
+    parser.add_argument(
+        "--engine-id", required=True, help="an engine of a pipeline of the pipelines file"
+    )
     parser.add_argument(
         "--no-start", action="store_true", help="serve the admin API with the pipeline stopped"
     )
@@ -37,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("py4j", "kazoo.client", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        settings = load_settings()
+        settings = registry.for_engine(load_settings(), args.engine_id)
         port = settings.engine_admin_port(args.engine_id)
         token = settings.secret("admin_token")
         engine = Engine(settings, args.engine_id, registry.load(settings))

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.stack import core
 from twinstream.stack.layout import Layout
@@ -36,6 +37,12 @@ TEST_ENV = {
     "TWINSTREAM_KAFKA_CONTROLLER_PORTS": "29192,29193,29194",
     "TWINSTREAM_AIRFLOW_PORT": "28080",
     "TWINSTREAM_ENGINE_ADMIN_PORTS": "28701,28702",
+    # Both examples run on the test stack, as on `make up`; payments on 28703 and 28704.
+    "TWINSTREAM_PIPELINES_FILE": str(REPO_ROOT / "tests" / "stack-pipelines.toml"),
+    # The pipelines file's folder is tests/: the examples import from the repository root.
+    "PYTHONPATH": os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+    ),
     # Non-default retentions prove they come from configuration.
     "TWINSTREAM_INBOUND_RETENTION_MS": str(3 * 24 * 3600 * 1000),
     "TWINSTREAM_OUTBOUND_RETENTION_MS": str(2 * 24 * 3600 * 1000),
@@ -44,8 +51,18 @@ TEST_ENV = {
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `stack_teardown` stop the shared stack, so they run after all others."""
-    items.sort(key=lambda item: item.get_closest_marker("stack_teardown") is not None)
+    """The stack's own tests run first among the integration tests, while `up` has left
+    every pipeline's engines running (later modules stop them to free the cores); tests
+    marked `stack_teardown` stop the shared stack, so they run after all others."""
+
+    def order(item: pytest.Item) -> tuple[bool, int]:
+        path = item.path.as_posix()
+        group = 1 if path.endswith("tests/integration/test_stack.py") else 2
+        if "/tests/unit/" in path or "/tests/dags/" in path:
+            group = 0
+        return item.get_closest_marker("stack_teardown") is not None, group
+
+    items.sort(key=order)
 
 
 @pytest.fixture(scope="session")
@@ -82,14 +99,15 @@ def quiet_stack_engines(stack, settings) -> None:
     (`stack_engines`) starts them: restarting them after each module cost about a minute
     of Spark start-up per module, only for the next module to stop them again."""
     supervisor = Supervisor(Layout.of(settings))
-    for engine_id in settings.engine_ids:
+    for engine_id in registry.engines(settings):
         supervisor.stop(f"engine-{engine_id}")
 
 
 @pytest.fixture(scope="module")
 def stack_engines(stack, settings) -> str:
-    """The stack's own engines running under its supervisord, one of them active; the
-    active's id."""
+    """The stack's hostmetrics engines running under its supervisord, one of them active;
+    the active's id. (Payments' engines stay as they are: stopped once a module quieted
+    them.)"""
     supervisor = Supervisor(Layout.of(settings))
     for engine_id in settings.engine_ids:
         supervisor.start(f"engine-{engine_id}")

@@ -26,6 +26,8 @@ TOPIC_SUFFIXES = {
 Port = Annotated[int, Field(ge=1, le=65535)]
 PortList = Annotated[list[Port], NoDecode]
 NameList = Annotated[list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")]], NoDecode]
+PIPELINE_NAME = r"^[a-z][a-z0-9_-]{0,62}$"
+PipelineList = Annotated[list[Annotated[str, Field(pattern=PIPELINE_NAME)]], NoDecode]
 
 
 class SettingsError(ValueError):
@@ -56,11 +58,14 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = ""
     zk_connect: str = Field(default="", pattern=r"^$|^[A-Za-z0-9_.\-]+:\d{1,5}$")
 
-    pipeline: str = Field(default="hostmetrics", pattern=r"^[a-z][a-z0-9_-]{0,62}$")
+    pipeline: str = Field(default="hostmetrics", pattern=PIPELINE_NAME)
     # Which pipelines run, and where their code is (twinstream.registry).
     pipelines_file: Path = REPO_ROOT / "pipelines.toml"
     # A pipeline's module[:attribute] outside the pipelines file (tests' own pipelines).
     pipeline_module: str = ""
+    # The pipelines the stack runs (`make up`, the DAGs); empty: every pipeline in the
+    # pipelines file. `TWINSTREAM_PIPELINE` is the one pipeline a process works on.
+    stack_pipelines: PipelineList = []
     # A pipeline's topics; empty: <pipeline>.in, .out, .dlq and .progress. The progress
     # topic holds one record per published transaction, the inbound range it covers
     # (twinstream.core.outbound): how an input with no output is accounted for.
@@ -137,7 +142,12 @@ class Settings(BaseSettings):
     startup_timeout_s: float = Field(default=420.0, gt=0)
 
     @field_validator(
-        "kafka_ports", "kafka_controller_ports", "engine_ids", "engine_admin_ports", mode="before"
+        "kafka_ports",
+        "kafka_controller_ports",
+        "engine_ids",
+        "engine_admin_ports",
+        "stack_pipelines",
+        mode="before",
     )
     @classmethod
     def _split_ports(cls, value: Any) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
+from twinstream import registry
 from twinstream.config import Settings
 from twinstream.kafka import TopicSpec, admin_config, describe_topic_configs, topic_specs
 from twinstream.stack import health
@@ -72,7 +73,10 @@ def check_topics(settings: Settings, specs: Iterable[TopicSpec] | None = None) -
     metadata = admin.list_topics(timeout=10).topics
     problems: list[str] = []
     checked = []
-    for spec in specs if specs is not None else topic_specs(settings):
+    if specs is None:
+        # Every pipeline of the stack has its own topics.
+        specs = [s for p in registry.stack(settings).values() for s in topic_specs(p)]
+    for spec in specs:
         meta: Any = metadata.get(spec.name)
         if meta is None:
             problems += topic_problems(spec, 0, 0, None)

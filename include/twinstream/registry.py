@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from twinstream.config import Settings, SettingsError
+from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.contract import Pipeline
 from twinstream.contract import load as load_module
 
@@ -27,7 +27,7 @@ class Entry:
     module: str
     root: Path
     # This pipeline's engines and their admin ports; empty: the settings' own
-    # (TWINSTREAM_ENGINE_IDS, _ENGINE_ADMIN_PORTS), for the first pipeline of the file.
+    # (TWINSTREAM_ENGINE_IDS, _ENGINE_ADMIN_PORTS), for one pipeline of the file.
     engines: tuple[str, ...] = ()
     admin_ports: tuple[int, ...] = ()
 
@@ -68,32 +68,77 @@ def entries(path: Path) -> dict[str, Entry]:
 
 
 def settings_for(base: Settings, name: str) -> Settings:
-    """The settings of pipeline `name` on the stack `base` describes: its topics
-    (`<name>.in`, ...), its engines and admin ports from the pipelines file (the base
-    settings' own when the file gives none)."""
+    """The settings of pipeline `name` on the stack `base` describes.
+
+    The base's own pipeline keeps the base's topics; another gets `<name>.in`, `.out`,
+    `.dlq`, `.progress`. Engines and admin ports come from the pipelines file, else from
+    the base (TWINSTREAM_ENGINE_IDS, _ENGINE_ADMIN_PORTS). A pipeline declared by
+    TWINSTREAM_PIPELINE_MODULE (outside the file) is the base itself."""
+    if base.pipeline_module and name == base.pipeline:
+        return base
     listed = entries(base.pipelines_file)
     if name not in listed:
         raise SettingsError(
             f"pipeline {name!r} is not in {base.pipelines_file} "
-            f"(it lists {', '.join(listed) or 'none'})"
+            f"(it lists {', '.join(listed) or 'none'}): add a [{name}] table or fix the name"
         )
     entry = listed[name]
-    update: dict[str, object] = {
-        "pipeline": name,
-        "inbound_topic": f"{name}.in",
-        "outbound_topic": f"{name}.out",
-        "dlq_topic": f"{name}.dlq",
-        "progress_topic": f"{name}.progress",
-        "pipeline_module": "",
-    }
+    update: dict[str, object] = {"pipeline_module": ""}
+    if name != base.pipeline:
+        update |= {
+            "pipeline": name,
+            "inbound_topic": f"{name}.in",
+            "outbound_topic": f"{name}.out",
+            "dlq_topic": f"{name}.dlq",
+            "progress_topic": f"{name}.progress",
+        }
     if entry.engines:
         update |= {"engine_ids": list(entry.engines), "engine_admin_ports": list(entry.admin_ports)}
     return base.model_copy(update=update)
 
 
-def all_settings(base: Settings) -> dict[str, Settings]:
-    """Every listed pipeline's settings, in the file's order."""
-    return {name: settings_for(base, name) for name in entries(base.pipelines_file)}
+def stack(base: Settings) -> dict[str, Settings]:
+    """The pipelines the stack runs, name -> settings, in the file's order: the ones in
+    TWINSTREAM_STACK_PIPELINES, or every one in the pipelines file; with
+    TWINSTREAM_PIPELINE_MODULE, that one pipeline. Refuses two pipelines sharing an engine
+    id or an admin port: each engine is one pipeline's."""
+    if base.pipeline_module:
+        return {base.pipeline: base}
+    listed = list(entries(base.pipelines_file))
+    unknown = [n for n in base.stack_pipelines if n not in listed]
+    if unknown:
+        raise SettingsError(
+            f"TWINSTREAM_STACK_PIPELINES names {', '.join(unknown)}, which "
+            f"{base.pipelines_file} does not list (it lists {', '.join(listed) or 'none'})"
+        )
+    chosen = [n for n in listed if not base.stack_pipelines or n in base.stack_pipelines]
+    result = {name: settings_for(base, name) for name in chosen}
+    owners: dict[object, str] = {}
+    for name, settings in result.items():
+        for engine_id, port in zip(settings.engine_ids, settings.engine_admin_ports, strict=True):
+            for key, what in ((engine_id, f"engine {engine_id!r}"), (port, f"admin port {port}")):
+                if key in owners and owners[key] != name:
+                    raise SettingsError(
+                        f"{what} belongs to both {owners[key]!r} and {name!r}: give each pipeline "
+                        f"its own `engines` and `admin_ports` in {base.pipelines_file}"
+                    )
+                owners[key] = name
+    return result
+
+
+def for_engine(base: Settings, engine_id: str) -> Settings:
+    """The settings of the stack pipeline that engine `engine_id` runs."""
+    pipelines = stack(base)
+    for settings in pipelines.values():
+        if engine_id in settings.engine_ids:
+            return settings
+    known = ", ".join(f"{e} ({n})" for n, s in pipelines.items() for e in s.engine_ids)
+    raise SettingsError(f"no pipeline of this stack runs engine {engine_id!r}; engines: {known}")
+
+
+def engines(base: Settings) -> list[str]:
+    """Every engine of the stack, pipeline by pipeline."""
+    return [e for settings in stack(base).values() for e in settings.engine_ids]
 
 
 def names(settings: Settings) -> list[str]:
@@ -117,3 +162,9 @@ def load(settings: Settings) -> Pipeline:
     # The settings' name is the deployment's (topics, znodes): one declaration may run
     # under several names, as the tests run theirs.
     return load_module(spec, root)
+
+
+def pipeline_settings(name: str) -> Settings:
+    """Pipeline `name`'s settings on the stack the environment describes (a DAG task's
+    view: TWINSTREAM_* plus the pipelines file)."""
+    return settings_for(load_settings(), name)

@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
+from twinstream import cli, registry
 from twinstream.kafka import (
     admin_config,
     consumer_config,
@@ -46,8 +47,44 @@ def _consume(settings, topic, start, count):
 def test_up_reports_every_service_started(stack, stack_engines, settings):
     # stack_engines: modules before this one may have stopped the engines to free the cores.
     assert stack.started_supervisor
-    assert [t.action for t in stack.topics] == ["created"] * 4  # in, out, dlq, progress
+    # in, out, dlq and progress of each example
+    assert [t.action for t in stack.topics] == ["created"] * 8
     assert core.status(settings, echo=lambda _line: None) == 0
+
+
+def test_up_runs_every_pipeline_of_the_file_each_with_its_own_engines_and_election(
+    stack, settings, capsys
+):
+    # This module runs first among the integration tests: every engine `up` started runs.
+    assert set(stack.actives) == {"hostmetrics", "payments"}
+    assert stack.actives["hostmetrics"] in settings.engine_ids
+    assert stack.actives["payments"] in ("c", "d")
+    created = {t.topic for t in stack.topics}
+    assert {f"payments.{s}" for s in ("in", "out", "dlq", "progress")} <= created
+    payments = registry.settings_for(settings, "payments")
+    assert sorted(core.engine_roles(payments).values()) == ["active", "standby"]
+    # One record through payments: its own engines answer it, on its own topics.
+    end = _high_watermark(settings, payments.outbound_topic)
+    progress = _high_watermark(settings, payments.progress_topic)
+    sample = registry.load(payments).sample
+    assert sample is not None
+    publish(payments, sample(3, 7, 0))
+    wait_for(
+        lambda: _high_watermark(settings, payments.progress_topic) > progress,
+        120,
+        "payments' active publishing its first transaction",
+    )
+    assert _high_watermark(settings, payments.outbound_topic) >= end
+    # `twinstream status` shows every pipeline's engines, one active each.
+    capsys.readouterr()
+    assert cli.main(["status"]) == 0
+    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert sorted((r[0], r[2]) for r in rows) == [
+        ("hostmetrics", "active"),
+        ("hostmetrics", "standby"),
+        ("payments", "active"),
+        ("payments", "standby"),
+    ]
 
 
 def test_kazoo_connects_and_zookeeper_ticks_every_500ms(stack, settings):

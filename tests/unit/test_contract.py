@@ -105,7 +105,7 @@ def test_each_pipeline_gets_its_topics_engines_and_ports(tmp_path):
         '[one]\nmodule = "m.one"\n\n'
         '[two]\nmodule = "m.two"\nengines = ["c", "d"]\nadmin_ports = [8703, 8704]\n',
     )
-    stack = registry.all_settings(load_settings(pipelines_file=path))
+    stack = registry.stack(load_settings(pipelines_file=path))
     one, two = stack["one"], stack["two"]
     assert (one.inbound_topic, one.engine_ids, one.engine_admin_ports) == (
         "one.in",
@@ -132,3 +132,45 @@ def test_engines_belong_to_one_pipeline_and_have_one_port_each(tmp_path):
     short = write(tmp_path, '[one]\nmodule = "m"\nengines = ["a", "b"]\nadmin_ports = [1]\n')
     with pytest.raises(SettingsError, match="2 engines and 1 admin_ports"):
         registry.entries(short)
+
+
+TWO = (
+    '[one]\nmodule = "m.one"\n\n'
+    '[two]\nmodule = "m.two"\nengines = ["c", "d"]\nadmin_ports = [8703, 8704]\n'
+)
+
+
+def test_the_stack_runs_the_chosen_pipelines_and_knows_each_engines_pipeline(tmp_path):
+    path = write(tmp_path, TWO)
+    base = load_settings(pipelines_file=path, pipeline="one")
+    assert list(registry.stack(base)) == ["one", "two"]
+    assert registry.engines(base) == ["a", "b", "c", "d"]
+    assert registry.for_engine(base, "d").pipeline == "two"
+    assert registry.for_engine(base, "a").inbound_topic == "one.in"
+    with pytest.raises(SettingsError, match=r"no pipeline of this stack runs engine 'x'.*\(two\)"):
+        registry.for_engine(base, "x")
+    only = load_settings(pipelines_file=path, stack_pipelines="two")
+    assert list(registry.stack(only)) == ["two"]
+    with pytest.raises(SettingsError, match="names three, which"):
+        registry.stack(load_settings(pipelines_file=path, stack_pipelines="two,three"))
+
+
+def test_the_base_pipeline_keeps_its_topics_and_a_module_pipeline_is_the_whole_stack(tmp_path):
+    path = write(tmp_path, TWO)
+    base = load_settings(pipelines_file=path, pipeline="one", inbound_topic="custom.in")
+    assert registry.stack(base)["one"].inbound_topic == "custom.in"
+    assert registry.stack(base)["two"].inbound_topic == "two.in"
+    own = load_settings(pipelines_file=path, pipeline="mine", pipeline_module="tests.x")
+    assert registry.stack(own) == {"mine": own}
+
+
+def test_two_pipelines_may_not_share_an_engine_or_a_port(tmp_path):
+    clash = write(
+        tmp_path,
+        '[one]\nmodule = "m"\n\n[two]\nmodule = "m"\nengines = ["c"]\nadmin_ports = [8701]\n',
+    )
+    with pytest.raises(SettingsError, match="admin port 8701 belongs to both 'one' and 'two'"):
+        registry.stack(load_settings(pipelines_file=clash))
+    same = write(tmp_path, '[one]\nmodule = "m"\n\n[two]\nmodule = "m"\n')
+    with pytest.raises(SettingsError, match="engine 'a' belongs to both"):
+        registry.stack(load_settings(pipelines_file=same))

@@ -74,7 +74,8 @@ def test_settings_round_trip_through_the_environment(tmp_path, monkeypatch):
 def test_supervisord_conf_parses_and_supervises_every_service(tmp_path):
     options = _parse_supervisord_conf(tmp_path, _settings(tmp_path))
     groups = {g.name: g for g in options.process_group_configs}
-    assert set(groups) == {"zookeeper", "kafka", "airflow", "engine-a", "engine-b"}
+    # `make up` runs both examples: hostmetrics on a, b; payments on c, d.
+    assert set(groups) == {"zookeeper", "kafka", "airflow", *(f"engine-{e}" for e in "abcd")}
     programs = {p.name: p for g in groups.values() for p in g.process_configs}
     assert set(programs) == {
         "zookeeper",
@@ -84,7 +85,10 @@ def test_supervisord_conf_parses_and_supervises_every_service(tmp_path):
         "airflow",
         "engine-a",
         "engine-b",
+        "engine-c",
+        "engine-d",
     }
+    assert programs["engine-c"].command.split()[-2:] == ["--engine-id", "c"]
     for program in programs.values():
         assert program.autorestart is not False
         assert program.stopasgroup
@@ -143,7 +147,7 @@ def test_airflow_gets_engine_connections_and_not_the_callers_test_mode(tmp_path)
     }
 
 
-def test_every_pipelines_engines_run_with_their_own_pipelines_environment(tmp_path):
+def test_every_pipelines_engines_run_and_each_finds_its_own_pipeline(tmp_path, monkeypatch):
     from twinstream import registry
 
     path = tmp_path / "pipelines.toml"
@@ -152,11 +156,18 @@ def test_every_pipelines_engines_run_with_their_own_pipelines_environment(tmp_pa
         '[payments]\nmodule = "m.p"\nengines = ["c", "d"]\nadmin_ports = [8703, 8704]\n'
     )
     s = _settings(tmp_path, pipelines_file=path)
-    programs = render.programs(s, Layout.of(s), registry.all_settings(s))
-    engines = {p.name: p.environment for p in programs if p.name.startswith("engine-")}
+    programs = {p.name: p for p in render.programs(s, Layout.of(s))}
+    engines = {n: p for n, p in programs.items() if n.startswith("engine-")}
     assert sorted(engines) == ["engine-a", "engine-b", "engine-c", "engine-d"]
-    assert engines["engine-a"]["TWINSTREAM_PIPELINE"] == "hostmetrics"
-    assert engines["engine-c"]["TWINSTREAM_PIPELINE"] == "payments"
-    assert engines["engine-c"]["TWINSTREAM_INBOUND_TOPIC"] == "payments.in"
-    assert engines["engine-d"]["TWINSTREAM_ENGINE_IDS"] == "c,d"
-    assert engines["engine-d"]["TWINSTREAM_ENGINE_ADMIN_PORTS"] == "8703,8704"
+    # One environment for every engine; each resolves its pipeline as engine.py does.
+    for name, program in engines.items():
+        for key, value in program.environment.items():
+            monkeypatch.setenv(key, value)
+        engine_id = name.removeprefix("engine-")
+        mine = registry.for_engine(load_settings(), engine_id)
+        expected = "payments" if engine_id in "cd" else "hostmetrics"
+        assert (mine.pipeline, mine.inbound_topic) == (expected, f"{expected}.in")
+        assert engine_id in mine.engine_ids
+    assert mine.engine_admin_port("d") == 8704
+    # Airflow restarts when the engines change: its launch gives it their connections.
+    assert programs["airflow"].environment["TWINSTREAM_STACK_ENGINES"] == "a,b,c,d"

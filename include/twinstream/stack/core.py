@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 from confluent_kafka.admin import AdminClient
 
+from twinstream import registry
 from twinstream.config import Settings
 from twinstream.kafka import TopicChange, admin_config, ensure_topics, topic_specs
 from twinstream.stack import health, render
@@ -51,6 +52,8 @@ class UpReport:
     formatted_nodes: list[int] = field(default_factory=list)
     started_programs: list[str] = field(default_factory=list)
     topics: list[TopicChange] = field(default_factory=list)
+    # pipeline -> the engine its election settled on
+    actives: dict[str, str] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -143,8 +146,11 @@ def probe(
     if name == "airflow":
         return health.airflow(settings, since=info.start if info else 0.0)
     if name.startswith("engine-"):
-        ok, detail, _role = health.engine(settings, name.removeprefix("engine-"))
-        return ok, detail
+        engine_id = name.removeprefix("engine-")
+        # The engine's own pipeline's settings: its admin port and the pipeline it runs.
+        pipeline = registry.for_engine(settings, engine_id)
+        ok, detail, _role = health.engine(pipeline, engine_id)
+        return ok, f"{pipeline.pipeline}: {detail}"
     if info is None:
         return False, "not configured"
     return info.state == "RUNNING", info.description
@@ -211,14 +217,17 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
     supervisor = Supervisor(layout)
     running = supervisor.is_running()
 
+    pipelines = registry.stack(settings)
     if not running:
-        busy = [p for p in settings.ports if port_in_use(settings.bind_host, p)]
+        ports = {*settings.ports, *(p for s in pipelines.values() for p in s.engine_admin_ports)}
+        busy = sorted(p for p in ports if port_in_use(settings.bind_host, p))
         if busy:
             raise StackError(
                 f"ports {busy} on {settings.bind_host} are taken by another process and this stack "
                 f"(state in {layout.root}) is not running: stop that process or choose other ports "
                 "(TWINSTREAM_ZK_PORT, TWINSTREAM_KAFKA_PORTS, TWINSTREAM_KAFKA_CONTROLLER_PORTS, "
-                "TWINSTREAM_AIRFLOW_PORT, TWINSTREAM_ENGINE_ADMIN_PORTS)"
+                "TWINSTREAM_AIRFLOW_PORT, TWINSTREAM_ENGINE_ADMIN_PORTS, the pipelines file's "
+                "admin_ports)"
             )
 
     for directory in (layout.logs, layout.supervisor_dir, layout.airflow_home):
@@ -256,13 +265,16 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
     brokers = [f"kafka-{n}" for n in render.node_ids(settings)]
     wait_until_healthy(settings, layout, supervisor, echo, ["zookeeper", *brokers])
     admin = AdminClient(admin_config(settings))
-    report.topics = ensure_topics(admin, topic_specs(settings))
+    # Every pipeline's topics, before any engine needs them.
+    specs = [spec for pipeline in pipelines.values() for spec in topic_specs(pipeline)]
+    report.topics = ensure_topics(admin, specs)
     for change in report.topics:
         echo(f"  topic {change}")
-    engines = [f"engine-{e}" for e in settings.engine_ids]
+    engines = [f"engine-{e}" for p in pipelines.values() for e in p.engine_ids]
     wait_until_healthy(settings, layout, supervisor, echo, ["airflow", *engines])
-    if engines:
-        wait_for_one_active(settings, echo)
+    for name, pipeline in pipelines.items():
+        if pipeline.engine_ids:
+            report.actives[name] = wait_for_one_active(pipeline, echo)
     echo("")
     echo(summary(settings, supervisor.processes()))
     echo("" if report.changed else "nothing changed: the stack was already up as configured")
@@ -291,10 +303,16 @@ def wait_for_one_active(settings: Settings, echo: Echo, timeout_s: float = 60.0)
         roles = engine_roles(settings)
         active = [e for e, role in roles.items() if role == "active"]
         if len(active) == 1:
-            echo(f"  election settled: engine {active[0]} active, roles {roles}")
+            echo(
+                f"  election of {settings.pipeline} settled: engine {active[0]} active, "
+                f"roles {roles}"
+            )
             return active[0]
         if time.monotonic() > deadline:
-            raise StackError(f"no single active engine after {timeout_s:.0f}s: roles {roles}")
+            raise StackError(
+                f"no single active engine of {settings.pipeline} after {timeout_s:.0f}s: roles "
+                f"{roles}; see the engines' logs (make status names them)"
+            )
         time.sleep(0.5)
 
 
@@ -315,10 +333,13 @@ def summary(settings: Settings, processes: list[ProcessInfo]) -> str:
         "zookeeper": f"{settings.zk_hosts} (tickTime {settings.zk_tick_ms} ms)",
         "airflow": f"{settings.airflow_url}  admin password: {layout.airflow_password_file}",
     }
-    for engine_id in settings.engine_ids:
-        where[f"engine-{engine_id}"] = (
-            f"{settings.engine_admin_url(engine_id)}/docs  token: {layout.root / 'admin-token'}"
-        )
+    pipelines = registry.stack(settings)
+    for pipeline in pipelines.values():
+        for engine_id in pipeline.engine_ids:
+            where[f"engine-{engine_id}"] = (
+                f"{pipeline.pipeline} {pipeline.engine_admin_url(engine_id)}/docs  "
+                f"token: {layout.root / 'admin-token'}"
+            )
     ports = zip(settings.kafka_ports, settings.kafka_controller_ports, strict=True)
     for node_id, (port, controller) in enumerate(ports, start=1):
         where[f"kafka-{node_id}"] = f"{settings.bind_host}:{port} (controller :{controller})"
@@ -327,9 +348,12 @@ def summary(settings: Settings, processes: list[ProcessInfo]) -> str:
         rows.append(f"{p.name:<10} {p.state:<9} {p.pid or '-':>7}  {where.get(p.name, '')}")
         rows.append(f"{'':<28}log {layout.log_file(p.name)}")
     rows.append(f"kafka bootstrap: {settings.bootstrap_servers}")
-    rows.append(
-        f"topics: {settings.inbound_topic}, {settings.outbound_topic}, {settings.dlq_topic}"
-    )
+    for pipeline in pipelines.values():
+        rows.append(
+            f"pipeline {pipeline.pipeline}: engines {', '.join(pipeline.engine_ids)}; topics "
+            f"{pipeline.inbound_topic}, {pipeline.outbound_topic}, {pipeline.dlq_topic}, "
+            f"{pipeline.progress_topic}"
+        )
     rows.append(f"state: {layout.root}   stop with: make down")
     return "\n".join(rows)
 

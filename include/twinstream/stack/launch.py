@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from twinstream import registry
 from twinstream.config import Settings, load_settings
 from twinstream.kafka import client_config
 from twinstream.stack.layout import Layout
@@ -56,11 +57,13 @@ def airflow_environment(settings: Settings, base: Mapping[str, str]) -> dict[str
 
 
 def engine_connections(settings: Settings) -> dict[str, str]:
-    """AIRFLOW_CONN_TWINSTREAM_ENGINE_<ID>: each engine's admin API, its token as password."""
+    """AIRFLOW_CONN_TWINSTREAM_ENGINE_<ID>: the admin API of each engine of every pipeline
+    of the stack (engine ids are the stack's), its token as password."""
     token = settings.secret("admin_token")
     conns = {}
-    for engine_id in settings.engine_ids:
-        url = urlsplit(settings.engine_admin_url(engine_id))
+    engines = [(p, e) for p in registry.stack(settings).values() for e in p.engine_ids]
+    for pipeline, engine_id in engines:
+        url = urlsplit(pipeline.engine_admin_url(engine_id))
         conns[f"AIRFLOW_CONN_{settings.engine_conn_id(engine_id).upper()}"] = json.dumps(
             {
                 "conn_type": "http",

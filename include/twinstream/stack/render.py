@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings
 from twinstream.stack.layout import Layout
 
@@ -189,7 +190,7 @@ def programs(
     settings: Settings, layout: Layout, pipelines: Mapping[str, Settings] | None = None
 ) -> list[Program]:
     """Every program of the stack; the engines of every pipeline in `pipelines` (name ->
-    its settings, twinstream.registry.all_settings), or of `settings`' own pipeline."""
+    its settings), by default the stack's (twinstream.registry.stack)."""
     env = settings_environment(settings)
     result = [
         Program(
@@ -222,33 +223,37 @@ def programs(
                 stopwaitsecs=60,
             )
         )
-    for pipeline in (pipelines or {settings.pipeline: settings}).values():
-        # Each engine's environment is its pipeline's: topics, engine ids and ports.
-        engine_env = {**settings_environment(pipeline), "PYSPARK_PYTHON": sys.executable}
-        for engine_id in pipeline.engine_ids:
-            result.append(
-                Program(
-                    name=f"engine-{engine_id}",
-                    command=[
-                        sys.executable,
-                        str(REPO_ROOT / "spark_jobs" / "engine.py"),
-                        "--engine-id",
-                        engine_id,
-                    ],
-                    priority=40,
-                    # Spark's Python workers must run the virtualenv's interpreter.
-                    environment=engine_env,
-                    startsecs=10,
-                    # SIGTERM: leave the election (a standby takes over), then stop the query.
-                    stopwaitsecs=60,
-                )
+    stack = registry.stack(settings) if pipelines is None else pipelines
+    # Every engine shares the stack's environment and finds its pipeline by its id
+    # (registry.for_engine): one place, the pipelines file, says which engine runs what.
+    engine_env = {**env, "PYSPARK_PYTHON": sys.executable}
+    engines = [e for pipeline in stack.values() for e in pipeline.engine_ids]
+    for engine_id in engines:
+        result.append(
+            Program(
+                name=f"engine-{engine_id}",
+                command=[
+                    sys.executable,
+                    str(REPO_ROOT / "spark_jobs" / "engine.py"),
+                    "--engine-id",
+                    engine_id,
+                ],
+                priority=40,
+                # Spark's Python workers must run the virtualenv's interpreter.
+                environment=engine_env,
+                startsecs=10,
+                # SIGTERM: leave the election (a standby takes over), then stop the query.
+                stopwaitsecs=60,
             )
+        )
     result.append(
         Program(
             name="airflow",
             command=[sys.executable, "-m", "twinstream.stack.launch", "airflow"],
             priority=30,
-            environment=env,
+            # Not a setting: it changes with the pipelines file's engines, so that supervisord
+            # restarts Airflow, whose launch gives it a connection per engine.
+            environment={**env, "TWINSTREAM_STACK_ENGINES": ",".join(engines)},
             startsecs=10,
             stopwaitsecs=60,
         )
