@@ -3,7 +3,7 @@
 twinstream publish --pipeline hostmetrics --count 60000    the pipeline's sample records
 twinstream publish --pipeline payments --file p.jsonl       a CSV or JSONL file
 twinstream subscribe --pipeline payments --output out.csv   outbound -> CSV (read_committed)
-twinstream status                                  every engine's role, lag, buffer
+twinstream status [--pipeline NAME]                every pipeline's engines: role, lag, buffer
 twinstream quarantine list                         offsets the engines quarantined
 twinstream quarantine release 1234                 release one once its bug is fixed
 twinstream new-pipeline NAME                       a runnable pipeline and its test
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from twinstream import registry
+from twinstream.admin_api import PipelineInfo
 from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.contract import ContractError, field_types
 from twinstream.engine_client import EngineClient, EngineError
@@ -89,9 +90,16 @@ def cmd_subscribe(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
+    """Every engine of every pipeline of the stack (or of --pipeline), one row each; exit 1
+    unless each pipeline has exactly one active."""
     token = settings.secret("admin_token")
+    chosen = getattr(args, "pipeline", None)
+    pipelines = registry.stack(settings)
+    if chosen:
+        pipelines = {chosen: registry.settings_for(settings, chosen)}
     columns = [
+        "pipeline",
         "engine",
         "role",
         "state",
@@ -103,46 +111,51 @@ def cmd_status(settings: Settings, _args: argparse.Namespace) -> int:
         "zk",
     ]
     rows = []
-    active = 0
-    for engine_id in settings.engine_ids:
-        url = settings.engine_admin_url(engine_id)
-        try:
-            with EngineClient(engine_id, url, token, timeout_s=5.0) as client:
-                server, pipe = client.server(), client.pipeline()
-        except EngineError as exc:
-            rows.append([engine_id, "unreachable", exc.reason[:60], *[""] * 6])
-            continue
-        active += server.role == "active"
-        rows.append(
-            [
-                engine_id,
-                server.role,
-                pipe.state,
-                str(pipe.lag),
-                f"{pipe.buffer_fill}/{pipe.buffer_size}",
-                str(pipe.last_msg_id_processed),
-                str(pipe.last_msg_id_published),
-                "yes" if pipe.in_sync else "no",
-                server.zk_state,
-            ]
-        )
-        if pipe.uncovered_ranges:
-            rows[-1][2] += f" UNCOVERED {pipe.uncovered_ranges}"
-        if pipe.quarantined:
-            rows[-1][2] += f" QUARANTINED {len(pipe.quarantined)} (twinstream quarantine list)"
-        if pipe.paused:
-            rows[-1][2] += " PAUSED"
-        for repair in pipe.repairs:
-            done = f"in {repair.seconds} s" if repair.seconds is not None else "repairing"
-            rows[-1][2] += f" REPAIRED {repair.first}..{repair.last} {done}"
+    actives = dict.fromkeys(pipelines, 0)
+    for name, pipeline in pipelines.items():
+        for engine_id in pipeline.engine_ids:
+            url = pipeline.engine_admin_url(engine_id)
+            try:
+                with EngineClient(engine_id, url, token, timeout_s=5.0) as client:
+                    server, pipe = client.server(), client.pipeline()
+            except EngineError as exc:
+                rows.append([name, engine_id, "unreachable", exc.reason[:60], *[""] * 6])
+                continue
+            actives[name] += server.role == "active"
+            rows.append([name, engine_id, server.role, *_state_cells(pipe), server.zk_state])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
-    if active != 1:
-        print(f"WARNING: {active} active engines (want exactly 1)", file=sys.stderr)
-        return 1
-    return 0
+    wrong = {name: n for name, n in actives.items() if n != 1}
+    for name, count in wrong.items():
+        print(
+            f"WARNING: pipeline {name} has {count} active engines (want exactly 1): see its "
+            "engines' logs (make status names them)",
+            file=sys.stderr,
+        )
+    return 1 if wrong else 0
+
+
+def _state_cells(pipe: PipelineInfo) -> list[str]:
+    state = pipe.state
+    if pipe.uncovered_ranges:
+        state += f" UNCOVERED {pipe.uncovered_ranges}"
+    if pipe.quarantined:
+        state += f" QUARANTINED {len(pipe.quarantined)} (twinstream quarantine list)"
+    if pipe.paused:
+        state += " PAUSED"
+    for repair in pipe.repairs:
+        done = f"in {repair.seconds} s" if repair.seconds is not None else "repairing"
+        state += f" REPAIRED {repair.first}..{repair.last} {done}"
+    return [
+        state,
+        str(pipe.lag),
+        f"{pipe.buffer_fill}/{pipe.buffer_size}",
+        str(pipe.last_msg_id_processed),
+        str(pipe.last_msg_id_published),
+        "yes" if pipe.in_sync else "no",
+    ]
 
 
 def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
@@ -225,13 +238,16 @@ def main(argv: list[str] | None = None) -> int:
         help="with --follow, stop after this many seconds without a record",
     )
 
-    sub.add_parser("status", help="every engine's role, lag and buffer as a table")
+    status = sub.add_parser(
+        "status", help="every pipeline's engines: role, lag and buffer as a table"
+    )
     new = sub.add_parser("new-pipeline", help="write a runnable pipeline and its test")
     new.add_argument("name", help="the pipeline's name (a Python package name)")
     new.add_argument("--dir", default=".", help="where to write it (default: here)")
     quar = sub.add_parser("quarantine", help="list or release quarantined inbound offsets")
     quar.add_argument("action", choices=["list", "release"])
     quar.add_argument("offset", nargs="?", type=int, help="the msg_id to release")
+    status.add_argument("--pipeline", help="only this pipeline (default: every one)")
     for command in (pub, subp, quar):
         command.add_argument(
             "--pipeline", help="one of the pipelines file's (default: TWINSTREAM_PIPELINE)"
@@ -239,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         chosen = getattr(args, "pipeline", None)
-        settings = load_settings(**({"pipeline": chosen} if chosen else {}))
+        # status reads the stack (every pipeline) and takes --pipeline itself.
+        settings = load_settings()
+        if chosen and args.command != "status":
+            settings = registry.settings_for(settings, chosen)
         handler = {
             "publish": cmd_publish,
             "subscribe": cmd_subscribe,

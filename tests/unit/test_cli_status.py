@@ -43,11 +43,13 @@ PIPELINES: dict[str, dict[str, Any]] = {
 }
 
 
-def test_status_shows_quarantine_pause_and_repairs(monkeypatch: pytest.MonkeyPatch, capsys):
-    settings = load_settings(admin_token="t")
+PIPELINES["c"] = PIPELINES["a"] | {"quarantined": [], "repairs": []}
+PIPELINES["d"] = PIPELINES["b"] | {"quarantined": [], "paused": None}
 
+
+def fake_engines(monkeypatch: pytest.MonkeyPatch, actives: set[str]) -> None:
     def server(client: EngineClient) -> ServerInfo:
-        role = "active" if client.engine_id == "a" else "standby"
+        role = "active" if client.engine_id in actives else "standby"
         return server_info(engine_id=client.engine_id, role=role)
 
     def pipeline(client: EngineClient) -> PipelineInfo:
@@ -55,10 +57,37 @@ def test_status_shows_quarantine_pause_and_repairs(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(EngineClient, "server", server)
     monkeypatch.setattr(EngineClient, "pipeline", pipeline)
-    assert cli.cmd_status(settings, None) == 0  # type: ignore[arg-type]
+
+
+def test_status_shows_quarantine_pause_and_repairs(monkeypatch: pytest.MonkeyPatch, capsys):
+    settings = load_settings(admin_token="t")
+    fake_engines(monkeypatch, actives={"a", "c"})
+    assert cli.cmd_status(settings, None) == 0
     lines = capsys.readouterr().out.splitlines()
-    a_line = next(line for line in lines if line.startswith("a "))
-    b_line = next(line for line in lines if line.startswith("b "))
+    a_line = next(line for line in lines if line.startswith("hostmetrics  a "))
+    b_line = next(line for line in lines if line.startswith("hostmetrics  b "))
     assert "QUARANTINED 1 (twinstream quarantine list)" in a_line
     assert "REPAIRED 10..14 in 2.5 s" in a_line
     assert "PAUSED" in b_line
+
+
+def test_status_covers_every_pipeline_and_names_one_without_a_single_active(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = load_settings(admin_token="t")
+    fake_engines(monkeypatch, actives={"a", "c", "d"})
+    assert cli.cmd_status(settings, None) == 1
+    out, err = capsys.readouterr()
+    rows = [line.split()[:3] for line in out.splitlines()[1:]]
+    assert rows == [
+        ["hostmetrics", "a", "active"],
+        ["hostmetrics", "b", "standby"],
+        ["payments", "c", "active"],
+        ["payments", "d", "active"],
+    ]
+    assert "pipeline payments has 2 active engines" in err
+    assert "hostmetrics" not in err
+    # --pipeline: that pipeline's engines only.
+    monkeypatch.setenv("TWINSTREAM_ADMIN_TOKEN", "t")
+    assert cli.main(["status", "--pipeline", "hostmetrics"]) == 0
+    assert [line.split()[1] for line in capsys.readouterr().out.splitlines()[1:]] == ["a", "b"]
