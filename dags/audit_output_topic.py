@@ -2,7 +2,8 @@
 ### audit_output_topic
 
 **Purpose.** Every audit interval (`TWINSTREAM_AUDIT_INTERVAL_S`, default 600 s), prove
-that the output has no gap and no duplicate: `spark_jobs/audit_output.py`, submitted with
+for each pipeline the stack runs (one mapped task group each) that its output has no gap
+and no duplicate: `spark_jobs/audit_output.py`, submitted with
 `SparkSubmitOperator`, reads the progress, outbound and dead-letter topics (read_committed)
 from where the previous audit ended up to the inbound high watermark minus an in-flight
 allowance (`TWINSTREAM_AUDIT_INFLIGHT_MSGS`), and validates them with the Great
@@ -25,9 +26,9 @@ the next scheduled run checks the range again).
 **Recovery.** A failed audit names the missing and the duplicated msg_id ranges, merged. Its
 cursor does not move, so the next run audits the same range again: find the cause (the
 engines' logs, `GET /pipeline` `uncovered_ranges`), then move the cursor past the range by
-hand (`<state>/audit/<pipeline>/cursor.json`) once it is understood. The Params
-`outbound_topic`, `dlq_topic`, `progress_topic` and `cursor` audit other copies of the
-topics.
+hand (`<state>/audit/<pipeline>/cursor.json`) once it is understood. To audit other
+copies of one pipeline's topics, trigger with `pipeline` and the Params `outbound_topic`,
+`dlq_topic`, `progress_topic` and `cursor`.
 """
 
 from __future__ import annotations
@@ -36,12 +37,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, dag, task, task_group
 
+from twinstream import registry
 from twinstream.config import REPO_ROOT, load_settings
 
-# Read from the environment only (no network, no Variables).
+# Read from the environment and the pipelines file only (no network, no Variables, no
+# pipeline code).
 SETTINGS = load_settings()
+PIPELINES = list(registry.stack(SETTINGS))
 
 DEFAULT_ARGS = {
     "owner": "twinstream",
@@ -60,53 +64,66 @@ DEFAULT_ARGS = {
     tags=["twinstream", "audit"],
     doc_md=__doc__,
     params={
-        "outbound_topic": Param(SETTINGS.outbound_topic, type="string", minLength=1),
-        "dlq_topic": Param(SETTINGS.dlq_topic, type="string", minLength=1),
-        "progress_topic": Param(SETTINGS.progress_topic, type="string", minLength=1),
-        "cursor": Param(
+        "pipeline": Param(
             "",
             type="string",
-            description="Cursor file; empty for the pipeline's own.",
+            enum=["", *PIPELINES],
+            description="The pipeline to audit; empty: every pipeline of the stack.",
+        ),
+        # Other copies of one pipeline's topics, and a cursor of their own (empty: the
+        # pipeline's). Only with one pipeline.
+        "outbound_topic": Param("", type="string"),
+        "dlq_topic": Param("", type="string"),
+        "progress_topic": Param("", type="string"),
+        "cursor": Param(
+            "", type="string", description="Cursor file; empty for the pipeline's own."
         ),
     },
 )
 def audit_output_topic() -> None:
-    audit_output = SparkSubmitOperator(
-        task_id="audit_output",
-        application=str(REPO_ROOT / "spark_jobs" / "audit_output.py"),
-        conn_id="spark_default",
-        # A classpath wildcard: the connector's jars, without listing the folder at parse time.
-        driver_class_path=str(SETTINGS.jars_dir / "spark-kafka" / "*"),
-        conf={"spark.ui.enabled": "false", "spark.driver.memory": "1g"},
-        application_args=[
-            "--outbound-topic",
-            "{{ params.outbound_topic }}",
-            "--dlq-topic",
-            "{{ params.dlq_topic }}",
-            "--progress-topic",
-            "{{ params.progress_topic }}",
-            "--cursor",
-            "{{ params.cursor }}",
-            "--run-id",
-            "{{ run_id }}",
-        ],
-        name="twinstream-audit",
-    )
+    @task
+    def pipelines(params: dict[str, Any]) -> list[str]:
+        from twinstream.audit import chosen_pipelines
+
+        return chosen_pipelines(PIPELINES, params)
 
     @task
-    def verdict(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+    def job_args(pipeline: str, params: dict[str, Any], run_id: str) -> list[str]:
+        from twinstream.audit import job_args
+
+        return job_args(pipeline, params, run_id)
+
+    @task
+    def verdict(pipeline: str, params: dict[str, Any], run_id: str) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
         from twinstream.audit import REPORT, AuditFailed, cursor_file
         from twinstream.audit import verdict as read_verdict
 
-        report = cursor_file(load_settings().audit_dir, params["cursor"]).parent / REPORT
+        audit_dir = registry.pipeline_settings(pipeline).audit_dir
+        report = cursor_file(audit_dir, params["cursor"]).parent / REPORT
         try:
             return read_verdict(report, run_id)
         except AuditFailed as exc:
             raise AirflowFailException(str(exc)) from exc
 
-    audit_output >> verdict()
+    # One group per pipeline: each pipeline's audit passes or fails on its own.
+    @task_group
+    def each_pipeline(pipeline: str) -> None:
+        audit_output = SparkSubmitOperator(
+            task_id="audit_output",
+            application=str(REPO_ROOT / "spark_jobs" / "audit_output.py"),
+            conn_id="spark_default",
+            # A classpath wildcard: the connector's jars, without listing the folder at
+            # parse time.
+            driver_class_path=str(SETTINGS.jars_dir / "spark-kafka" / "*"),
+            conf={"spark.ui.enabled": "false", "spark.driver.memory": "1g"},
+            application_args=job_args(pipeline),
+            name="twinstream-audit",
+        )
+        audit_output >> verdict(pipeline)
+
+    each_pipeline.expand(pipeline=pipelines())
 
 
 audit_output_topic()

@@ -1,8 +1,9 @@
 """
 ### check_kafka_retention
 
-**Purpose.** Every hour, prove that a failed engine can still be restored and that the
-topics have the shape the failover protocol relies on. Each check is a separate, named
+**Purpose.** Every hour, for each pipeline the stack runs (one mapped task each), prove
+that a failed engine can still be restored and that its topics have the shape the
+failover protocol relies on. Each check is a separate, named
 result in the log and in the returned XCom:
 
 - inbound `retention.ms` > window retention + persist interval + restore margin (the
@@ -35,6 +36,12 @@ from typing import Any
 
 from airflow.sdk import Param, dag, task
 
+from twinstream import registry
+from twinstream.config import load_settings
+
+# Reads the pipelines file only (no pipeline code is imported at parse time).
+PIPELINES = list(registry.stack(load_settings()))
+
 DEFAULT_ARGS = {
     "owner": "twinstream",
     "retries": 1,
@@ -62,17 +69,16 @@ DEFAULT_ARGS = {
 )
 def check_kafka_retention() -> None:
     @task
-    def check_retention(params: dict[str, Any]) -> list[str]:
+    def check_retention(pipeline: str, params: dict[str, Any]) -> list[str]:
         import logging
 
         from airflow.providers.apache.kafka.hooks.client import KafkaAdminClientHook
         from airflow.sdk.exceptions import AirflowFailException
 
         from twinstream import retention
-        from twinstream.config import load_settings
 
         log = logging.getLogger("twinstream.retention")
-        settings = load_settings()
+        settings = registry.pipeline_settings(pipeline)
         admin = KafkaAdminClientHook(kafka_config_id="kafka_default").get_conn
         persist_ms = retention.dag_interval_ms(settings.dags_dir, "persist_standby_state")
         audit_ms = retention.dag_interval_ms(settings.dags_dir, "audit_output_topic")
@@ -86,15 +92,16 @@ def check_kafka_retention() -> None:
             report = retention.evaluate(facts)
         lines = [check.line() for check in report.checks]
         for line in lines:
-            log.info("%s", line)
+            log.info("%s: %s", pipeline, line)
         if report.failed:
             raise AirflowFailException(
-                f"{len(report.failed)} retention check(s) failed:\n"
+                f"{pipeline}: {len(report.failed)} retention check(s) failed:\n"
                 + "\n".join(c.line() for c in report.failed)
             )
         return lines
 
-    check_retention()
+    # One mapped task per pipeline the stack runs: each has its own topics and snapshots.
+    check_retention.expand(pipeline=PIPELINES)
 
 
 check_kafka_retention()

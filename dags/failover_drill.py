@@ -30,7 +30,11 @@ from typing import Any
 
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
+from twinstream import registry
 from twinstream.config import load_settings
+
+# Reads the pipelines file only (no pipeline code is imported at parse time).
+PIPELINES = list(registry.stack(load_settings()))
 
 DEFAULT_ARGS = {
     "owner": "twinstream",
@@ -51,6 +55,13 @@ DEFAULT_ARGS = {
     tags=["twinstream", "operate", "drill"],
     doc_md=__doc__,
     params={
+        "pipeline": Param(
+            PIPELINES[0],
+            type="string",
+            enum=PIPELINES,
+            title="Pipeline",
+            description="Whose active engine to stop; the other pipelines are not touched.",
+        ),
         "takeover_timeout_s": Param(
             60,
             type="integer",
@@ -70,11 +81,11 @@ DEFAULT_ARGS = {
 )
 def failover_drill() -> None:
     @task
-    def plan() -> dict[str, Any]:
+    def plan(params: dict[str, Any]) -> dict[str, Any]:
         from twinstream.drill import plan
         from twinstream.operate import observe_engines, refusals_fail_fast, zk_leader
 
-        settings = load_settings()
+        settings = registry.pipeline_settings(params["pipeline"])
         with refusals_fail_fast():
             return plan(observe_engines(settings), zk_leader(settings))
 
@@ -85,7 +96,7 @@ def failover_drill() -> None:
         from twinstream.drill import KafkaEpochTail, as_dict, stop_and_measure
         from twinstream.operate import airflow_engine, refusals_fail_fast
 
-        settings = load_settings()
+        settings = registry.pipeline_settings(params["pipeline"])
         with ExitStack() as stack, refusals_fail_fast():
             active = stack.enter_context(airflow_engine(chosen["active"], settings))
             standbys = {
@@ -97,19 +108,20 @@ def failover_drill() -> None:
             return as_dict(stop_and_measure(active, standbys, tail, timeout_s=timeout))
 
     @task
-    def audit(takeover: dict[str, Any]) -> dict[str, Any]:
+    def audit(takeover: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         from twinstream.drill import audit_handover
         from twinstream.operate import airflow_engine, refusals_fail_fast
 
-        settings = load_settings()
+        settings = registry.pipeline_settings(params["pipeline"])
         with refusals_fail_fast(), airflow_engine(takeover["new_active"], settings) as engine:
             return audit_handover(settings, engine, takeover)
 
     @task
-    def start_stopped(takeover: dict[str, Any]) -> float:
+    def start_stopped(takeover: dict[str, Any], params: dict[str, Any]) -> float:
         from twinstream.operate import airflow_engine
 
-        with airflow_engine(takeover["stopped"], load_settings()) as engine:
+        settings = registry.pipeline_settings(params["pipeline"])
+        with airflow_engine(takeover["stopped"], settings) as engine:
             engine.start()
         return time.time()
 
@@ -121,7 +133,7 @@ def failover_drill() -> None:
 
         from twinstream.operate import airflow_engine, refusals_fail_fast, sync_check
 
-        settings = load_settings()
+        settings = registry.pipeline_settings(params["pipeline"])
         with refusals_fail_fast(), airflow_engine(takeover["stopped"], settings) as engine:
             check = sync_check(
                 engine,

@@ -1,7 +1,8 @@
 """
 ### persist_standby_state
 
-**Purpose.** Every persist interval, snapshot the state of an in-sync **standby** engine
+**Purpose.** Every persist interval, for each pipeline the stack runs (one mapped task
+group per pipeline), snapshot the state of an in-sync **standby** engine
 (its Spark checkpoint with the RocksDB state, and its buffer of recent outputs) to shared
 storage, so that a failed engine comes back from recent state instead of replaying from
 the beginning. The active is never persisted: it must never pause. Then verify the
@@ -26,12 +27,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.sdk import dag, task
+from airflow.sdk import dag, task, task_group
 
+from twinstream import registry
 from twinstream.config import load_settings
 
-# Read from the environment only (no network, no Variables): the schedule needs it.
+# Read from the environment and the pipelines file only (no network, no Variables, no
+# pipeline code): the schedule and the mapping need them.
 PERSIST_INTERVAL = timedelta(seconds=load_settings().persist_interval_s)
+PIPELINES = list(registry.stack(load_settings()))
 
 DEFAULT_ARGS = {
     "owner": "twinstream",
@@ -52,36 +56,43 @@ DEFAULT_ARGS = {
 )
 def persist_standby_state() -> None:
     @task
-    def pick_standby() -> str:
+    def pick_standby(pipeline: str) -> str:
         from twinstream.operate import observe_engines, pick_standby, refusals_fail_fast, zk_leader
 
-        settings = load_settings()
+        settings = registry.pipeline_settings(pipeline)
         views = observe_engines(settings)
         with refusals_fail_fast():
             return pick_standby(views, zk_leader(settings))
 
     @task
-    def persist(engine_id: str) -> dict[str, Any]:
+    def persist(engine_id: str, pipeline: str) -> dict[str, Any]:
         from twinstream.operate import airflow_engine, persist_from
 
-        with airflow_engine(engine_id, load_settings()) as engine:
+        with airflow_engine(engine_id, registry.pipeline_settings(pipeline)) as engine:
             return persist_from(engine)
 
     @task
-    def verify(manifest: dict[str, Any]) -> str:
+    def verify(manifest: dict[str, Any], pipeline: str) -> str:
         from twinstream.operate import refusals_fail_fast, verify_persisted
 
         with refusals_fail_fast():
-            return verify_persisted(load_settings(), manifest)
+            return verify_persisted(registry.pipeline_settings(pipeline), manifest)
 
     @task
-    def prune(_verified: str) -> list[str]:
+    def prune(_verified: str, pipeline: str) -> list[str]:
         from twinstream.operate import prune
 
-        settings = load_settings()
+        settings = registry.pipeline_settings(pipeline)
         return prune(settings, settings.snapshots_keep)
 
-    prune(verify(persist(pick_standby())))
+    # One group per pipeline: a pipeline without an in-sync standby fails its own group
+    # and never holds up another pipeline's snapshot.
+    @task_group
+    def each_pipeline(pipeline: str) -> None:
+        engine_id = pick_standby(pipeline)
+        prune(verify(persist(engine_id, pipeline), pipeline), pipeline)
+
+    each_pipeline.expand(pipeline=PIPELINES)
 
 
 persist_standby_state()

@@ -3,9 +3,10 @@
 
 **Purpose.** Every 10 minutes, prove that the services under the Twinstream engines are
 whole: ZooKeeper serves (the engines' election), every configured Kafka broker is
-registered, and the inbound, outbound and dead-letter topics have the shape the failover
-protocol relies on (1 partition, replication factor and `min.insync.replicas` as
-configured, unclean leader election off). Retention is checked by `check_kafka_retention`.
+registered, and every pipeline's inbound, outbound, dead-letter and progress topics have
+the shape the failover protocol relies on (1 partition, replication factor and
+`min.insync.replicas` as configured, unclean leader election off). Retention is checked
+by `check_kafka_retention`.
 
 **Connections.** None from Airflow's store: the checks read the `TWINSTREAM_*` settings
 (ports, topics) that the local stack and compose pass to every Airflow process.

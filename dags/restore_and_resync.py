@@ -32,9 +32,12 @@ from typing import Any
 
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
+from twinstream import registry
 from twinstream.config import load_settings
 
-ENGINES = load_settings().engine_ids
+# Every engine of every pipeline of the stack: engine ids are the stack's, so the engine
+# names its pipeline. Reads the pipelines file only.
+ENGINES = registry.engines(load_settings())
 
 DEFAULT_ARGS = {
     "owner": "twinstream",
@@ -58,7 +61,7 @@ DEFAULT_ARGS = {
             type="string",
             enum=ENGINES,
             title="Engine",
-            description="The engine to restore (never the active).",
+            description="The engine to restore (never its pipeline's active).",
         ),
         "snapshot": Param(
             "latest",
@@ -94,7 +97,7 @@ def restore_and_resync() -> None:
     def assess(params: dict[str, Any]) -> str:
         from twinstream.operate import airflow_engine, assess, observe, refusals_fail_fast
 
-        settings = load_settings()
+        settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
             return assess(observe(engine), bool(params["force"]))
 
@@ -102,7 +105,7 @@ def restore_and_resync() -> None:
     def choose_snapshot(params: dict[str, Any]) -> str:
         from twinstream.operate import choose_snapshot, inbound_log_start, refusals_fail_fast
 
-        settings = load_settings()
+        settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast():
             return choose_snapshot(settings, params["snapshot"], inbound_log_start(settings))
 
@@ -110,7 +113,7 @@ def restore_and_resync() -> None:
     def restore(snapshot_id: str, params: dict[str, Any]) -> dict[str, Any]:
         from twinstream.operate import airflow_engine, refusals_fail_fast, start_restore
 
-        settings = load_settings()
+        settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
             return start_restore(engine, snapshot_id, bool(params["force"]))
 
@@ -120,7 +123,7 @@ def restore_and_resync() -> None:
 
         from twinstream.operate import airflow_engine, refusals_fail_fast, sync_check
 
-        settings = load_settings()
+        settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
             check = sync_check(
                 engine,
@@ -137,7 +140,7 @@ def restore_and_resync() -> None:
 
         from twinstream.operate import airflow_engine, check_buffer, refusals_fail_fast
 
-        settings = load_settings()
+        settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
             return asdict(check_buffer(engine, settings, int(params["compare_last"])))
 
@@ -147,7 +150,8 @@ def restore_and_resync() -> None:
 
         from twinstream.operate import airflow_engine, observe
 
-        with airflow_engine(params["engine"], load_settings()) as engine:
+        settings = registry.for_engine(load_settings(), params["engine"])
+        with airflow_engine(params["engine"], settings) as engine:
             line = observe(engine).describe()
         logging.getLogger("twinstream").info("after restore_and_resync: %s", line)
         return line

@@ -1,11 +1,11 @@
 """
 ### watch_engines
 
-**Purpose.** Every minute, look at every engine through its admin API. An engine that is
-unreachable, or whose pipeline is stopped or failed, for longer than the grace period
-(`TWINSTREAM_WATCH_GRACE_S`, default 120 s) gets one `restore_and_resync` run (latest
-snapshot) per incident: not one per minute. An incident ends when the engine is seen
-running (or restoring) again.
+**Purpose.** Every minute, look at every engine of every pipeline through its admin API.
+An engine that is unreachable, or whose pipeline is stopped or failed, for longer than
+the grace period (`TWINSTREAM_WATCH_GRACE_S`, default 120 s) gets one
+`restore_and_resync` run (latest snapshot) per incident: not one per minute. An
+incident ends when the engine is seen running (or restoring) again.
 
 **Connections.** `twinstream_engine_<id>` per engine (HTTP: admin API host and port, the
 bearer token as password). The incidents are remembered in the Airflow Variable
@@ -51,11 +51,13 @@ def watch_engines() -> None:
 
         from airflow.sdk import Variable
 
+        from twinstream import registry
         from twinstream.config import load_settings
         from twinstream.operate import observe_engines, watch
 
         settings = load_settings()
-        views = observe_engines(settings)
+        # Every pipeline's engines (engine ids are the stack's, one pipeline each).
+        views = [v for p in registry.stack(settings).values() for v in observe_engines(p)]
         remembered = json.loads(Variable.get(INCIDENTS, default="{}"))
         to_restore, incidents = watch(views, remembered, time.time(), settings.watch_grace_s)
         Variable.set(INCIDENTS, json.dumps(incidents))

@@ -217,12 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--pipeline", default="")
+    chosen, _rest = first.parse_known_args(argv)
     try:
         settings = load_settings()
+        if chosen.pipeline:
+            settings = registry.settings_for(settings, chosen.pipeline)
     except SettingsError as exc:
         print(f"audit_output: {exc}", file=sys.stderr)
         return 2
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--pipeline", default="", help="one of the pipelines file's (default: TWINSTREAM_PIPELINE)"
+    )
     parser.add_argument("--outbound-topic", default=settings.outbound_topic)
     parser.add_argument("--dlq-topic", default=settings.dlq_topic)
     parser.add_argument("--progress-topic", default=settings.progress_topic)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,3 +350,33 @@ def verdict(report_path: Path, run_id: str) -> dict[str, Any]:
             f"{report['data_docs']}"
         )
     return report
+
+
+COPY_PARAMS = ("outbound_topic", "dlq_topic", "progress_topic", "cursor")
+
+
+def chosen_pipelines(stack: Sequence[str], params: Mapping[str, Any]) -> list[str]:
+    """The pipelines an audit_output_topic run audits: the one its `pipeline` Param names,
+    else every pipeline of the stack. Other copies of topics (or another cursor) belong to
+    one pipeline: refused when that pipeline is not named and the stack runs several."""
+    named = str(params.get("pipeline") or "")
+    if named:
+        if named not in stack:
+            raise ValueError(f"pipeline {named!r} is not one of the stack's: {', '.join(stack)}")
+        return [named]
+    copies = [k for k in COPY_PARAMS if params.get(k)]
+    if copies and len(stack) > 1:
+        raise ValueError(
+            f"{', '.join(copies)} name another copy of one pipeline's topics: set the "
+            f"`pipeline` Param too (one of {', '.join(stack)})"
+        )
+    return list(stack)
+
+
+def job_args(pipeline: str, params: Mapping[str, Any], run_id: str) -> list[str]:
+    """spark_jobs/audit_output.py's arguments for one pipeline of the run."""
+    args = ["--pipeline", pipeline]
+    for key in COPY_PARAMS:
+        if params.get(key):
+            args += [f"--{key.replace('_', '-')}", str(params[key])]
+    return [*args, "--run-id", run_id]

@@ -44,9 +44,43 @@ def test_the_restore_form_accepts_good_input_and_rejects_a_bad_engine(dags):
         _form(dag, wait_minutes=0)
 
 
-def test_the_engine_choice_is_the_configured_engines(dags):
+def test_the_engine_choice_is_every_pipelines_engines(dags):
     enum = dags["restore_and_resync"].params.get_param("engine").schema["enum"]
-    assert enum == load_settings().engine_ids
+    # hostmetrics runs a and b, payments c and d (pipelines.toml).
+    assert enum == ["a", "b", "c", "d"]
+
+
+def test_the_drill_takes_the_pipeline_from_the_stacks_list(dags):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = dags["failover_drill"]
+    assert dag.params.get_param("pipeline").schema["enum"] == ["hostmetrics", "payments"]
+    assert _form(dag, pipeline="payments")["pipeline"] == "payments"
+    with pytest.raises(ParamValidationError, match="pipeline"):
+        _form(dag, pipeline="nope")
+
+
+def _mapped_over(task):
+    """The literal list a task (or its mapped task group) is expanded over."""
+    from airflow.sdk.definitions.taskgroup import MappedTaskGroup
+
+    group = task.task_group
+    if isinstance(group, MappedTaskGroup):
+        return group._expand_input.value
+    return task._get_specified_expand_input().value
+
+
+def test_scheduled_dags_work_on_every_pipeline(dags):
+    every = {"pipeline": ["hostmetrics", "payments"]}
+    assert _mapped_over(dags["persist_standby_state"].task_dict["each_pipeline.persist"]) == every
+    audit = dags["audit_output_topic"]
+    chosen = audit.task_dict["pipelines"].python_callable
+    assert chosen(params=_form(audit)) == ["hostmetrics", "payments"]
+    assert chosen(params=_form(audit, pipeline="payments")) == ["payments"]
+    # Other copies of the topics are one pipeline's: which one must be said.
+    with pytest.raises(ValueError, match="set the `pipeline` Param"):
+        chosen(params=_form(audit, outbound_topic="copy.out"))
+    assert _mapped_over(dags["check_kafka_retention"].task_dict["check_retention"]) == every
 
 
 def test_restore_runs_its_steps_in_order_and_the_summary_is_a_teardown(dags):
@@ -62,7 +96,7 @@ def test_restore_runs_its_steps_in_order_and_the_summary_is_a_teardown(dags):
 def test_persist_runs_every_persist_interval(dags):
     dag = dags["persist_standby_state"]
     assert dag.timetable.delta == timedelta(seconds=load_settings().persist_interval_s)
-    order = ["pick_standby", "persist", "verify", "prune"]
+    order = [f"each_pipeline.{t}" for t in ("pick_standby", "persist", "verify", "prune")]
     for before, after in itertools.pairwise(order):
         assert after in dag.task_dict[before].downstream_task_ids, (before, after)
 
@@ -78,31 +112,46 @@ def test_the_audit_submits_the_spark_job_with_the_kafka_connector(dags):
 
     dag = dags["audit_output_topic"]
     assert dag.timetable.delta == timedelta(seconds=load_settings().audit_interval_s)
-    submit = dag.task_dict["audit_output"]
+    submit = dag.task_dict["each_pipeline.audit_output"]
     assert Path(submit.application).is_file()
     assert submit.application.endswith("spark_jobs/audit_output.py")
     assert submit._conn_id == "spark_default"
     assert submit.driver_class_path.endswith("spark-kafka/*")
     # The job leaves the verdict to a task of its own: a finding fails without a retry.
-    assert "--run-id" in submit.application_args
-    assert dag.task_dict["verdict"].upstream_task_ids == {"audit_output"}
+    assert "each_pipeline.audit_output" in dag.task_dict["each_pipeline.verdict"].upstream_task_ids
+    job_args = dag.task_dict["each_pipeline.job_args"].python_callable
+    assert job_args("payments", _form(dag), "r1") == ["--pipeline", "payments", "--run-id", "r1"]
+    copy = _form(dag, pipeline="payments", outbound_topic="c.out", cursor="/tmp/c.json")
+    assert job_args("payments", copy, "r2") == [
+        "--pipeline",
+        "payments",
+        "--outbound-topic",
+        "c.out",
+        "--cursor",
+        "/tmp/c.json",
+        "--run-id",
+        "r2",
+    ]
 
 
-def test_a_finding_fails_the_audit_without_a_retry(dags, tmp_path):
+def test_a_finding_fails_the_audit_without_a_retry(dags, tmp_path, monkeypatch):
     import json
 
     from airflow.sdk.exceptions import AirflowFailException
 
+    monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(tmp_path))
     report = {"run_id": "r1", "ok": False, "summary": "missing: 100..109"}
     report |= {"expectations_met": True, "results": None, "data_docs": None}
-    (tmp_path / "last-audit.json").write_text(json.dumps(report))
-    verdict = dags["audit_output_topic"].task_dict["verdict"].python_callable
-    params = {"cursor": str(tmp_path / "cursor.json")}
+    folder = tmp_path / "audit" / "payments"
+    folder.mkdir(parents=True)
+    (folder / "last-audit.json").write_text(json.dumps(report))
+    verdict = dags["audit_output_topic"].task_dict["each_pipeline.verdict"].python_callable
+    params = {"cursor": ""}
     with pytest.raises(AirflowFailException, match=r"missing: 100\.\.109"):
-        verdict(params=params, run_id="r1")
+        verdict(pipeline="payments", params=params, run_id="r1")
     # Another run's report: the job did not finish, an error Airflow retries.
     with pytest.raises(RuntimeError, match="did not finish"):
-        verdict(params=params, run_id="r2")
+        verdict(pipeline="payments", params=params, run_id="r2")
 
 
 def test_the_retention_guard_runs_hourly_and_fixes_only_when_asked(dags):

@@ -150,8 +150,13 @@ def test_the_audit_passes_a_clean_output_and_names_the_ranges_of_a_broken_copy(
     failed = dag.test(run_conf={**conf, "cursor": str(broken / "cursor.json")})
     assert failed.state == "failed", task_states(failed)
     # The job ran to its verdict; the verdict failed the run at once, without a retry.
-    assert task_states(failed) == {"audit_output": "success", "verdict": "failed"}
-    assert {ti.task_id: ti.try_number for ti in failed.get_task_instances()}["verdict"] == 1
+    states = task_states(failed)
+    assert (states["each_pipeline.audit_output"], states["each_pipeline.verdict"]) == (
+        "success",
+        "failed",
+    )
+    tries = {ti.task_id: ti.try_number for ti in failed.get_task_instances()}
+    assert tries["each_pipeline.verdict"] == 1
     report = _last_audit(broken)
     assert report["run_id"] == failed.run_id
     # Every offset is in a published transaction (the progress records are intact), but
