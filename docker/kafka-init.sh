@@ -44,4 +44,12 @@ ensure_topic "$TWINSTREAM_OUTBOUND_TOPIC" "$TWINSTREAM_OUTBOUND_RETENTION_MS"
 ensure_topic "$TWINSTREAM_DLQ_TOPIC" "$TWINSTREAM_DLQ_RETENTION_MS"
 # Kept as long as the outputs whose coverage it records.
 ensure_topic "$TWINSTREAM_PROGRESS_TOPIC" "$TWINSTREAM_OUTBOUND_RETENTION_MS"
+# The pipelines file's other pipelines (comma-separated names): <name>.in, .out, .dlq, .progress.
+IFS=',' read -ra others <<< "${TWINSTREAM_OTHER_PIPELINES:-}"
+for name in "${others[@]}"; do
+  ensure_topic "$name.in" "$TWINSTREAM_INBOUND_RETENTION_MS"
+  ensure_topic "$name.out" "$TWINSTREAM_OUTBOUND_RETENTION_MS"
+  ensure_topic "$name.dlq" "$TWINSTREAM_DLQ_RETENTION_MS"
+  ensure_topic "$name.progress" "$TWINSTREAM_OUTBOUND_RETENTION_MS"
+done
 echo "kafka-init: topics ready"

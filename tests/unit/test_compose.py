@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from twinstream import registry
 from twinstream.config import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +32,8 @@ AIRFLOW_LONG_RUNNING = [
     "airflow-triggerer",
 ]
 AIRFLOW_SERVICES = ["airflow-init", *AIRFLOW_LONG_RUNNING]
-ENGINE_IDS = ["a", "b"]
+# Every pipeline's engines: hostmetrics a, b (the settings' defaults), payments c, d.
+ENGINE_IDS = ["a", "b", "c", "d"]
 ENGINES = [f"engine-{engine_id}" for engine_id in ENGINE_IDS]
 ONE_SHOT = ["kafka-init", "airflow-init"]
 LONG_RUNNING = ["zookeeper", *BROKERS, "postgres", *AIRFLOW_LONG_RUNNING, *ENGINES]
@@ -466,8 +468,9 @@ def no_twinstream_env(monkeypatch):
             monkeypatch.delenv(key)
 
 
-def _engine_port(index: int) -> int:
-    return int(Settings.model_fields["engine_admin_ports"].default[index])
+def _engine_port(engine_id: str) -> int:
+    """The engine's admin port as the repository's settings and pipelines file give it."""
+    return registry.for_engine(Settings(), engine_id).engine_admin_port(engine_id)
 
 
 @pytest.mark.parametrize(("index", "engine_id"), list(enumerate(ENGINE_IDS)))
@@ -496,7 +499,7 @@ def test_engine_service_runs_the_engine_in_our_image(services, index, engine_id)
 @pytest.mark.parametrize(("index", "engine_id"), list(enumerate(ENGINE_IDS)))
 def test_engine_health_and_host_port_are_its_admin_port(services, index, engine_id):
     engine = services[f"engine-{engine_id}"]
-    port = _engine_port(index)
+    port = _engine_port(engine_id)
     assert engine["healthcheck"]["test"] == [
         "CMD",
         "curl",
@@ -561,7 +564,7 @@ def test_engine_secrets_follow_the_environment(compose_binary):
 
 def test_engine_ids_and_ports_are_the_settings_defaults(services, no_twinstream_env):
     defaults = load_settings()
-    assert defaults.engine_ids == ENGINE_IDS
+    assert defaults.engine_ids == ENGINE_IDS[:2]
     for name in [*ENGINES, *AIRFLOW_SERVICES]:
         env = services[name]["environment"]
         assert env["TWINSTREAM_ENGINE_IDS"] == ",".join(defaults.engine_ids), name
@@ -580,11 +583,13 @@ def test_settings_inside_a_container_find_every_engine(
         if key.startswith("TWINSTREAM_"):
             monkeypatch.setenv(key, value)
     settings = load_settings()
-    for index, engine_id in enumerate(settings.engine_ids):
+    # Every process reaches every pipeline's engines (engine ids are the stack's).
+    for engine_id in registry.engines(settings):
         engine = f"engine-{engine_id}"
         assert engine in services
-        port = _engine_port(index)
-        assert settings.engine_admin_url(engine_id) == f"http://{engine}:{port}"
+        port = _engine_port(engine_id)
+        owner = registry.for_engine(settings, engine_id)
+        assert owner.engine_admin_url(engine_id) == f"http://{engine}:{port}"
         assert str(port) in services[engine]["healthcheck"]["test"][-1]
     assert settings.bootstrap_servers == ",".join(f"{b}:19092" for b in BROKERS)
     assert settings.zk_address == ("zookeeper", 2181)
@@ -665,3 +670,32 @@ def test_invalid_yaml_is_rejected(compose_binary, tmp_path):
     result = run_compose(compose_binary, "config", "-q", compose_file=copy)
     assert result.returncode != 0
     assert result.stderr.strip()
+
+
+def test_compose_follows_the_pipelines_file(services, monkeypatch, no_twinstream_env):
+    """One engine service per engine of every pipeline in pipelines.toml, each running its
+    pipeline (as engine.py resolves it from the service's environment); kafka-init creates
+    every pipeline's topics; Airflow has a connection per engine."""
+    base = load_settings()
+    pipelines = registry.stack(base)
+    assert [f"engine-{e}" for e in registry.engines(base)] == ENGINES
+    assert {n for n in services if n.startswith("engine-")} == set(ENGINES)
+    others = services["kafka-init"]["environment"]["TWINSTREAM_OTHER_PIPELINES"].split(",")
+    assert [base.pipeline, *others] == list(pipelines)
+    airflow = services["airflow-scheduler"]["environment"]
+    for pipeline in pipelines.values():
+        for engine_id in pipeline.engine_ids:
+            service = services[f"engine-{engine_id}"]
+            for key, value in {**dockerfile_env(), **service["environment"]}.items():
+                if key.startswith("TWINSTREAM_"):
+                    monkeypatch.setenv(key, value)
+            mine = registry.for_engine(load_settings(), engine_id)
+            assert (mine.pipeline, mine.inbound_topic, mine.progress_topic) == (
+                pipeline.pipeline,
+                pipeline.inbound_topic,
+                pipeline.progress_topic,
+            )
+            port = pipeline.engine_admin_port(engine_id)
+            assert mine.engine_admin_url(engine_id) == f"http://engine-{engine_id}:{port}"
+            conn = json.loads(airflow[f"AIRFLOW_CONN_TWINSTREAM_ENGINE_{engine_id.upper()}"])
+            assert (conn["host"], conn["port"]) == (f"engine-{engine_id}", port)
