@@ -3,20 +3,15 @@ wired together. `spark_jobs/engine.py` is its command-line entry point."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import threading
 import time
-import uuid
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, TopicPartition
-
 import twinstream
-from twinstream import snapshot
+from twinstream import repair, snapshot
 from twinstream.admin_api import (
     BufferedRow,
     Conflict,
@@ -28,7 +23,6 @@ from twinstream.admin_api import (
 )
 from twinstream.config import Settings
 from twinstream.contract import Pipeline
-from twinstream.core import checkpoint
 from twinstream.core.election import Election, root_acl, zk_client
 from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
@@ -41,67 +35,15 @@ from twinstream.core.quarantine import (
     next_step,
     quarantine_reason,
 )
-from twinstream.kafka import consumer_config
 from twinstream.metrics import EngineMetrics
 from twinstream.pipeline import rows_of, spark_conf, start_query
+from twinstream.positions import InboundWatermarks, events_per_s, is_in_sync, query_position
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
-
-
-def _offset(value: Any, topic: str) -> int | None:
-    """Partition 0's offset in a source's start or end offset (JSON text in PySpark 4, a
-    dict before 4.0)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return None
-    partitions = value.get(topic) if isinstance(value, dict) else None
-    return int(partitions.get("0", 0)) if partitions else None
-
-
-def query_position(progress: Mapping[str, Any], topic: str) -> int | None:
-    """The next inbound offset the query will read, from its last progress report; None
-    before the first report. PySpark 4 gives a source's endOffset as a JSON string (before
-    4.0 it was a dict): reading only the dict form found no position at all, ever."""
-    for source in progress.get("sources") or []:
-        end = _offset(source.get("endOffset"), topic)
-        if end is not None:
-            return end
-    return None
-
-
-def events_per_s(progress: Mapping[str, Any], topic: str) -> float | None:
-    """Inbound records the last batch consumed, per second of it. From the source's offsets,
-    not Spark's processedRowsPerSecond: the plan reads its one source in two branches (the
-    transform's and the dead letters'), and Spark counts every record twice."""
-    duration_ms = (progress.get("durationMs") or {}).get("triggerExecution")
-    for source in progress.get("sources") or []:
-        start = _offset(source.get("startOffset"), topic)
-        end = _offset(source.get("endOffset"), topic)
-        if end is not None and duration_ms:
-            return round((end - (start or 0)) / (float(duration_ms) / 1000), 1)
-    return None
-
-
-def is_in_sync(state: str, lag: int | None, in_sync_lag: int, query_reported: bool) -> bool:
-    """A hot standby's test: its pipeline works and its lag is known and small. Until the
-    current query has reported progress, the lag falls back to what the previous query of
-    this process processed: right after a start that says "in sync" of an engine that has
-    not read anything yet, so it counts only once the query has reported. A persist stops
-    the query on purpose and keeps the engine what it was."""
-    if state == "persisting":
-        return lag is not None and lag <= in_sync_lag
-    return (
-        state in ("running", "restoring")
-        and query_reported
-        and lag is not None
-        and (lag <= in_sync_lag)
-    )
 
 
 class Engine:
@@ -121,7 +63,7 @@ class Engine:
             on_fenced=self._resign,
         )
         # A gap to recompute, found at a takeover: how (the main loop does it).
-        self._repair: checkpoint.RewindPoint | snapshot.Manifest | None = None
+        self._repair: repair.Plan | None = None
         self.zk = zk_client(settings)
         self.election = Election(
             self.zk,
@@ -153,9 +95,7 @@ class Engine:
         self._reason = "not started"
         self._restored_from: str | None = None
         self._restore_started = 0.0
-        self._kafka_lock = threading.Lock()
-        self._hwm_consumer = Consumer(self._hwm_config())
-        self._hwm: tuple[float, int | None] = (0.0, None)
+        self.watermarks = InboundWatermarks(settings, engine_id)
         self._progress_cache: tuple[float, Any, dict[str, Any]] = (0.0, None, {})
         # Built ahead of a takeover, so that winning costs only the fence and the tail read.
         self._last_published = LastPublishedReader(settings)
@@ -252,7 +192,7 @@ class Engine:
             if problem is not None:
                 return f"the checkpoint is unusable: {problem}"
             position = snapshot.checkpoint_position(checkpoint, topic)
-            log_start = self._log_start_offset()
+            log_start = self.watermarks.log_start()
             if position is not None and position.next_offset < log_start:
                 return (
                     f"the checkpoint continues at inbound offset {position.next_offset}, but "
@@ -302,7 +242,7 @@ class Engine:
         self.stop_pipeline("engine shutting down")
         self.zk.stop()
         self.zk.close()
-        self._hwm_consumer.close()
+        self.watermarks.close()
         self._last_published.close()
         self._active_position.close()
         if self._spark is not None:
@@ -421,25 +361,8 @@ class Engine:
 
     def _on_gap(self, first: int, last: int) -> bool:
         """The gate found msg_id first..last in no buffer at a takeover. Plan to recompute
-        it: rewind to the newest batch of this engine's own checkpoint history that ends at
-        or before `first`, else install the newest snapshot that continues at or before it
-        (Kafka must still hold the inbound records from there). False: neither reaches."""
-        ckpt = self.settings.checkpoint_dir(self.engine_id)
-        point = checkpoint.rewind_point(ckpt, self.settings.inbound_topic, first)
-        plan: checkpoint.RewindPoint | snapshot.Manifest | None = point
-        if point is None:
-            try:
-                log_start = self._log_start_offset()
-            except Exception:
-                log_start = first + 1  # unknown: no snapshot can be trusted to replay
-            usable = [
-                s.manifest
-                for s in snapshot.list_snapshots(self.settings.snapshot_dir, self.settings.pipeline)
-                if s.valid
-                and s.manifest is not None
-                and log_start <= s.manifest.next_offset <= first
-            ]
-            plan = max(usable, key=lambda m: m.next_offset, default=None)
+        it (twinstream.repair); the main loop rewinds. False: nothing reaches back to it."""
+        plan = repair.plan(self.settings, self.engine_id, first, self.watermarks.log_start)
         if plan is None:
             log.error(
                 "engine %s pipeline %s: msg_id %s..%s cannot be recomputed: the checkpoint "
@@ -455,18 +378,12 @@ class Engine:
 
     def _rewind_for_repair(self) -> None:
         plan, self._repair = self._repair, None
-        ckpt = self.settings.checkpoint_dir(self.engine_id)
+        if plan is None:
+            return
         try:
             self.gate.abandon_waits()
             self._stop_query_between_batches()
-            if isinstance(plan, checkpoint.RewindPoint):
-                checkpoint.rewind(ckpt, plan)
-                source, next_offset = f"its checkpoint's batch {plan.batch_id}", plan.next_offset
-            elif plan is not None:
-                snapshot.install(self.settings.snapshot_dir, plan, ckpt)
-                source, next_offset = f"snapshot {plan.snapshot_id}", plan.next_offset
-            else:
-                return
+            source, next_offset = repair.apply(self.settings, self.engine_id, plan)
             self.gate.rewind(next_offset)
             log.warning(
                 "engine %s pipeline %s: rewound to msg_id %s (%s) to recompute the gap",
@@ -539,7 +456,7 @@ class Engine:
 
     def _kafka_answers(self) -> bool:
         try:
-            self._log_start_offset()
+            self.watermarks.log_start()
         except Exception:
             return False
         return True
@@ -603,11 +520,11 @@ class Engine:
                     "the pipeline first (POST /pipeline/stop)"
                 )
             topic = self.settings.inbound_topic
-            log_start = self._log_start_offset()
+            log_start = self.watermarks.log_start()
             checkpoint = self.settings.checkpoint_dir(self.engine_id)
             if requested == "cold":
                 start_ms = int(time.time() * 1000) - self.settings.window_retention_ms
-                starting: int | None = max(log_start, self._offset_at(start_ms))
+                starting: int | None = max(log_start, self.watermarks.offset_at(start_ms))
                 shutil.rmtree(checkpoint, ignore_errors=True)
                 self.gate.restore([])
                 source, next_offset = "cold", int(starting or 0)
@@ -650,26 +567,6 @@ class Engine:
     def buffer_tail(self, last: int) -> list[BufferedRow]:
         rows = self.gate.buffered()[-last:] if last > 0 else []
         return [BufferedRow(msg_id=r.msg_id, kind=r.kind, key=r.key, value=r.value) for r in rows]
-
-    def _log_start_offset(self) -> int:
-        with self._kafka_lock:
-            low, _ = self._hwm_consumer.get_watermark_offsets(
-                TopicPartition(self.settings.inbound_topic, 0), timeout=10
-            )
-        return int(low)
-
-    def _offset_at(self, timestamp_ms: int) -> int:
-        """The first inbound offset at or after the time (the end of the log if none is)."""
-        with self._kafka_lock:
-            (found,) = self._hwm_consumer.offsets_for_times(
-                [TopicPartition(self.settings.inbound_topic, 0, timestamp_ms)], timeout=10
-            )
-            if found.offset >= 0:
-                return int(found.offset)
-            _, high = self._hwm_consumer.get_watermark_offsets(
-                TopicPartition(self.settings.inbound_topic, 0), timeout=10
-            )
-        return int(high)
 
     def _new_session(self) -> SparkSession:
         from twinstream.spark import session
@@ -799,7 +696,7 @@ class Engine:
         read_up_to = self._query_position()
         if read_up_to is None and last_processed is not None:
             read_up_to = last_processed + 1
-        hwm = self._high_watermark()
+        hwm = self.watermarks.high()
         if hwm is None or read_up_to is None:
             return None
         return max(0, hwm - read_up_to)
@@ -820,37 +717,6 @@ class Engine:
 
     def _query_position(self) -> int | None:
         return query_position(self._progress(), self.settings.inbound_topic)
-
-    def _hwm_config(self) -> dict[str, Any]:
-        return consumer_config(self.settings, f"twinstream-lag-{uuid.uuid4()}")
-
-    def _high_watermark(self) -> int | None:
-        fetched_at, value = self._hwm
-        if time.monotonic() - fetched_at < 0.5:
-            return value
-        with self._kafka_lock:
-            try:
-                _, high = self._hwm_consumer.get_watermark_offsets(
-                    TopicPartition(self.settings.inbound_topic, 0), timeout=2
-                )
-            except Exception as exc:
-                log.warning(
-                    "engine %s: inbound high watermark unavailable: %s; asking again with a "
-                    "new consumer",
-                    self.engine_id,
-                    exc,
-                )
-                # Seen after a broker was killed and came back: this idle consumer kept
-                # the partition as unknown ("Local: Unknown partition") for minutes, so the
-                # lag stayed unknown and the engine never counted as in sync again. A new
-                # consumer fetches the cluster's metadata afresh.
-                old, self._hwm_consumer = self._hwm_consumer, Consumer(self._hwm_config())
-                old.close()
-                # Once per cache period, not once per status read.
-                self._hwm = (time.monotonic(), None)
-                return None
-        self._hwm = (time.monotonic(), int(high))
-        return int(high)
 
 
 class EngineControl:

@@ -15,7 +15,13 @@ from twinstream.config import load_settings
 def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> engine_module.Engine:
     """An engine with every client mocked, its state in tmp_path, its query running."""
     # Nothing here may reach a network: every client the constructor builds is a mock.
-    for name in ("zk_client", "Consumer", "LastPublishedReader", "KafkaPublisher", "Election"):
+    for name in (
+        "zk_client",
+        "InboundWatermarks",
+        "LastPublishedReader",
+        "KafkaPublisher",
+        "Election",
+    ):
         monkeypatch.setattr(engine_module, name, mock.MagicMock(name=name))
     # No stack has run on a fresh clone: no secret files; the ZooKeeper client is a mock.
     settings = load_settings(zk_password="unit-test", state_dir=tmp_path)

@@ -10,7 +10,7 @@ def test_close_stops_the_query_and_every_client(engine):
     engine.election.stop.assert_called_once()
     engine.zk.stop.assert_called_once()
     engine.zk.close.assert_called_once()
-    engine._hwm_consumer.close.assert_called_once()
+    engine.watermarks.close.assert_called_once()
     engine._spark.stop.assert_called_once()
     assert engine._state == "stopped"
 
@@ -24,7 +24,7 @@ def test_close_goes_on_when_the_jvm_already_stopped_the_spark_context(engine, ca
     engine.election.stop.assert_called_once()
     engine.zk.stop.assert_called_once()
     engine.zk.close.assert_called_once()
-    engine._hwm_consumer.close.assert_called_once()
+    engine.watermarks.close.assert_called_once()
     assert engine._state == "stopped"
     assert engine._query is None
     assert "did not stop cleanly (An error occurred while calling o114.stop.)" in caplog.text

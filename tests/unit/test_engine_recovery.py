@@ -46,7 +46,7 @@ def started(monkeypatch: pytest.MonkeyPatch, engine):
     monkeypatch.setattr(engine_module, "start_query", query)
     engine.quarantine = mock.MagicMock(name="quarantine")
     engine.quarantine.entries.return_value = {}
-    engine._log_start_offset = mock.MagicMock(return_value=0)
+    engine.watermarks.log_start.return_value = 0
     return query
 
 
@@ -102,7 +102,7 @@ def test_a_gap_older_than_the_history_is_planned_from_the_newest_snapshot_before
         SnapshotInfo("s0", Path("s0"), _manifest("s0", 40), None),  # Kafka deleted it
     ]
     monkeypatch.setattr(snapshot, "list_snapshots", lambda *_: infos)
-    engine._log_start_offset = mock.MagicMock(return_value=100)
+    engine.watermarks.log_start.return_value = 100
     assert engine._on_gap(200, 299) is True
     assert isinstance(engine._repair, Manifest)
     assert engine._repair.snapshot_id == "s2"
@@ -110,7 +110,7 @@ def test_a_gap_older_than_the_history_is_planned_from_the_newest_snapshot_before
 
 def test_a_gap_nothing_reaches_is_not_planned(engine, monkeypatch, caplog):
     monkeypatch.setattr(snapshot, "list_snapshots", lambda *_: [])
-    engine._log_start_offset = mock.MagicMock(return_value=0)
+    engine.watermarks.log_start.return_value = 0
     assert engine._on_gap(200, 299) is False
     assert engine._repair is None
     assert "msg_id 200..299 cannot be recomputed" in caplog.text

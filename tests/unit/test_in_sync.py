@@ -3,7 +3,7 @@ restore sensor rely on."""
 
 import pytest
 
-from twinstream.engine import events_per_s, is_in_sync, query_position
+from twinstream.positions import events_per_s, is_in_sync, query_position
 
 
 @pytest.mark.parametrize(

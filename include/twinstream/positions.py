@@ -1,0 +1,151 @@
+"""Where an engine stands on its inbound topic: Kafka's log start and high watermark, the
+offset at a time, and the query's own position and rate from its progress reports.
+
+Guarantee: every answer is Kafka's or Spark's own; a broker that cannot answer gives None
+(the lag is then unknown, never guessed), and the watermark consumer is replaced after a
+failure, because an idle consumer can keep a partition "unknown" long after its broker is
+back. Status reads are cached (0.5 s) so that polling never slows the batches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from twinstream.config import Settings
+from twinstream.kafka import consumer_config
+
+log = logging.getLogger(__name__)
+
+
+def _offset(value: Any, topic: str) -> int | None:
+    """Partition 0's offset in a source's start or end offset (JSON text in PySpark 4, a
+    dict before 4.0)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    partitions = value.get(topic) if isinstance(value, dict) else None
+    return int(partitions.get("0", 0)) if partitions else None
+
+
+def query_position(progress: Mapping[str, Any], topic: str) -> int | None:
+    """The next inbound offset the query will read, from its last progress report; None
+    before the first report. PySpark 4 gives a source's endOffset as a JSON string (before
+    4.0 it was a dict): reading only the dict form found no position at all, ever."""
+    for source in progress.get("sources") or []:
+        end = _offset(source.get("endOffset"), topic)
+        if end is not None:
+            return end
+    return None
+
+
+def events_per_s(progress: Mapping[str, Any], topic: str) -> float | None:
+    """Inbound records the last batch consumed, per second of it. From the source's offsets,
+    not Spark's processedRowsPerSecond: the plan reads its one source in two branches (the
+    transform's and the dead letters'), and Spark counts every record twice."""
+    duration_ms = (progress.get("durationMs") or {}).get("triggerExecution")
+    for source in progress.get("sources") or []:
+        start = _offset(source.get("startOffset"), topic)
+        end = _offset(source.get("endOffset"), topic)
+        if end is not None and duration_ms:
+            return round((end - (start or 0)) / (float(duration_ms) / 1000), 1)
+    return None
+
+
+def is_in_sync(state: str, lag: int | None, in_sync_lag: int, query_reported: bool) -> bool:
+    """A hot standby's test: its pipeline works and its lag is known and small. Until the
+    current query has reported progress, the lag falls back to what the previous query of
+    this process processed: right after a start that says "in sync" of an engine that has
+    not read anything yet, so it counts only once the query has reported. A persist stops
+    the query on purpose and keeps the engine what it was."""
+    if state == "persisting":
+        return lag is not None and lag <= in_sync_lag
+    return (
+        state in ("running", "restoring")
+        and query_reported
+        and lag is not None
+        and (lag <= in_sync_lag)
+    )
+
+
+class InboundWatermarks:
+    """The inbound partition's log start and high watermark, through one consumer that
+    never subscribes (it only asks for offsets)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine_id: str,
+        consumer: Callable[[dict[str, Any]], Any] = Consumer,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.engine_id = engine_id
+        self._new_consumer = consumer
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.consumer = consumer(self._config())
+        self._high: tuple[float, int | None] = (-1.0, None)
+
+    def _config(self) -> dict[str, Any]:
+        return consumer_config(self.settings, f"twinstream-lag-{uuid.uuid4()}")
+
+    def _partition(self, timestamp_ms: int | None = None) -> TopicPartition:
+        if timestamp_ms is None:
+            return TopicPartition(self.settings.inbound_topic, 0)
+        return TopicPartition(self.settings.inbound_topic, 0, timestamp_ms)
+
+    def log_start(self) -> int:
+        """Kafka's first inbound offset; raises when Kafka does not answer."""
+        with self._lock:
+            low, _ = self.consumer.get_watermark_offsets(self._partition(), timeout=10)
+        return int(low)
+
+    def offset_at(self, timestamp_ms: int) -> int:
+        """The first inbound offset at or after the time (the end of the log if none is)."""
+        with self._lock:
+            (found,) = self.consumer.offsets_for_times([self._partition(timestamp_ms)], timeout=10)
+            if found.offset >= 0:
+                return int(found.offset)
+            _, high = self.consumer.get_watermark_offsets(self._partition(), timeout=10)
+        return int(high)
+
+    def high(self) -> int | None:
+        """The high watermark, at most 0.5 s old; None when Kafka does not answer."""
+        fetched_at, value = self._high
+        if fetched_at >= 0 and self._clock() - fetched_at < 0.5:
+            return value
+        with self._lock:
+            try:
+                _, high = self.consumer.get_watermark_offsets(self._partition(), timeout=2)
+            except Exception as exc:
+                log.warning(
+                    "engine %s pipeline %s: inbound high watermark unavailable: %s; asking "
+                    "again with a new consumer",
+                    self.engine_id,
+                    self.settings.pipeline,
+                    exc,
+                )
+                # Seen after a broker was killed and came back: this idle consumer kept
+                # the partition as unknown ("Local: Unknown partition") for minutes, so the
+                # lag stayed unknown and the engine never counted as in sync again. A new
+                # consumer fetches the cluster's metadata afresh.
+                old, self.consumer = self.consumer, self._new_consumer(self._config())
+                old.close()
+                # Once per cache period, not once per status read.
+                self._high = (self._clock(), None)
+                return None
+        self._high = (self._clock(), int(high))
+        return int(high)
+
+    def close(self) -> None:
+        self.consumer.close()

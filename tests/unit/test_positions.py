@@ -1,0 +1,61 @@
+"""The engine's view of its inbound partition (twinstream.positions): cached watermarks, and
+a fresh consumer after Kafka failed to answer (an idle consumer can keep a partition
+"unknown" for minutes after its broker came back)."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+import pytest
+from confluent_kafka import KafkaException
+
+from twinstream.config import load_settings
+from twinstream.positions import InboundWatermarks
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_high_watermark_is_cached_and_a_failure_brings_a_new_consumer() -> None:
+    consumers: list[Any] = []
+
+    def make(_config: dict[str, Any]) -> Any:
+        consumer = mock.MagicMock(name=f"consumer{len(consumers)}")
+        consumer.get_watermark_offsets.return_value = (5, 40 + len(consumers))
+        consumers.append(consumer)
+        return consumer
+
+    clock = Clock()
+    marks = InboundWatermarks(load_settings(), "a", consumer=make, clock=clock)
+    assert marks.high() == 40
+    assert marks.high() == 40  # cached: one question to Kafka
+    assert consumers[0].get_watermark_offsets.call_count == 1
+    clock.now += 1.0
+    consumers[0].get_watermark_offsets.side_effect = KafkaException("Local: Unknown partition")
+    assert marks.high() is None  # unknown, never guessed
+    consumers[0].close.assert_called_once()
+    assert marks.high() is None  # within the cache period: no new question
+    clock.now += 1.0
+    assert marks.high() == 41  # the new consumer answers
+    assert marks.log_start() == 5
+    marks.close()
+    consumers[1].close.assert_called_once()
+
+
+def test_the_offset_at_a_time_past_the_log_is_its_end() -> None:
+    consumer = mock.MagicMock()
+    consumer.offsets_for_times.return_value = [mock.MagicMock(offset=-1)]
+    consumer.get_watermark_offsets.return_value = (0, 77)
+    marks = InboundWatermarks(load_settings(), "a", consumer=lambda _c: consumer)
+    assert marks.offset_at(123) == 77
+    consumer.offsets_for_times.return_value = [mock.MagicMock(offset=12)]
+    assert marks.offset_at(123) == 12
+    consumer.get_watermark_offsets.side_effect = KafkaException("down")
+    with pytest.raises(KafkaException):
+        marks.log_start()  # a caller decides what an unanswered log start means
