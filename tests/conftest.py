@@ -52,12 +52,15 @@ TEST_ENV = {
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The stack's own tests run first among the integration tests, while `up` has left
-    every pipeline's engines running (later modules stop them to free the cores); tests
-    marked `stack_teardown` stop the shared stack, so they run after all others."""
+    every pipeline's engines running; then the chaos scenarios on the stack's own
+    hostmetrics engines, still warm (a restart of both costs about a minute on two
+    cores); then the modules that stop them to free the cores for engines of their own.
+    Tests marked `stack_teardown` stop the shared stack, so they run after all others."""
+    groups = ("tests/integration/test_stack.py", "tests/chaos/test_chaos.py")
 
     def order(item: pytest.Item) -> tuple[bool, int]:
         path = item.path.as_posix()
-        group = 1 if path.endswith("tests/integration/test_stack.py") else 2
+        group = next((i + 1 for i, g in enumerate(groups) if path.endswith(g)), len(groups) + 1)
         if "/tests/unit/" in path or "/tests/dags/" in path:
             group = 0
         return item.get_closest_marker("stack_teardown") is not None, group
