@@ -26,18 +26,11 @@ from twinstream.contract import Pipeline
 from twinstream.core.election import Election, root_acl, zk_client
 from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
-from twinstream.core.quarantine import (
-    Bisection,
-    QuarantineStore,
-    describe,
-    failed_batch,
-    forget_batch,
-    next_step,
-    quarantine_reason,
-)
+from twinstream.core.quarantine import QuarantineStore, describe
 from twinstream.metrics import EngineMetrics
 from twinstream.pipeline import rows_of, spark_conf, start_query
 from twinstream.positions import InboundWatermarks, events_per_s, is_in_sync, query_position
+from twinstream.recovery import Recovery
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -76,16 +69,8 @@ class Engine:
             root_acl=root_acl(settings),
         )
         self.quarantine = QuarantineStore(self.zk, settings.quarantine_path)
-        # The quarantined offsets the running query excludes (offset -> reason), the search
-        # for the offending offsets of a failed batch, and the batch size it imposes.
-        self._excluded: dict[int, str] = {}
-        self._search: Bisection | None = None
-        self._cap: int | None = None
-        # Set by a batch whose processing raised: (batch id, "<class>: <message>").
-        self._batch_error: tuple[int, str] | None = None
-        # Consecutive query failures not traced to a record, and when to restart next.
-        self._failures = 0
-        self._restart_at = 0.0
+        # Failures of the query: the quarantine search, the backoff (twinstream.recovery).
+        self.recovery = Recovery(settings, engine_id, self.quarantine)
         self._quarantine_seen: tuple[float, dict[int, str]] = (0.0, {})
         # Serialises start, stop, persist and restore; status reads never wait for it.
         self._lock = threading.RLock()
@@ -140,11 +125,11 @@ class Engine:
     def _start_query(self, starting_offset: int | None = None) -> None:
         if self._spark is None:
             self._spark = self._new_session()
-        self._excluded = self._read_quarantine()
+        self.recovery.excluded = self._read_quarantine()
         self.gate.resume_waits()
         # A batch of the previous query interrupted by its stop raised too; it must not be
         # taken for this query's failure.
-        self._batch_error = None
+        self.recovery.batch_error = None
         self._query = start_query(
             self._spark,
             self.settings,
@@ -152,8 +137,8 @@ class Engine:
             self.engine_id,
             self.process_batch,
             starting_offset,
-            max_offsets=self._cap,
-            quarantined=self._excluded,
+            max_offsets=self.recovery.cap,
+            quarantined=self.recovery.excluded,
         )
         log.info(
             "engine %s pipeline %s: query %s started from %s%s",
@@ -214,7 +199,7 @@ class Engine:
         with self._lock:
             if self._state == "stopped":
                 return
-            self._search, self._cap = None, None
+            self.recovery.end_search()
             # Leave the election first: a standby takes over while this query winds down.
             self.election.stop()
             self.gate.step_down(reason, rejoin=False)
@@ -283,7 +268,7 @@ class Engine:
             return
         query = self._query
         if query is None:
-            if self._state == "recovering" and time.monotonic() >= self._restart_at:
+            if self._state == "recovering" and self.recovery.backoff_over():
                 self._restart_query()
             return
         if query.isActive:
@@ -294,70 +279,16 @@ class Engine:
         self._recover(error)
 
     def _recover(self, error: Any) -> None:
-        """A query died. If a batch's processing raised while Kafka answers, the batch's
-        records are the suspects: search them (twinstream.core.quarantine) and restart at once.
-        Otherwise restart with backoff; after three such failures in a row, leave the
-        election so that a healthy standby takes over, and come back once it runs."""
-        batch_error, self._batch_error = self._batch_error, None
-        checkpoint = self.settings.checkpoint_dir(self.engine_id)
-        failed = failed_batch(checkpoint, self.settings.inbound_topic)
-        if batch_error is not None and failed is not None and self._kafka_answers():
-            self._failures = 0
-            quarantined = self._read_quarantine()
-            step, self._search = next_step(failed, quarantined, self._excluded, self._search)
-            log.error(
-                "engine %s pipeline %s: batch %s (msg_id %s..%s) failed: %s; %s",
-                self.engine_id,
-                self.settings.pipeline,
-                failed.batch_id,
-                failed.start,
-                failed.end - 1,
-                batch_error[1],
-                {
-                    "exclude": "excluding the offsets another engine quarantined",
-                    "split": f"splitting it: batches of at most {step.cap}",
-                    "retry": "running the record alone again to confirm",
-                    "quarantine": f"quarantining msg_id {step.offset}",
-                }[step.action],
-            )
-            if step.action == "split":
-                forget_batch(checkpoint, failed.batch_id)
-                self._cap = step.cap
-            elif step.action == "retry":
-                self._cap = 1
-            elif step.action == "quarantine" and step.offset is not None:
-                reason = self.quarantine.add(
-                    step.offset, quarantine_reason(batch_error[1]), self.engine_id
-                )
-                log.error(
-                    "engine %s pipeline %s: msg_id %s QUARANTINED (%s): it goes to %s",
-                    self.engine_id,
-                    self.settings.pipeline,
-                    step.offset,
-                    reason,
-                    self.settings.dlq_topic,
-                )
-                self._search, self._cap = None, None
-            self._state, self._reason = "recovering", f"batch failed: {batch_error[1]}"
-            self._restart_at = 0.0
-            self._restart_query()
-            return
-        self._failures += 1
-        delay = min(30.0, 2.0**self._failures)
-        reason = str(error).splitlines()[0] if error is not None else "no error reported"
-        self._state = "recovering"
-        self._reason = f"streaming query stopped: {reason}; restarting in {delay:.0f} s"
-        self._restart_at = time.monotonic() + delay
-        if self._failures >= 3 and self.gate.role != "none":
+        """A query died: twinstream.recovery says how to go on (the next step of a search
+        for the record to blame, at once; or a restart after a backoff, having left the
+        election after repeated failures)."""
+        outcome = self.recovery.query_died(error, self._kafka_answers, self._read_quarantine)
+        self._state, self._reason = "recovering", outcome.reason
+        if outcome.leave_election and self.gate.role != "none":
             self.election.stop()
             self.gate.step_down("query failing", rejoin=False)
-        log.error(
-            "engine %s pipeline %s: %s (failure %s in a row)",
-            self.engine_id,
-            self.settings.pipeline,
-            self._reason,
-            self._failures,
-        )
+        if outcome.restart_now:
+            self._restart_query()
 
     def _on_gap(self, first: int, last: int) -> bool:
         """The gate found msg_id first..last in no buffer at a takeover. Plan to recompute
@@ -401,13 +332,7 @@ class Engine:
         try:
             self._start_query()
         except Exception as exc:
-            self._failures += 1
-            delay = min(30.0, 2.0**self._failures)
-            self._reason = f"restarting the query failed: {exc}; again in {delay:.0f} s"
-            self._restart_at = time.monotonic() + delay
-            log.error(
-                "engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, self._reason
-            )
+            self._reason = self.recovery.restart_failed(exc)
             return
         self._state, self._reason = "running", ""
         if self.gate.role == "none":  # left the election after repeated failures
@@ -415,22 +340,8 @@ class Engine:
             self.election.start()
 
     def _after_search(self) -> None:
-        """Once the query has passed the range a search split, restart it with the normal
-        batch size (a cap is fixed when a query starts)."""
-        search = self._search
-        if search is None or self._cap is None:
+        if not self.recovery.search_passed(self._query_position()):
             return
-        position = self._query_position()
-        if position is None or position < search.end:
-            return
-        log.warning(
-            "engine %s pipeline %s: past msg_id %s: back to batches of %s",
-            self.engine_id,
-            self.settings.pipeline,
-            search.end - 1,
-            self.settings.max_offsets_per_trigger,
-        )
-        self._search, self._cap = None, None
         self.gate.abandon_waits()
         self._stop_query_between_batches()
         self._restart_query()
@@ -444,13 +355,13 @@ class Engine:
         """The pipeline's quarantine as last read (at most 5 s old), for status reads."""
         read_at, entries = self._quarantine_seen
         if not self.zk.connected:  # before the pipeline starts, or ZooKeeper away
-            return {**self._excluded}
+            return {**self.recovery.excluded}
         if time.monotonic() - read_at > 5.0:
             try:
                 entries = self.quarantine.entries()
             except Exception as exc:  # status reads must not fail on ZooKeeper
                 log.warning("engine %s: quarantine unreadable: %s", self.engine_id, exc)
-                entries = {**self._excluded}
+                entries = {**self.recovery.excluded}
             self._quarantine_seen = (time.monotonic(), entries)
         return entries
 
@@ -584,12 +495,12 @@ class Engine:
 
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
         try:
-            rows = rows_of(df, self._excluded, self.settings.max_message_bytes)
+            rows = rows_of(df, self.recovery.excluded, self.settings.max_message_bytes)
         except Exception as exc:
             # The query fails with it; _recover decides whether a record is to blame.
-            self._batch_error = (batch_id, describe(exc))
+            self.recovery.batch_error = (batch_id, describe(exc))
             raise
-        self._failures = 0  # "in a row": a batch went through
+        self.recovery.batch_passed()
         published = self.gate.on_batch(batch_id, rows)
         log.debug(
             "engine %s pipeline %s: batch %s, %s rows, %s published, msg_id %s..%s",

@@ -46,6 +46,7 @@ def started(monkeypatch: pytest.MonkeyPatch, engine):
     monkeypatch.setattr(engine_module, "start_query", query)
     engine.quarantine = mock.MagicMock(name="quarantine")
     engine.quarantine.entries.return_value = {}
+    engine.recovery.quarantine = engine.quarantine
     engine.watermarks.log_start.return_value = 0
     return query
 
@@ -55,7 +56,7 @@ def test_a_failed_batch_is_split_and_its_offsets_forgotten(engine, started):
     topic = engine.settings.inbound_topic
     _batch(checkpoint, topic, 0, 100)
     _batch(checkpoint, topic, 1, 1100, committed=False)
-    engine._batch_error = (1, "PythonException: RuntimeError: boom")
+    engine.recovery.batch_error = (1, "PythonException: RuntimeError: boom")
     engine._query.isActive = False
     engine.check_query()
     assert not (checkpoint / "offsets" / "1").exists()  # Spark plans batch 1 afresh
@@ -68,19 +69,19 @@ def test_a_failure_no_record_explains_restarts_with_backoff_and_leaves_after_thr
     engine._kafka_answers = mock.MagicMock(return_value=False)
     for failure in (1, 2, 3):
         engine._query = mock.MagicMock(name="query", isActive=False)
-        engine._batch_error = (7, "KafkaException: all brokers down")
+        engine.recovery.batch_error = (7, "KafkaException: all brokers down")
         engine.check_query()
         assert engine._state == "recovering"
         assert f"restarting in {min(30, 2**failure)} s" in engine._reason
     assert engine.gate.role == "none"  # left the election for a healthy standby
     started.assert_not_called()
-    engine._restart_at = 0.0
+    engine.recovery.restart_at = 0.0
     engine.check_query()  # the backoff is over: the query starts, the engine rejoins
     started.assert_called_once()
     assert engine._state == "running"
     assert engine.gate.role == "standby"
     engine.process_batch(mock.MagicMock(name="df"), 9)  # a batch goes through
-    assert engine._failures == 0
+    assert engine.recovery.failures == 0
 
 
 def test_a_gap_is_planned_from_the_checkpoint_history_when_it_reaches(engine):
@@ -119,13 +120,33 @@ def test_a_gap_nothing_reaches_is_not_planned(engine, monkeypatch, caplog):
 def test_status_reads_never_do_the_recovery_work(engine, started):
     """GET /pipeline must answer at once: restarting a query takes seconds."""
     engine._query.isActive = False
-    engine._batch_error = (3, "PythonException: RuntimeError: boom")
+    engine.recovery.batch_error = (3, "PythonException: RuntimeError: boom")
     engine.pipeline_info()
     started.assert_not_called()
-    assert engine._batch_error is not None  # left for the main loop's check_query
+    assert engine.recovery.batch_error is not None  # left for the main loop's check_query
 
 
 def test_a_batch_interrupted_by_a_stop_is_not_blamed_for_the_next_querys_failure(engine, started):
-    engine._batch_error = (4, "Py4JJavaError: java.lang.InterruptedException")  # a persist
+    engine.recovery.batch_error = (4, "Py4JJavaError: java.lang.InterruptedException")  # a persist
     engine._start_query()
-    assert engine._batch_error is None
+    assert engine.recovery.batch_error is None
+
+
+def test_a_record_that_fails_alone_twice_is_quarantined_and_the_search_ends(engine, started):
+    checkpoint = engine.settings.checkpoint_dir("a")
+    topic = engine.settings.inbound_topic
+    engine.quarantine.add.return_value = "quarantined: RuntimeError: boom"
+    _batch(checkpoint, topic, 0, 100)
+    _batch(checkpoint, topic, 1, 101, committed=False)  # msg_id 100 alone
+    actions = []
+    for _ in range(3):
+        engine._query = mock.MagicMock(name="query", isActive=False)
+        engine.recovery.batch_error = (1, "PythonException: RuntimeError: boom")
+        engine.check_query()
+        actions.append((engine.recovery.cap, engine.quarantine.add.call_count))
+        if engine.quarantine.add.called:
+            break
+    engine.quarantine.add.assert_called_once()
+    assert engine.quarantine.add.call_args.args[0] == 100
+    assert (engine.recovery.search, engine.recovery.cap) == (None, None), actions
+    assert engine._state == "running"  # restarted at once, the record set aside
