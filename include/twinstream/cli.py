@@ -199,10 +199,16 @@ def cmd_new_pipeline(settings: Settings, args: argparse.Namespace) -> int:
     folder = Path(args.dir)
     for path in write(args.name, folder):
         print(f"wrote {path}")
+    # Engine ids and admin ports are the stack's: offer ones no pipeline uses yet.
+    free = registry.free_engines(settings)
+    engines = ", ".join(f'"{e}"' for e, _ in free)
+    ports = ", ".join(str(p) for _, p in free)
     print(
         f"\nnext: `pytest {folder / args.name / 'test_pipeline.py'}` (from {folder}), then "
-        f"list it in {settings.pipelines_file}:\n\n[{args.name}]\nmodule = "
-        f'"{args.name}.pipeline"\n\nand `make up` runs it (README: Write your own pipeline)'
+        f"list it in {settings.pipelines_file} (its folder must be beside that file, or on "
+        f'PYTHONPATH):\n\n[{args.name}]\nmodule = "{args.name}.pipeline"\n'
+        f"engines = [{engines}]\nadmin_ports = [{ports}]\n\n"
+        "and `make up` runs its engines beside the others' (README: Write your own pipeline)"
     )
     return 0
 

@@ -168,3 +168,13 @@ def pipeline_settings(name: str) -> Settings:
     """Pipeline `name`'s settings on the stack the environment describes (a DAG task's
     view: TWINSTREAM_* plus the pipelines file)."""
     return settings_for(load_settings(), name)
+
+
+def free_engines(base: Settings, count: int = 2) -> list[tuple[str, int]]:
+    """`count` engine ids and admin ports no pipeline of the stack uses (for a new
+    pipeline's entry): the first free letters, the ports after the highest in use."""
+    pipelines = stack(base)
+    used = {e for s in pipelines.values() for e in s.engine_ids}
+    ports = [p for s in pipelines.values() for p in s.engine_admin_ports] or [8700]
+    ids = [c for c in "abcdefghijklmnopqrstuvwxyz" if c not in used][:count]
+    return [(engine_id, max(ports) + 1 + i) for i, engine_id in enumerate(ids)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from twinstream import registry
-from twinstream.config import SettingsError, load_settings
+from twinstream.config import REPO_ROOT, SettingsError, load_settings
 from twinstream.contract import ContractError, Pipeline, field_types
 
 
@@ -174,3 +174,17 @@ def test_two_pipelines_may_not_share_an_engine_or_a_port(tmp_path):
     same = write(tmp_path, '[one]\nmodule = "m"\n\n[two]\nmodule = "m"\n')
     with pytest.raises(SettingsError, match="engine 'a' belongs to both"):
         registry.stack(load_settings(pipelines_file=same))
+
+
+def test_new_pipeline_offers_engines_and_ports_no_pipeline_uses(tmp_path, capsys):
+    from twinstream import cli
+
+    assert registry.free_engines(load_settings()) == [("e", 8705), ("f", 8706)]
+    assert cli.main(["new-pipeline", "shop_totals", "--dir", str(tmp_path)]) == 0
+    hint = capsys.readouterr().out
+    assert '[shop_totals]\nmodule = "shop_totals.pipeline"\nengines = ["e", "f"]' in hint
+    assert "admin_ports = [8705, 8706]" in hint
+    # What it offers is what the pipelines file then accepts beside the examples.
+    repo = (REPO_ROOT / "pipelines.toml").read_text()
+    path = write(tmp_path, repo + hint[hint.index("[shop_totals]") : hint.index("\n\nand")])
+    assert registry.engines(load_settings(pipelines_file=path))[-2:] == ["e", "f"]
