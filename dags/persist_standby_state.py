@@ -34,8 +34,9 @@ from twinstream.config import load_settings
 
 # Read from the environment and the pipelines file only (no network, no Variables, no
 # pipeline code): the schedule and the mapping need them.
-PERSIST_INTERVAL = timedelta(seconds=load_settings().persist_interval_s)
-PIPELINES = list(registry.stack(load_settings()))
+SETTINGS = load_settings()
+PERSIST_INTERVAL = timedelta(seconds=SETTINGS.persist_interval_s)
+PIPELINES = list(registry.stack(SETTINGS))
 
 DEFAULT_ARGS = {
     "owner": "twinstream",

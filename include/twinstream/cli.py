@@ -261,9 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         chosen = getattr(args, "pipeline", None)
-        # status reads the stack (every pipeline) and takes --pipeline itself.
         settings = load_settings()
-        if chosen and args.command != "status":
+        if chosen:
             settings = registry.settings_for(settings, chosen)
         handler = {
             "publish": cmd_publish,

@@ -76,7 +76,11 @@ def settings_for(base: Settings, name: str) -> Settings:
     TWINSTREAM_PIPELINE_MODULE (outside the file) is the base itself."""
     if base.pipeline_module and name == base.pipeline:
         return base
-    listed = entries(base.pipelines_file)
+    return _settings_for(base, name, entries(base.pipelines_file))
+
+
+def _settings_for(base: Settings, name: str, listed: dict[str, Entry]) -> Settings:
+    """settings_for with the pipelines file already read (`stack` reads it once)."""
     if name not in listed:
         raise SettingsError(
             f"pipeline {name!r} is not in {base.pipelines_file} "
@@ -104,7 +108,7 @@ def stack(base: Settings) -> dict[str, Settings]:
     id or an admin port: each engine is one pipeline's."""
     if base.pipeline_module:
         return {base.pipeline: base}
-    listed = list(entries(base.pipelines_file))
+    listed = entries(base.pipelines_file)
     unknown = [n for n in base.stack_pipelines if n not in listed]
     if unknown:
         raise SettingsError(
@@ -112,7 +116,7 @@ def stack(base: Settings) -> dict[str, Settings]:
             f"{base.pipelines_file} does not list (it lists {', '.join(listed) or 'none'})"
         )
     chosen = [n for n in listed if not base.stack_pipelines or n in base.stack_pipelines]
-    result = {name: settings_for(base, name) for name in chosen}
+    result = {name: _settings_for(base, name, listed) for name in chosen}
     owners: dict[object, str] = {}
     for name, settings in result.items():
         for engine_id, port in zip(settings.engine_ids, settings.engine_admin_ports, strict=True):
