@@ -29,7 +29,13 @@ from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.quarantine import QuarantineStore, describe
 from twinstream.metrics import EngineMetrics
 from twinstream.pipeline import rows_of, spark_conf, start_query
-from twinstream.positions import InboundWatermarks, events_per_s, is_in_sync, query_position
+from twinstream.positions import (
+    BatchTimings,
+    InboundWatermarks,
+    events_per_s,
+    is_in_sync,
+    query_position,
+)
 from twinstream.recovery import Recovery
 
 if TYPE_CHECKING:
@@ -88,6 +94,8 @@ class Engine:
         # takeover's must never wait behind it.
         self._active_position = LastPublishedReader(settings)
         self._active_position_read = 0.0
+        self.batch_timings = BatchTimings()
+        self._timings_logged = time.monotonic()
         self._spare: KafkaPublisher | None = None
         self._prepare_publisher()
 
@@ -249,6 +257,18 @@ class Engine:
                 self.settings.pipeline,
                 exc,
             )
+
+    def log_batch_timings(self, every_s: float = 60.0) -> None:
+        """Sample the query's last progress report and, once every `every_s`, log where its
+        batches spent their time (called from the engine's main loop)."""
+        self.batch_timings.add(self._progress())
+        now = time.monotonic()
+        if now - self._timings_logged < every_s:
+            return
+        self._timings_logged = now
+        summary = self.batch_timings.summary()
+        if summary is not None:
+            log.info("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, summary)
 
     def check_query(self) -> None:
         """The main loop's look at the query, every second: recover a query that died (a
@@ -494,6 +514,7 @@ class Engine:
     # -- the query's sink ---------------------------------------------------------------
 
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
         try:
             rows = rows_of(df, self.recovery.excluded, self.settings.max_message_bytes)
         except Exception as exc:
@@ -501,7 +522,11 @@ class Engine:
             self.recovery.batch_error = (batch_id, describe(exc))
             raise
         self.recovery.batch_passed()
+        collected = time.perf_counter()
         published = self.gate.on_batch(batch_id, rows)
+        self.batch_timings.sink(
+            1000 * (collected - started), 1000 * (time.perf_counter() - collected)
+        )
         log.debug(
             "engine %s pipeline %s: batch %s, %s rows, %s published, msg_id %s..%s",
             self.engine_id,

@@ -149,3 +149,62 @@ class InboundWatermarks:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+# The parts of a micro-batch Spark times (StreamingQueryProgress.durationMs), in the order
+# it runs them.
+BATCH_PARTS = ("latestOffset", "walCommit", "queryPlanning", "addBatch", "commitOffsets")
+
+
+class BatchTimings:
+    """Where a query's micro-batches spend their time, from the progress reports the engine
+    reads anyway (a sample: the main loop looks once a second, at most one report per
+    batch). `summary` gives the medians since the last summary, for one log line a minute:
+    the profile of a running engine without a profiler."""
+
+    def __init__(self) -> None:
+        self._seen: Any = None
+        self._samples: list[dict[str, float]] = []
+        self._sink: list[tuple[float, float]] = []
+
+    def sink(self, collect_ms: float, gate_ms: float) -> None:
+        """Time the sink spent in one batch: the batch's Spark job with its transfer to the
+        driver, then the gate (publishing, on the active). Called for every batch."""
+        self._sink.append((collect_ms, gate_ms))
+
+    def add(self, progress: Mapping[str, Any]) -> None:
+        batch = progress.get("batchId")
+        if batch is None or batch == self._seen:
+            return
+        self._seen = batch
+        durations = progress.get("durationMs") or {}
+        sample = {part: float(durations.get(part, 0)) for part in BATCH_PARTS}
+        sample["total"] = float(durations.get("triggerExecution", 0))
+        sample["rows"] = float(progress.get("numInputRows") or 0)
+        sample["stateCommit"] = float(
+            sum(op.get("commitTimeMs", 0) for op in progress.get("stateOperators") or [])
+        )
+        self._samples.append(sample)
+
+    def summary(self) -> str | None:
+        """'n batches sampled: total 812 ms (latestOffset 3, ..., stateCommit 640), 2,300
+        rows' as medians; None without a sample since the last summary."""
+        samples, self._samples = self._samples, []
+        sink, self._sink = self._sink, []
+        if not samples:
+            return None
+
+        def median(key: str) -> float:
+            values = sorted(s[key] for s in samples)
+            return values[len(values) // 2]
+
+        parts = ", ".join(f"{p} {median(p):.0f}" for p in (*BATCH_PARTS, "stateCommit"))
+        line = (
+            f"{len(samples)} batches sampled, medians: {median('total'):.0f} ms ({parts}), "
+            f"{median('rows'):,.0f} input rows"
+        )
+        if sink:
+            job = sorted(c for c, _ in sink)[len(sink) // 2]
+            gate = sorted(g for _, g in sink)[len(sink) // 2]
+            line += f"; in addBatch, of {len(sink)} batches: job {job:.0f} ms, gate {gate:.0f} ms"
+        return line

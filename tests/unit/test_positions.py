@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import KafkaException
 
 from twinstream.config import load_settings
-from twinstream.positions import InboundWatermarks
+from twinstream.positions import BatchTimings, InboundWatermarks
 
 
 class Clock:
@@ -59,3 +59,28 @@ def test_the_offset_at_a_time_past_the_log_is_its_end() -> None:
     consumer.get_watermark_offsets.side_effect = KafkaException("down")
     with pytest.raises(KafkaException):
         marks.log_start()  # a caller decides what an unanswered log start means
+
+
+def progress(batch: int, total: int, add: int, commit: int) -> dict[str, Any]:
+    return {
+        "batchId": batch,
+        "numInputRows": 2 * batch,
+        "durationMs": {"triggerExecution": total, "addBatch": add, "walCommit": 5},
+        "stateOperators": [{"commitTimeMs": commit}],
+    }
+
+
+def test_batch_timings_give_medians_per_part_once_per_batch_and_start_over() -> None:
+    timings = BatchTimings()
+    assert timings.summary() is None
+    for batch, total in ((1, 900), (2, 300), (3, 500)):
+        timings.add(progress(batch, total, total - 100, total // 2))
+        timings.add(progress(batch, 99_999, 0, 0))  # the same report read again: ignored
+    summary = timings.summary()
+    assert summary == (
+        "3 batches sampled, medians: 500 ms (latestOffset 0, walCommit 5, queryPlanning 0, "
+        "addBatch 400, commitOffsets 0, stateCommit 250), 4 input rows"
+    )
+    assert timings.summary() is None  # each summary covers the batches since the last
+    timings.add({})  # no report yet
+    assert timings.summary() is None
