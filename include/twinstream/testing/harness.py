@@ -464,7 +464,8 @@ def bench_pipeline(prefix: str) -> Iterator[Pipeline]:
     supervisor = Supervisor(Layout.of(settings))
     if not supervisor.is_running():
         raise SystemExit("the local stack is not running: start it with `make up`")
-    paused = [f"engine-{e}" for e in settings.engine_ids]
+    # Every pipeline's engines: the others' idle JVMs would take the measured ones' cores.
+    paused = [f"engine-{e}" for e in registry.engines(settings)]
     for name in paused:
         supervisor.stop(name)
     env = {k: v for k, v in os.environ.items() if k.startswith("TWINSTREAM_")}
