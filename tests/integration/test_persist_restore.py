@@ -227,7 +227,13 @@ def test_damaged_and_expired_snapshots_are_refused_and_cold_still_works(pipeline
         )
         manifests.append(_persist(b))
     oldest, middle, newest = (pipeline.settings.snapshot_dir / m["snapshot_id"] for m in manifests)
-    state_file = next(p for p in sorted((newest / "checkpoint" / "state").rglob("*.zip")))
+    # A file of the state store: a snapshot (.zip) or, with changelog checkpointing, the
+    # changelog of a batch (.changelog).
+    state_file = next(
+        p
+        for p in sorted((newest / "checkpoint" / "state").rglob("*"))
+        if p.suffix in (".zip", ".changelog")
+    )
     state_file.write_bytes(state_file.read_bytes()[:10])  # truncated
     buffer_file = middle / snapshot.BUFFER
     data = bytearray(buffer_file.read_bytes())
