@@ -27,7 +27,7 @@ help:
 	@echo "             both engines killed at once"
 	@echo "make clean   stop the stack and delete its state (.twinstream/) and the virtualenv"
 
-install: system-deps $(VENV)/.installed $(JARS)/.installed
+install: system-deps $(VENV)/.installed $(JARS)/.installed $(JARS)/spark-classes.jsa
 
 # Java 17 and Maven come from Debian where they are missing (CI machines are Debian).
 system-deps:
@@ -52,6 +52,12 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(BIN)/pip install --progress-bar off -q --no-deps -e .
 	$(BIN)/python -c 'import pyspark, sys; v = pyspark.__version__; sys.exit(0 if v == "$(PYSPARK_PIN)" else f"pyspark is {v}, want $(PYSPARK_PIN)")'
 	@touch $@
+
+# The classes a Spark driver loads, archived once for every JVM start after (twinstream.spark):
+# rebuilt whenever pyspark or the jars change, since the JVM refuses a stale archive.
+$(JARS)/spark-classes.jsa: $(VENV)/.installed $(JARS)/.installed
+	@echo "== archiving Spark's classes for fast engine starts (JDK class data sharing)"
+	$(BIN)/python -m twinstream.spark archive
 
 $(JARS)/.installed: java/pom.xml java/settings.xml java/kafka/pom.xml java/zookeeper/pom.xml java/spark-kafka/pom.xml \
 		java/kafka-streams/pom.xml java/flink/pom.xml $(wildcard java/*/src/main/java/io/twinstream/baseline/*.java)

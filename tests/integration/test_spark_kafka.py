@@ -10,7 +10,13 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from twinstream.kafka import TopicSpec, admin_config, ensure_topics
-from twinstream.spark import kafka_jars, session, stop_session
+from twinstream.spark import (
+    DRIVER_JAVA_OPTIONS,
+    class_archive,
+    kafka_jars,
+    session,
+    stop_session,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -19,13 +25,24 @@ pytestmark = pytest.mark.integration
 def spark(stack, settings):
     from pyspark import SparkContext
 
-    spark = session(settings, "twinstream-connector-test")
+    # -Xshare:on: a JVM that cannot map the class archive make install wrote fails to start,
+    # rather than run without it (a stale archive: `make install` writes it again).
+    spark = session(settings, "twinstream-connector-test", conf={DRIVER_JAVA_OPTIONS: "-Xshare:on"})
     jvm_pid = SparkContext._gateway.proc.pid  # type: ignore[union-attr]
     yield spark
     stop_session(spark)
     # Otherwise the JVM outlives the module and its Kafka clients log against the stack
     # after teardown, as they once did at the end of a CI run.
     assert not psutil.pid_exists(jvm_pid), f"Spark's JVM (pid {jvm_pid}) outlived the test"
+
+
+def test_the_driver_jvm_maps_the_class_archive(spark, settings):
+    from pyspark import SparkContext
+
+    jvm = psutil.Process(SparkContext._gateway.proc.pid)  # type: ignore[union-attr]
+    options = jvm.cmdline()
+    assert f"-XX:SharedArchiveFile={class_archive(settings)}" in options, options
+    assert "-Xshare:on" in options  # and it started: the archive fits this JVM
 
 
 def test_connector_jars_are_the_fetched_ones(settings):
