@@ -24,7 +24,13 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def spark(stack, settings):
     from pyspark import SparkContext
+    from pyspark.sql import SparkSession
 
+    # A session this test process kept (a reference run's) would be returned as it is:
+    # this module's must be a JVM of its own, started with the options below.
+    existing = SparkSession.getActiveSession()
+    if existing is not None:
+        stop_session(existing)
     # -Xshare:on: a JVM that cannot map the class archive make install wrote fails to start,
     # rather than run without it (a stale archive: `make install` writes it again).
     spark = session(settings, "twinstream-connector-test", conf={DRIVER_JAVA_OPTIONS: "-Xshare:on"})
