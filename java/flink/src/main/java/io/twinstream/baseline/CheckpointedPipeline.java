@@ -39,29 +39,54 @@ import org.apache.kafka.common.header.internals.RecordHeaders;
  * the same headers as a Twinstream engine's: msg_id (the inbound offset) and engine_id (this
  * process), so the same read_committed audit finds gaps and duplicates in either.
  *
+ * <p>TRANSFORM is {@code count} (the default) or {@code hostmetrics}: the hostmetrics example's
+ * per-host window (HostWindow), the work a Twinstream pair does per record, for bench/drain.py.
+ *
  * <p>Usage: CheckpointedPipeline BOOTSTRAP APPLICATION_ID IN_TOPIC OUT_TOPIC INSTANCE_ID
- * CHECKPOINT_DIR INTERVAL_MS
+ * CHECKPOINT_DIR INTERVAL_MS [TRANSFORM]
  */
 public final class CheckpointedPipeline {
+  // The Twinstream pipeline's default window retention (TWINSTREAM_WINDOW_RETENTION_MS).
+  static final long RETENTION_MS = 60L * 60 * 1000;
+
   private CheckpointedPipeline() {}
 
-  /** (key, inbound offset, 0). Flink's tuple serializer refuses null fields: "" for no key. */
-  static final class Input implements KafkaRecordDeserializationSchema<Tuple3<String, Long, Long>> {
-    @Override
-    public void deserialize(
-        ConsumerRecord<byte[], byte[]> record, Collector<Tuple3<String, Long, Long>> out) {
-      String key = record.key() == null ? "" : new String(record.key(), StandardCharsets.UTF_8);
-      out.collect(Tuple3.of(key, record.offset(), 0L));
+  /**
+   * (key, inbound offset, value): the record's key for a count, its host for the window.
+   * Flink's tuple serializer refuses null fields: "" for no key or no value.
+   */
+  static final class Input
+      implements KafkaRecordDeserializationSchema<Tuple3<String, Long, String>> {
+    private final boolean byHost;
+
+    Input(boolean byHost) {
+      this.byHost = byHost;
     }
 
     @Override
-    public TypeInformation<Tuple3<String, Long, Long>> getProducedType() {
-      return Types.TUPLE(Types.STRING, Types.LONG, Types.LONG);
+    public void deserialize(
+        ConsumerRecord<byte[], byte[]> record, Collector<Tuple3<String, Long, String>> out) {
+      String value =
+          record.value() == null ? "" : new String(record.value(), StandardCharsets.UTF_8);
+      String key;
+      if (byHost) {
+        key = HostWindow.host(value);
+      } else {
+        key = record.key() == null ? "" : new String(record.key(), StandardCharsets.UTF_8);
+      }
+      out.collect(Tuple3.of(key, record.offset(), value));
+    }
+
+    @Override
+    public TypeInformation<Tuple3<String, Long, String>> getProducedType() {
+      return Types.TUPLE(Types.STRING, Types.LONG, Types.STRING);
     }
   }
 
+  /** A running count per key: (key, offset, its output value). */
   static final class Count
-      extends KeyedProcessFunction<String, Tuple3<String, Long, Long>, Tuple3<String, Long, Long>> {
+      extends KeyedProcessFunction<
+          String, Tuple3<String, Long, String>, Tuple3<String, Long, String>> {
     private transient ValueState<Long> count;
 
     @Override
@@ -71,16 +96,45 @@ public final class CheckpointedPipeline {
 
     @Override
     public void processElement(
-        Tuple3<String, Long, Long> event, Context context, Collector<Tuple3<String, Long, Long>> out)
+        Tuple3<String, Long, String> event,
+        Context context,
+        Collector<Tuple3<String, Long, String>> out)
         throws IOException {
       Long before = count.value();
       long now = before == null ? 1 : before + 1;
       count.update(now);
-      out.collect(Tuple3.of(event.f0, event.f1, now));
+      out.collect(Tuple3.of(event.f0, event.f1, "{\"msg_id\":" + event.f1 + ",\"count\":" + now + "}"));
     }
   }
 
-  static final class Output implements KafkaRecordSerializationSchema<Tuple3<String, Long, Long>> {
+  /** The hostmetrics window per host: (host, offset, its output value or dead letter). */
+  static final class Window
+      extends KeyedProcessFunction<
+          String, Tuple3<String, Long, String>, Tuple3<String, Long, String>> {
+    private transient ValueState<String> window;
+
+    @Override
+    public void open(org.apache.flink.api.common.functions.OpenContext context) {
+      window = getRuntimeContext().getState(new ValueStateDescriptor<>("window", Types.STRING));
+    }
+
+    @Override
+    public void processElement(
+        Tuple3<String, Long, String> event,
+        Context context,
+        Collector<Tuple3<String, Long, String>> out)
+        throws IOException {
+      String before = window.value();
+      HostWindow.Step step = HostWindow.step(before, event.f1, event.f2, RETENTION_MS);
+      if (step.state() != null && !step.state().equals(before)) {
+        window.update(step.state());
+      }
+      out.collect(Tuple3.of(step.key() == null ? "" : step.key(), event.f1, step.value()));
+    }
+  }
+
+  static final class Output
+      implements KafkaRecordSerializationSchema<Tuple3<String, Long, String>> {
     private final String topic;
     private final String instance;
 
@@ -91,17 +145,16 @@ public final class CheckpointedPipeline {
 
     @Override
     public ProducerRecord<byte[], byte[]> serialize(
-        Tuple3<String, Long, Long> element, KafkaSinkContext context, Long timestamp) {
+        Tuple3<String, Long, String> element, KafkaSinkContext context, Long timestamp) {
       RecordHeaders headers = new RecordHeaders();
       headers.add("msg_id", Long.toString(element.f1).getBytes(StandardCharsets.UTF_8));
       headers.add("engine_id", instance.getBytes(StandardCharsets.UTF_8));
-      String value = "{\"msg_id\":" + element.f1 + ",\"count\":" + element.f2 + "}";
       return new ProducerRecord<>(
           topic,
           null,
           null,
           element.f0.getBytes(StandardCharsets.UTF_8),
-          value.getBytes(StandardCharsets.UTF_8),
+          element.f2.getBytes(StandardCharsets.UTF_8),
           headers);
     }
   }
@@ -121,12 +174,15 @@ public final class CheckpointedPipeline {
   }
 
   public static void main(String[] args) throws Exception {
-    if (args.length != 7) {
+    String transform = args.length == 8 ? args[7] : "count";
+    if ((args.length != 7 && args.length != 8)
+        || !(transform.equals("count") || transform.equals("hostmetrics"))) {
       System.err.println(
           "usage: CheckpointedPipeline BOOTSTRAP APPLICATION_ID IN_TOPIC OUT_TOPIC INSTANCE_ID"
-              + " CHECKPOINT_DIR INTERVAL_MS");
+              + " CHECKPOINT_DIR INTERVAL_MS [count|hostmetrics]");
       System.exit(2);
     }
+    boolean hostmetrics = transform.equals("hostmetrics");
     String bootstrap = args[0];
     Path checkpoints = Paths.get(args[5]).toAbsolutePath();
     Configuration conf = new Configuration();
@@ -150,17 +206,17 @@ public final class CheckpointedPipeline {
     // commits, so it bounds both the output's latency and how much a restart replays.
     env.enableCheckpointing(Long.parseLong(args[6]));
 
-    KafkaSource<Tuple3<String, Long, Long>> source =
-        KafkaSource.<Tuple3<String, Long, Long>>builder()
+    KafkaSource<Tuple3<String, Long, String>> source =
+        KafkaSource.<Tuple3<String, Long, String>>builder()
             .setBootstrapServers(bootstrap)
             .setTopics(args[2])
             .setGroupId(args[1])
             // A first start reads the topic from its beginning; a restart, from the checkpoint.
             .setStartingOffsets(OffsetsInitializer.earliest())
-            .setDeserializer(new Input())
+            .setDeserializer(new Input(hostmetrics))
             .build();
-    KafkaSink<Tuple3<String, Long, Long>> sink =
-        KafkaSink.<Tuple3<String, Long, Long>>builder()
+    KafkaSink<Tuple3<String, Long, String>> sink =
+        KafkaSink.<Tuple3<String, Long, String>>builder()
             .setBootstrapServers(bootstrap)
             .setRecordSerializer(new Output(args[3], args[4]))
             .setDeliveryGuarantee(DeliveryGuarantee.EXACTLY_ONCE)
@@ -172,8 +228,8 @@ public final class CheckpointedPipeline {
             .build();
     env.fromSource(source, WatermarkStrategy.noWatermarks(), "inbound")
         .keyBy(t -> t.f0, Types.STRING)
-        .process(new Count())
-        .returns(Types.TUPLE(Types.STRING, Types.LONG, Types.LONG))
+        .process(hostmetrics ? new Window() : new Count())
+        .returns(Types.TUPLE(Types.STRING, Types.LONG, Types.STRING))
         .sinkTo(sink);
     System.out.println("status running");
     System.out.flush();

@@ -38,10 +38,17 @@ import org.apache.kafka.streams.state.Stores;
  * <p>Prints a status line whenever its state, tasks or standby lag change, for the benchmark
  * to follow: {@code status state=RUNNING active=0_0 standby= lag=-}.
  *
+ * <p>TRANSFORM is {@code count} (the default) or {@code hostmetrics}: the hostmetrics example's
+ * per-host window (HostWindow), the work a Twinstream pair does per record, for bench/drain.py.
+ *
  * <p>Usage: StandbyPipeline BOOTSTRAP APPLICATION_ID IN_TOPIC OUT_TOPIC INSTANCE_ID STATE_DIR
+ * [TRANSFORM]
  */
 public final class StandbyPipeline {
   static final String STORE = "counts";
+  static final String WINDOWS = "windows";
+  // The Twinstream pipeline's default window retention (TWINSTREAM_WINDOW_RETENTION_MS).
+  static final long RETENTION_MS = 60L * 60 * 1000;
 
   private StandbyPipeline() {}
 
@@ -76,6 +83,39 @@ public final class StandbyPipeline {
     }
   }
 
+  /** The hostmetrics window per host; forwards each record's output (or dead letter). */
+  static final class Window implements Processor<byte[], byte[], String, String> {
+    private final byte[] instance;
+    private ProcessorContext<String, String> context;
+    private KeyValueStore<String, String> windows;
+
+    Window(String instance) {
+      this.instance = instance.getBytes(StandardCharsets.UTF_8);
+    }
+
+    @Override
+    public void init(ProcessorContext<String, String> context) {
+      this.context = context;
+      this.windows = context.getStateStore(WINDOWS);
+    }
+
+    @Override
+    public void process(Record<byte[], byte[]> record) {
+      long offset = context.recordMetadata().orElseThrow().offset();
+      String raw = record.value() == null ? "" : new String(record.value(), StandardCharsets.UTF_8);
+      String host = HostWindow.host(raw);
+      String before = windows.get(host);
+      HostWindow.Step step = HostWindow.step(before, offset, raw, RETENTION_MS);
+      if (step.state() != null && !step.state().equals(before)) {
+        windows.put(host, step.state());
+      }
+      RecordHeaders headers = new RecordHeaders();
+      headers.add("msg_id", Long.toString(offset).getBytes(StandardCharsets.UTF_8));
+      headers.add("engine_id", instance);
+      context.forward(new Record<>(step.key(), step.value(), record.timestamp(), headers));
+    }
+  }
+
   static String tasks(Iterable<TaskMetadata> tasks) {
     TreeSet<String> ids = new TreeSet<>();
     for (TaskMetadata task : tasks) {
@@ -106,9 +146,12 @@ public final class StandbyPipeline {
   }
 
   public static void main(String[] args) throws InterruptedException {
-    if (args.length != 6) {
+    String transform = args.length == 7 ? args[6] : "count";
+    if ((args.length != 6 && args.length != 7)
+        || !(transform.equals("count") || transform.equals("hostmetrics"))) {
       System.err.println(
-          "usage: StandbyPipeline BOOTSTRAP APPLICATION_ID IN_TOPIC OUT_TOPIC INSTANCE_ID STATE_DIR");
+          "usage: StandbyPipeline BOOTSTRAP APPLICATION_ID IN_TOPIC OUT_TOPIC INSTANCE_ID STATE_DIR"
+              + " [count|hostmetrics]");
       System.exit(2);
     }
     String instance = args[4];
@@ -124,12 +167,21 @@ public final class StandbyPipeline {
     props.put(StreamsConfig.STATE_DIR_CONFIG, args[5]);
 
     StreamsBuilder builder = new StreamsBuilder();
-    builder.addStateStore(
-        Stores.keyValueStoreBuilder(
-            Stores.persistentKeyValueStore(STORE), Serdes.String(), Serdes.Long()));
-    builder.stream(args[2], Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
-        .process(() -> new Count(instance), STORE)
-        .to(args[3], Produced.with(Serdes.String(), Serdes.String()));
+    if (transform.equals("hostmetrics")) {
+      builder.addStateStore(
+          Stores.keyValueStoreBuilder(
+              Stores.persistentKeyValueStore(WINDOWS), Serdes.String(), Serdes.String()));
+      builder.stream(args[2], Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
+          .process(() -> new Window(instance), WINDOWS)
+          .to(args[3], Produced.with(Serdes.String(), Serdes.String()));
+    } else {
+      builder.addStateStore(
+          Stores.keyValueStoreBuilder(
+              Stores.persistentKeyValueStore(STORE), Serdes.String(), Serdes.Long()));
+      builder.stream(args[2], Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
+          .process(() -> new Count(instance), STORE)
+          .to(args[3], Produced.with(Serdes.String(), Serdes.String()));
+    }
 
     KafkaStreams streams = new KafkaStreams(builder.build(), props);
     CountDownLatch done = new CountDownLatch(1);
