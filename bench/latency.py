@@ -38,46 +38,37 @@ from twinstream.testing.harness import (
 WARM_UP_S = 10.0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rates", type=float, nargs="+", default=[1000, 5000, 20000])
-    parser.add_argument("--seconds", type=float, default=60.0, help="length of each step")
-    parser.add_argument(
-        "--warm-up", type=float, default=60.0, help="seconds at the first rate, not measured"
-    )
-    parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
-    args = parser.parse_args()
-
+def measure_steps(
+    pipeline: Pipeline, rates: list[float], seconds: float, warm_up_s: float
+) -> tuple[list[dict[str, Any]], OutputSampler, list[tuple[float, float]], float]:
+    """Start an active and a standby, warm them up at the first rate for `warm_up_s`, then
+    hold each rate for `seconds`: per step its latency percentiles, the rate achieved and
+    whether the lag grew. Also returns the output sampler, (seconds, latency ms) points for
+    a plot (every 10th output) and the monotonic start of the steps."""
+    s = pipeline.settings
+    a, _b = pipeline.start_pair()
+    visible = VisibleTimes(s)
+    sampler = OutputSampler(s, [s.outbound_topic, s.dlq_topic])
     steps: list[dict[str, Any]] = []
-    lag_samples: list[tuple[float, int]] = []
     points: list[tuple[float, float]] = []
-    with bench_pipeline("twinstream-bench-latency-") as pipeline:
-        s = pipeline.settings
-        a, _b = pipeline.start_pair()
-        visible = VisibleTimes(s)
-        sampler = OutputSampler(s, [s.outbound_topic, s.dlq_topic])
+    try:
         # Fresh engines run their first batches several times slower (JIT, Python
         # workers, RocksDB): without a warm-up the first step measures the start-up.
-        print(f"warm-up: {args.rates[0]:,.0f} events/s for {args.warm_up:.0f} s", flush=True)
-        Pipeline.join_load(
-            pipeline.load(int(args.rates[0] * args.warm_up), rate=args.rates[0]), timeout_s=600
-        )
+        print(f"warm-up: {rates[0]:,.0f} events/s for {warm_up_s:.0f} s", flush=True)
+        Pipeline.join_load(pipeline.load(int(rates[0] * warm_up_s), rate=rates[0]), timeout_s=600)
         warm_last = pipeline.produced - 1
         wait_for(lambda: warm_last in visible.seen, 600, "the warm-up published", every_s=0.5)
         t0, wall_t0 = time.monotonic(), time.time()
-        for rate in args.rates:
+        for rate in rates:
             first = pipeline.produced
-            count = int(rate * args.seconds)
-            print(f"step {rate:,.0f} events/s for {args.seconds:.0f} s", flush=True)
+            count = int(rate * seconds)
+            print(f"step {rate:,.0f} events/s for {seconds:.0f} s", flush=True)
             started = time.monotonic()
             load = pipeline.load(count, rate=rate)
             lags = []
             while load.is_alive():
                 lag = a.get("/pipeline")["lag"] or 0
                 lags.append(lag)
-                lag_samples.append((time.monotonic() - t0, lag))
                 time.sleep(1.0)
             Pipeline.join_load(load, timeout_s=600)
             sent_s = time.monotonic() - started
@@ -110,8 +101,26 @@ def main() -> int:
             }
             steps.append(step)
             print(json.dumps(step), flush=True)
+    finally:
         sampler.stop()
         visible.stop()
+    return steps, sampler, points, t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rates", type=float, nargs="+", default=[1000, 5000, 20000])
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of each step")
+    parser.add_argument(
+        "--warm-up", type=float, default=60.0, help="seconds at the first rate, not measured"
+    )
+    parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
+    args = parser.parse_args()
+
+    with bench_pipeline("twinstream-bench-latency-") as pipeline:
+        steps, sampler, points, t0 = measure_steps(pipeline, args.rates, args.seconds, args.warm_up)
 
     sustained = [st["rate_achieved"] for st in steps if not st["lag_growing"]]
     figures = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -95,3 +96,47 @@ def test_wait_gone_says_which_processes_outlived_it():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_top_functions_count_own_samples_and_samples_with_callees(tmp_path):
+    from bench.profile import top_functions
+
+    collapsed = tmp_path / "driver.txt"
+    collapsed.write_text(
+        "main (engine.py:70);process_batch (engine.py:516);rows_of (pipeline.py:290) 6\n"
+        "main (engine.py:70);process_batch (engine.py:520);on_batch (gate.py:180) 3\n"
+        "main (engine.py:71);sleep (time.py:1) 1\n"
+        "not a stack line\n"
+    )
+    top = top_functions(collapsed)
+    assert top["samples"] == 10
+    assert top["own"][0] == ("rows_of (pipeline.py)", 60.0)
+    # Line numbers do not split a function: process_batch is on 9 of 10 stacks.
+    assert ("process_batch (engine.py)", 90.0) in top["with_callees"]
+    assert top["with_callees"][0] == ("main (engine.py)", 100.0)
+
+
+def test_the_plain_pipe_computes_the_pairs_outputs_for_valid_records():
+    """bench/drain.py's ceiling does the pair's work: for every valid record of the golden
+    file, its output is byte for byte what the hostmetrics pipeline published. (Its own
+    validation is a sketch, not the pair's: the drain's backlog holds valid records only,
+    and so does this comparison.)"""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from bench.plain_pipe import transform
+
+    golden = Path(__file__).parents[1] / "data" / "hostmetrics-golden.jsonl.gz"
+    windows: dict[str, Any] = {}
+    compared = 0
+    with gzip.open(golden, "rt") as lines:
+        for msg_id, line in enumerate(lines):
+            row = json.loads(line)
+            if row["kind"] != "out":
+                continue
+            key, value = transform(windows, msg_id, row["raw"].encode())
+            assert (key, value) == (row["key"], row["value"]), msg_id
+            compared += 1
+    assert compared > 2000
+    assert transform(windows, 9, b'{"host": "h"}')[0] is None  # a dead letter, no output
