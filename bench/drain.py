@@ -42,7 +42,7 @@ from typing import Any
 from bench import idle
 from bench.baseline import FLINK, KAFKA_STREAMS, App, Instance
 from bench.latency import measure_steps
-from bench.plots import plot, rate_series
+from bench.plots import plot_drains
 from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.kafka import watermarks
@@ -327,16 +327,10 @@ def main() -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "drain.json").write_text(json.dumps(figures, indent=2) + "\n")
     if samplers:
-        series = {}
-        for key, sampler in samplers.items():
-            first = next(t for t, n in sampler.samples if n > 0)
-            series[LABELS[key]] = rate_series(sampler.samples, first, window_s=5.0)
-        path = plot(
+        path = plot_drains(
             args.output / "drain.png",
             f"Draining the same backlog of {total:,} events",
-            series,
-            "output events/s (5 s average)",
-            xlabel="seconds since the first output",
+            {LABELS[key]: sampler.samples for key, sampler in samplers.items()},
         )
         print(f"wrote {path}")
     return 0

@@ -77,3 +77,19 @@ def plot(
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def plot_drains(path: Path, title: str, samples: Mapping[str, Sequence[tuple[float, int]]]) -> Path:
+    """Output rate over time of each drain of one backlog (label -> its output samples),
+    every one from its own first output: start-ups left out alike."""
+    series = {}
+    for label, points in samples.items():
+        first = next(t for t, n in points if n > 0)
+        series[label] = rate_series(points, first, window_s=5.0)
+    return plot(
+        path,
+        title,
+        series,
+        "output events/s (5 s average)",
+        xlabel="seconds since the first output",
+    )

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.plots import plot, rate_series
+from bench.plots import plot_drains
 from twinstream.config import REPO_ROOT, Settings
 from twinstream.kafka import TopicSpec, admin_config, ensure_topics, watermarks
 from twinstream.testing.harness import OutputSampler, Pipeline, bench_pipeline, machine, wait_for
@@ -151,16 +151,10 @@ def main() -> int:
     print(json.dumps(figures, indent=2))
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "throughput.json").write_text(json.dumps(figures, indent=2) + "\n")
-    series = {}
-    for key, sampler in samplers.items():
-        first = next(t for t, n in sampler.samples if n > 0)
-        series[labels[key]] = rate_series(sampler.samples, first, window_s=5.0)
-    path = plot(
+    path = plot_drains(
         args.output / "throughput.png",
         f"Draining a backlog of {total:,} events",
-        series,
-        "output events/s (5 s average)",
-        xlabel="seconds since the first output",
+        {labels[key]: sampler.samples for key, sampler in samplers.items()},
     )
     print(f"wrote {path}")
     return 0
