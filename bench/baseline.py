@@ -51,11 +51,13 @@ class App:
 KAFKA_STREAMS = App(
     "kafka-streams",
     "twinstream-kafka-streams-baseline",
-    "io.bench.baseline.StandbyPipeline",
+    "io.twinstream.baseline.StandbyPipeline",
     "256m",
 )
 # Flink's local MiniCluster (job manager and task manager in one JVM) wants more room.
-FLINK = App("flink", "twinstream-flink-baseline", "io.bench.baseline.CheckpointedPipeline", "768m")
+FLINK = App(
+    "flink", "twinstream-flink-baseline", "io.twinstream.baseline.CheckpointedPipeline", "768m"
+)
 # One input partition, as the Twinstream pipeline has: one task, 0_0.
 TASK = "0_0"
 _STATUS = re.compile(

@@ -105,3 +105,16 @@ def test_the_flink_job_gets_its_checkpoint_interval_and_a_bigger_heap(tmp_path: 
     assert command[-2:] == [str(tmp_path / "flink-a"), "1000"]
     assert f"-Xmx{FLINK.heap}" in command
     assert FLINK.main in command
+
+
+def test_each_baselines_main_class_is_one_java_defines():
+    """The benchmarks start the baselines by class name; a rename once pointed them at a
+    package that does not exist (io.bench.baseline), and every run failed at start."""
+    from pathlib import Path
+
+    from bench.baseline import FLINK, KAFKA_STREAMS
+
+    java = Path(__file__).parents[2] / "java"
+    for app in (KAFKA_STREAMS, FLINK):
+        source = java / app.folder / "src/main/java" / (app.main.replace(".", "/") + ".java")
+        assert source.is_file(), f"{app.main}: no {source}"
