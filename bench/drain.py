@@ -41,8 +41,9 @@ from typing import Any
 
 from bench import idle
 from bench.baseline import FLINK, KAFKA_STREAMS, App, Instance
-from bench.latency import measure_steps
+from bench.latency import latency_figures, measure_steps
 from bench.plots import plot_drains
+from bench.throughput import drain_with_engines, on_backlog, wait_drained
 from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.kafka import watermarks
@@ -54,7 +55,6 @@ from twinstream.testing.harness import (
     VisibleTimes,
     bench_pipeline,
     machine,
-    percentile,
     wait_for,
 )
 
@@ -64,25 +64,6 @@ LABELS = {
     "kafka_streams": "Kafka Streams, 2 instances, 1 standby replica",
     "flink": "Flink, one job, exactly-once sink",
 }
-
-
-def on_backlog(backlog: Pipeline, name: str) -> Pipeline:
-    """A pipeline of its own (outputs, election, checkpoints) reading `backlog`'s inbound."""
-    other = Pipeline(backlog.env, backlog.workdir / name)
-    other.env["TWINSTREAM_INBOUND_TOPIC"] = backlog.settings.inbound_topic
-    other.settings = other._settings()
-    return other
-
-
-def wait_drained(sampler: OutputSampler, total: int, what: str, alive: Any = None) -> None:
-    def drained() -> bool:
-        if alive is not None:
-            alive()
-        print(f"  {what}: {sampler.latest:,} of {total:,} outputs", flush=True)
-        return sampler.latest >= total
-
-    wait_for(drained, 3600, f"{what} through the backlog", every_s=10)
-    time.sleep(1.0)  # one more sample after the end, for the plot
 
 
 def drain_plain(pipeline: Pipeline, total: int) -> OutputSampler:
@@ -106,19 +87,6 @@ def drain_plain(pipeline: Pipeline, total: int) -> OutputSampler:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-    return sampler
-
-
-def drain_pair(pipeline: Pipeline, total: int) -> OutputSampler:
-    s = pipeline.settings
-    sampler = OutputSampler(s, [s.outbound_topic, s.dlq_topic])
-    try:
-        engines = [pipeline.start(e) for e in ("a", "b")]
-        pipeline.wait_running(*engines, timeout_s=300)
-        wait_drained(sampler, total, "Twinstream pair")
-    finally:
-        sampler.stop()
-        pipeline.stop_all()
     return sampler
 
 
@@ -204,10 +172,7 @@ def first_minute(settings: Settings, rate: float, seconds: float) -> dict[str, A
     return {
         "rate": rate,
         "seconds": seconds,
-        "p50_ms": round(1000 * percentile(latencies, 0.50)),
-        "p99_ms": round(1000 * percentile(latencies, 0.99)),
-        "max_ms": round(1000 * max(latencies)),
-        "measured": len(latencies),
+        **latency_figures(latencies),
     }
 
 
@@ -254,7 +219,7 @@ def main() -> int:
         print(f"  loaded in {time.monotonic() - started:.0f} s", flush=True)
         runs: dict[str, Callable[[Pipeline], OutputSampler]] = {
             "plain": lambda p: drain_plain(p, total),
-            "pair": lambda p: drain_pair(p, total),
+            "pair": lambda p: drain_with_engines(p, ("a", "b"), total),
             "kafka_streams": lambda p: drain_java(p, total, KAFKA_STREAMS, ("a", "b")),
             "flink": lambda p: drain_java(p, total, FLINK, ("a",)),
         }

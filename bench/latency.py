@@ -38,6 +38,16 @@ from twinstream.testing.harness import (
 WARM_UP_S = 10.0
 
 
+def latency_figures(latencies: list[float]) -> dict[str, Any]:
+    """p50, p99 and max in ms of latencies in seconds, and how many were measured."""
+    return {
+        "p50_ms": round(1000 * percentile(latencies, 0.50)),
+        "p99_ms": round(1000 * percentile(latencies, 0.99)),
+        "max_ms": round(1000 * max(latencies)),
+        "measured": len(latencies),
+    }
+
+
 def measure_steps(
     pipeline: Pipeline, rates: list[float], seconds: float, warm_up_s: float
 ) -> tuple[list[dict[str, Any]], OutputSampler, list[tuple[float, float]], float]:
@@ -91,10 +101,7 @@ def measure_steps(
             step = {
                 "rate_target": rate,
                 "rate_achieved": round(count / sent_s),
-                "p50_ms": round(1000 * percentile(latencies, 0.50)),
-                "p99_ms": round(1000 * percentile(latencies, 0.99)),
-                "max_ms": round(1000 * max(latencies)),
-                "measured": len(latencies),
+                **latency_figures(latencies),
                 "lag_max": max(lags) if lags else 0,
                 "lag_growing": growing,
                 "ends_s": round(time.monotonic() - t0, 1),

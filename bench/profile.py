@@ -35,6 +35,7 @@ from typing import Any
 
 import psutil
 
+from bench import idle
 from twinstream.config import REPO_ROOT
 from twinstream.testing.harness import bench_pipeline, machine
 
@@ -59,14 +60,7 @@ def engine_processes(pid: int) -> dict[str, list[psutil.Process]]:
 
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:
-    total = 0.0
-    for proc in processes:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
+    return sum(idle.cpu(proc) or 0.0 for proc in processes)
 
 
 def record(pid: int, seconds: float, out: Path, subprocesses: bool) -> subprocess.Popen[bytes]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def plain_spark(settings: Settings, workdir: Path, total: int) -> OutputSampler:
             .start()
         )
         while query.isActive:
-            progress(sampler, total, "plain Spark")
+            print(f"  plain Spark: {sampler.latest:,} of {total:,} outputs", flush=True)
             query.awaitTermination(10)
         if query.exception() is not None:
             raise SystemExit(f"the plain query failed: {query.exception()}")
@@ -74,26 +75,40 @@ def plain_spark(settings: Settings, workdir: Path, total: int) -> OutputSampler:
     return sampler
 
 
-def progress(sampler: OutputSampler, total: int, what: str) -> None:
-    print(f"  {what}: {sampler.latest:,} of {total:,} outputs", flush=True)
+def on_backlog(backlog: Pipeline, name: str) -> Pipeline:
+    """A pipeline of its own (outputs, election, checkpoints) reading `backlog`'s inbound."""
+    other = Pipeline(backlog.env, backlog.workdir / name)
+    other.env["TWINSTREAM_INBOUND_TOPIC"] = backlog.settings.inbound_topic
+    other.settings = other._settings()
+    return other
+
+
+def wait_drained(
+    sampler: OutputSampler, total: int, what: str, alive: Callable[[], None] | None = None
+) -> None:
+    """Until `total` outputs, a progress line every 10 s; `alive` raises if the drainer
+    died."""
+
+    def drained() -> bool:
+        if alive is not None:
+            alive()
+        print(f"  {what}: {sampler.latest:,} of {total:,} outputs", flush=True)
+        return sampler.latest >= total
+
+    wait_for(drained, 3600, f"{what} through the backlog", every_s=10)
+    time.sleep(1.0)  # one more sample after the end, for the plot
 
 
 def drain_with_engines(
     pipeline: Pipeline, engine_ids: tuple[str, ...], total: int
 ) -> OutputSampler:
-    """(b) and (c): the engines of `pipeline` drain its inbound backlog."""
+    """The engines of `pipeline` drain its inbound backlog."""
     s = pipeline.settings
     sampler = OutputSampler(s, [s.outbound_topic, s.dlq_topic])
     try:
         engines = [pipeline.start(e) for e in engine_ids]
         pipeline.wait_running(*engines, timeout_s=300)
-
-        def drained() -> bool:
-            progress(sampler, total, "+".join(engine_ids))
-            return sampler.latest >= total
-
-        wait_for(drained, 3600, f"engines {engine_ids} through the backlog", every_s=10)
-        time.sleep(1.0)  # one more sample after the end
+        wait_drained(sampler, total, "engines " + "+".join(engine_ids))
     finally:
         sampler.stop()
         pipeline.stop_all()
@@ -122,9 +137,7 @@ def main() -> int:
         print("(b) one Twinstream engine, active alone", flush=True)
         samplers["b"] = drain_with_engines(pipeline, ("a",), total)
         # (c) needs fresh outbound topics, election and checkpoints on the same backlog.
-        pair = Pipeline(pipeline.env, pipeline.workdir / "pair")
-        pair.env["TWINSTREAM_INBOUND_TOPIC"] = pipeline.settings.inbound_topic
-        pair.settings = pair._settings()
+        pair = on_backlog(pipeline, "pair")
         print("(c) active and standby Twinstream engines together", flush=True)
         samplers["c"] = drain_with_engines(pair, ("a", "b"), total)
 

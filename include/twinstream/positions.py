@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import threading
 import time
 import uuid
@@ -195,8 +196,7 @@ class BatchTimings:
             return None
 
         def median(key: str) -> float:
-            values = sorted(s[key] for s in samples)
-            return values[len(values) // 2]
+            return statistics.median_low(s[key] for s in samples)
 
         parts = ", ".join(f"{p} {median(p):.0f}" for p in (*BATCH_PARTS, "stateCommit"))
         line = (
@@ -204,7 +204,7 @@ class BatchTimings:
             f"{median('rows'):,.0f} input rows"
         )
         if sink:
-            job = sorted(c for c, _ in sink)[len(sink) // 2]
-            gate = sorted(g for _, g in sink)[len(sink) // 2]
+            job = statistics.median_low(c for c, _ in sink)
+            gate = statistics.median_low(g for _, g in sink)
             line += f"; in addBatch, of {len(sink)} batches: job {job:.0f} ms, gate {gate:.0f} ms"
         return line

@@ -73,11 +73,11 @@ def session(
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
     )
-    options = driver_java_options(settings, conf or {})
-    for key, value in {
-        **(conf or {}),
-        **({DRIVER_JAVA_OPTIONS: options} if options else {}),
-    }.items():
+    merged = dict(conf or {})
+    options = driver_java_options(settings, merged)
+    if options:
+        merged[DRIVER_JAVA_OPTIONS] = options
+    for key, value in merged.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
