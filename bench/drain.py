@@ -7,7 +7,10 @@ plain Kafka pipe and the usual alternatives, and its latency under steady load.
 In one run on the running stack, one after the other:
  0. right after `make up`: the end-to-end latency of the stack's own hostmetrics engines in
     the first `--first-seconds` (60) of `--first-rate` (1,000) events/s, then the CPU the
-    idle stack uses over 60 s (bench/idle.py);
+    idle stack uses over 60 s (bench/idle.py); then takeovers on the stack's own pair under
+    1,000 events/s: `--takeovers` (20) kill -9 of the active with its standby in sync,
+    then `--young-takeovers` (5) kill -9 of the active of a pair (re)started 60 s before,
+    whatever its standby's lag; every event of these rounds audited exactly once;
 then with the stack's own engines stopped, so that every contender has the two cores:
  1. a backlog of `--backlog` valid hostmetrics events in a private inbound topic;
  2. drains of that same backlog, each into output topics of its own:
@@ -20,7 +23,7 @@ then with the stack's own engines stopped, so that every contender has the two c
     of each host, the average and the sum, in their own keyed state);
     each rate from its first output to its last (start-ups left out alike);
  3. the pair's end-to-end latency (producer send to read_committed visibility) at steady
-    `--rates` (1,000, 2,000 and 5,000 events/s), fresh engines warmed up first;
+    `--rates` (100, 1,000, 2,000 and 5,000 events/s), fresh engines warmed up first;
  4. the time back to redundancy: at 1,000 events/s, `--rejoins` times, the standby killed
     (kill -9) and started again at once, as a supervisor does, until it reports in sync
     (GET /pipeline `in_sync`: its pipeline running and within TWINSTREAM_IN_SYNC_LAG).
@@ -30,6 +33,7 @@ Prints every figure, the ratios last; writes docs/bench/drain.json and docs/benc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -41,12 +45,15 @@ from typing import Any
 
 from bench import idle
 from bench.baseline import FLINK, KAFKA_STREAMS, App, Instance
+from bench.failover import warm_up
 from bench.latency import latency_figures, measure_steps
 from bench.plots import plot_drains
 from bench.throughput import drain_with_engines, on_backlog, wait_drained
 from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings, load_settings
+from twinstream.engine_client import EngineError
 from twinstream.kafka import watermarks
+from twinstream.testing.chaos import SteadyLoad, SupervisedEngines, audit_range, failover_round
 from twinstream.testing.harness import (
     EngineProcess,
     Load,
@@ -55,6 +62,7 @@ from twinstream.testing.harness import (
     VisibleTimes,
     bench_pipeline,
     machine,
+    summary,
     wait_for,
 )
 
@@ -64,6 +72,8 @@ LABELS = {
     "kafka_streams": "Kafka Streams, 2 instances, 1 standby replica",
     "flink": "Flink, one job, exactly-once sink",
 }
+
+PARTS = ["first", "idle", "takeover", *LABELS, "latency", "rejoin"]
 
 
 def drain_plain(pipeline: Pipeline, total: int) -> OutputSampler:
@@ -151,6 +161,98 @@ def rejoins(pipeline: Pipeline, rate: float, rounds: int) -> list[float]:
     return times
 
 
+def young_pair(engines: SupervisedEngines, age_s: float) -> tuple[tuple[str, str], int | None]:
+    """Restart both engines of the stack's pipeline at once, as `make up` or a host's reboot
+    does, and return (active, standby) `age_s` after the restart, with the standby's lag
+    then: the round strikes at that age whatever the standby's state, that being what it
+    measures."""
+    names = [f"engine-{e}" for e in engines.clients]
+    for name in names:
+        engines.supervisor.stop(name)
+    for name in names:
+        engines.supervisor.start(name)
+    started = time.monotonic()
+
+    def roles() -> tuple[str, str] | None:
+        found: dict[str, str] = {}
+        for engine_id, client in engines.clients.items():
+            with contextlib.suppress(EngineError):
+                found[client.server().role] = engine_id
+        if "active" in found and "standby" in found:
+            return found["active"], found["standby"]
+        return None
+
+    wait_for(roles, 180, "the restarted engines to elect an active and a standby")
+    # The scenario is an age: "engines started 60 s before", not a condition to poll for.
+    time.sleep(max(0.0, started + age_s - time.monotonic()))
+    pair: tuple[str, str] = wait_for(roles, 60, "an active and a standby")
+    try:
+        return pair, engines.clients[pair[1]].pipeline().lag
+    except EngineError:
+        return pair, None
+
+
+def takeovers(
+    settings: Settings, rate: float, rounds: int, young_rounds: int, young_age_s: float = 60.0
+) -> dict[str, Any]:
+    """Takeover after kill -9 of the active on the stack's own pair under steady load:
+    `rounds` with an in-sync standby, then `young_rounds` on engines `young_age_s` old."""
+    engines = SupervisedEngines(settings)
+    if not engines.supervisor.is_running():
+        raise SystemExit("the local stack is not running: start it with `make up`")
+    first = watermarks(settings, settings.inbound_topic)[1]
+    load = SteadyLoad(settings, rate).start()
+    steady: list[float] = []
+    young: list[float] = []
+    young_lags: list[int | None] = []
+    try:
+        warm_up(engines, time.monotonic())
+        for n in range(1, rounds + 1):
+            r = failover_round(engines, "kill", rejoin_timeout_s=600)
+            if r.takeover.first_output_s is None:
+                raise SystemExit(f"no output after the takeover: {r.takeover.describe()}")
+            steady.append(r.takeover.first_output_s)
+            print(f"  takeover {n}/{rounds}: {r.takeover.describe()}", flush=True)
+        for n in range(1, young_rounds + 1):
+            pair, lag = young_pair(engines, young_age_s)
+            r = failover_round(engines, "kill", rejoin_timeout_s=600, pair=pair)
+            if r.takeover.first_output_s is None:
+                raise SystemExit(f"no output after the takeover: {r.takeover.describe()}")
+            young.append(r.takeover.first_output_s)
+            young_lags.append(lag)
+            print(
+                f"  takeover on engines {young_age_s:.0f} s old {n}/{young_rounds} (standby "
+                f"{lag} behind): {r.takeover.describe()}",
+                flush=True,
+            )
+    finally:
+        sent = load.stop()
+    end = first + sent
+    try:
+
+        def published() -> bool:
+            for client in engines.clients.values():
+                with contextlib.suppress(EngineError):
+                    if (client.pipeline().last_msg_id_published or -1) >= end - 1:
+                        return True
+            return False
+
+        wait_for(published, 600, "the rounds' last event published", every_s=1.0)
+        findings = audit_range(settings, first, end)
+    finally:
+        engines.close()
+    if not findings.ok:
+        raise SystemExit(f"the takeover rounds lost or repeated events: {findings}")
+    return {
+        "rate": rate,
+        "events": sent,
+        "in_sync_s": summary(steady) if steady else None,
+        "young_age_s": young_age_s,
+        "young_s": summary(young) if young else None,
+        "young_standby_lags": young_lags,
+    }
+
+
 def first_minute(settings: Settings, rate: float, seconds: float) -> dict[str, Any]:
     """Latency of the stack's own pipeline as `make up` left it, over the first `seconds`."""
     from examples.hostmetrics.generate import synthetic
@@ -176,41 +278,15 @@ def first_minute(settings: Settings, rate: float, seconds: float) -> dict[str, A
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--backlog", type=int, default=300_000)
-    parser.add_argument("--rates", type=float, nargs="+", default=[1000, 2000, 5000])
-    parser.add_argument("--seconds", type=float, default=60.0, help="length of a latency step")
-    parser.add_argument("--warm-up", type=float, default=60.0, help="seconds before the steps")
-    parser.add_argument("--rejoins", type=int, default=5, help="kill -9 rounds of the standby")
-    parser.add_argument("--first-rate", type=float, default=1000.0)
-    parser.add_argument("--first-seconds", type=float, default=60.0)
-    parser.add_argument(
-        "--only",
-        nargs="+",
-        choices=["first", "idle", *LABELS, "latency", "rejoin"],
-        help="run only these parts",
-    )
-    parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
-    args = parser.parse_args()
-    parts = set(args.only or ["first", "idle", *LABELS, "latency", "rejoin"])
-
+def on_private_pipelines(
+    args: argparse.Namespace, parts: set[str]
+) -> tuple[dict[str, OutputSampler], int, list[dict[str, Any]], list[float]]:
+    """Parts 1-4, on pipelines of their own with the stack's engines stopped: the drains'
+    samplers, the backlog's size, the latency steps, the rejoin times."""
     samplers: dict[str, OutputSampler] = {}
     steps: list[dict[str, Any]] = []
     rejoin_s: list[float] = []
-    early: dict[str, Any] = {}
-    idle_cpu: dict[str, Any] = {}
-    stack = load_settings()
-    if "first" in parts:
-        print(f"(first) the stack's own engines, {args.first_rate:,.0f} events/s", flush=True)
-        early = first_minute(stack, args.first_rate, args.first_seconds)
-        print(f"  {early}", flush=True)
-    if "idle" in parts:
-        print("(idle) the stack's CPU with no load, 60 s", flush=True)
-        idle_cpu = idle.sample(stack, 60.0)
-        print(f"  {idle_cpu['cores_total']} cores: {idle_cpu['cores_by_part']}", flush=True)
+    total = 0
     with bench_pipeline("twinstream-bench-drain-") as backlog:
         print(f"loading a backlog of {args.backlog:,} valid events", flush=True)
         started = time.monotonic()
@@ -240,6 +316,61 @@ def main() -> int:
             rejoin_s = rejoins(
                 Pipeline(backlog.env, backlog.workdir / "rejoin"), 1000, args.rejoins
             )
+    return samplers, total, steps, rejoin_s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backlog", type=int, default=300_000)
+    parser.add_argument("--rates", type=float, nargs="+", default=[100, 1000, 2000, 5000])
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of a latency step")
+    parser.add_argument("--warm-up", type=float, default=60.0, help="seconds before the steps")
+    parser.add_argument("--rejoins", type=int, default=5, help="kill -9 rounds of the standby")
+    parser.add_argument(
+        "--takeovers", type=int, default=20, help="kill -9 rounds of the stack's active"
+    )
+    parser.add_argument(
+        "--young-takeovers", type=int, default=5, help="rounds on engines started 60 s before"
+    )
+    parser.add_argument("--first-rate", type=float, default=1000.0)
+    parser.add_argument("--first-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=PARTS,
+        help="run only these parts",
+    )
+    parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
+    args = parser.parse_args()
+    parts = set(args.only or PARTS)
+
+    steps: list[dict[str, Any]] = []
+    rejoin_s: list[float] = []
+    early: dict[str, Any] = {}
+    idle_cpu: dict[str, Any] = {}
+    takeover: dict[str, Any] = {}
+    stack = load_settings()
+    if "first" in parts:
+        print(f"(first) the stack's own engines, {args.first_rate:,.0f} events/s", flush=True)
+        early = first_minute(stack, args.first_rate, args.first_seconds)
+        print(f"  {early}", flush=True)
+    if "idle" in parts:
+        print("(idle) the stack's CPU with no load, 60 s", flush=True)
+        idle_cpu = idle.sample(stack, 60.0)
+        print(f"  {idle_cpu['cores_total']} cores: {idle_cpu['cores_by_part']}", flush=True)
+    if "takeover" in parts:
+        print(
+            f"(takeover) kill -9 of the stack's active at 1,000 events/s: {args.takeovers} "
+            f"rounds, then {args.young_takeovers} on engines started 60 s before",
+            flush=True,
+        )
+        takeover = takeovers(stack, 1000.0, args.takeovers, args.young_takeovers)
+    samplers: dict[str, OutputSampler] = {}
+    total = 0
+    if parts & {*LABELS, "latency", "rejoin"}:
+        samplers, total, steps, rejoin_s = on_private_pipelines(args, parts)
 
     drains: dict[str, Any] = {}
     for key, sampler in samplers.items():
@@ -260,6 +391,7 @@ def main() -> int:
         "drains": drains,
         "first_minute_after_up": early,
         "idle_stack": idle_cpu,
+        "takeover": takeover,
         "latency_steps": steps,
         "rejoin_s": [round(t, 1) for t in rejoin_s],
         "ratios": ratios,
@@ -275,6 +407,17 @@ def main() -> int:
         )
     if idle_cpu:
         print(f"idle stack: {idle_cpu['cores_total']:.2f} cores")
+    if takeover.get("in_sync_s"):
+        t = takeover["in_sync_s"]
+        print(
+            f"takeover after kill -9, {t['n']} rounds: median {t['median']} s, worst {t['worst']} s"
+        )
+    if takeover.get("young_s"):
+        t = takeover["young_s"]
+        print(
+            f"takeover on engines 60 s old, {t['n']} rounds: median {t['median']} s, "
+            f"worst {t['worst']} s"
+        )
     for step in steps:
         held = " (the lag grew: not sustained)" if step["lag_growing"] else ""
         print(

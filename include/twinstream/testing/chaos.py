@@ -140,6 +140,7 @@ def failover_round(
     kind: str,
     takeover_timeout_s: float = 60.0,
     rejoin_timeout_s: float = 240.0,
+    pair: tuple[str, str] | None = None,
 ) -> Round:
     """Inflict one failure on the active and measure the takeover and the rejoin.
 
@@ -147,10 +148,13 @@ def failover_round(
     standby. sigstop: the active freezes (a zombie) until ZOMBIE_AFTER_S after its
     successor has published, then resumes and must find itself fenced and step down.
     expire: the active freezes just long enough for its ZooKeeper session to expire, then
-    resumes mid-takeover."""
+    resumes mid-takeover.
+
+    `pair` (active, standby) strikes at once, whether the standby is in sync or not (young
+    engines still catching up); by default the round first waits for an in-sync standby."""
     if kind not in KINDS:
         raise ValueError(f"unknown failure {kind!r}; one of {KINDS}")
-    active, standby = engines.wait_pair()
+    active, standby = pair if pair is not None else engines.wait_pair()
     client = engines.clients[active]
     server = client.server()
     result = Takeover(active, server.epoch, client.pipeline().last_msg_id_published)
@@ -200,18 +204,18 @@ def failover_round(
         pair = engines.current_pair()
         return pair if pair is not None and active in pair else None
 
-    pair: tuple[str, str] = wait_for(
+    whole: tuple[str, str] = wait_for(
         rejoined, rejoin_timeout_s, f"engine {active} back, with an active and an in-sync standby"
     )
     rejoin_s = time.monotonic() - started
-    swapped = pair[0] == active
+    swapped = whole[0] == active
     if swapped:
         log.warning(
             "%s of %s: roles swapped after the takeover: %s is active again, %s standby",
             kind,
             active,
             active,
-            pair[1],
+            whole[1],
         )
     log.info("%s of %s: %s; pair whole after %.1f s", kind, active, result.describe(), rejoin_s)
     return Round(kind, result, rejoin_s, swapped)
