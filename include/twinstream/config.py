@@ -117,6 +117,10 @@ class Settings(BaseSettings):
     # fixed cost (~0.6 s on two cores) once: at 5,000 that cost capped a drain near 5,000
     # events/s, at 20,000 one batch takes ~2 s and a drain runs twice as fast.
     max_offsets_per_trigger: int = Field(default=20_000, ge=1)
+    # An engine runs this many of its pipeline's sample records (`Pipeline.sample`) through
+    # its whole plan when its Spark session starts, before its query: the first batches of
+    # real records then run warm (twinstream.pipeline.warm_up). 0: no warm-up.
+    warm_up_records: int = Field(default=2_000, ge=0)
     # A standby whose lag (inbound high watermark - next msg_id) is at most this is in sync.
     # One micro-batch's worth: under steady load the lag swings by a batch between triggers,
     # and the buffer (num_buffered_msgs) still covers a standby that far behind.

@@ -28,7 +28,7 @@ from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.quarantine import QuarantineStore, describe
 from twinstream.metrics import EngineMetrics
-from twinstream.pipeline import rows_of, spark_conf, start_query
+from twinstream.pipeline import rows_of, spark_conf, start_query, warm_up
 from twinstream.positions import (
     BatchTimings,
     InboundWatermarks,
@@ -133,6 +133,7 @@ class Engine:
     def _start_query(self, starting_offset: int | None = None) -> None:
         if self._spark is None:
             self._spark = self._new_session()
+            self._warm_up(self._spark)
         self.recovery.excluded = self._read_quarantine()
         self.gate.resume_waits()
         # A batch of the previous query interrupted by its stop raised too; it must not be
@@ -510,6 +511,37 @@ class Engine:
                 "spark.driver.memory": self.settings.engine_heap,
             },
         )
+
+    def _warm_up(self, spark: SparkSession) -> None:
+        """The pipeline's plan over its own sample records, once per session, before the
+        query: a failure costs the warm-up only, never the engine."""
+        count = self.settings.warm_up_records
+        if count <= 0 or self.pipeline.sample is None:
+            return
+        folder = self.settings.engine_dir(self.engine_id) / "warm-up"
+        started = time.monotonic()
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+            rows = warm_up(spark, self.settings, self.pipeline, folder, count)
+        except Exception as exc:  # the real query works or fails on its own
+            log.warning(
+                "engine %s pipeline %s: warm-up failed after %.1f s, the query starts cold: %s",
+                self.engine_id,
+                self.settings.pipeline,
+                time.monotonic() - started,
+                describe(exc),
+            )
+        else:
+            log.info(
+                "engine %s pipeline %s: warmed up in %.1f s (%s sample records, %s rows)",
+                self.engine_id,
+                self.settings.pipeline,
+                time.monotonic() - started,
+                count,
+                rows,
+            )
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     # -- the query's sink ---------------------------------------------------------------
 

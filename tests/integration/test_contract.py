@@ -4,6 +4,7 @@ same bytes as the first version of the example did for the same input."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 
@@ -12,6 +13,7 @@ import pytest
 from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.contract import Pipeline
+from twinstream.pipeline import warm_up
 from twinstream.testing import hostile, reference
 
 GOLDEN = REPO_ROOT / "tests" / "data" / "hostmetrics-golden.jsonl.gz"
@@ -54,3 +56,18 @@ def test_every_hostile_record_gets_its_reason_in_the_jvm(hostmetrics, settings):
             reason = json.loads(row.value)["reason"]
             assert row.kind == "dlq", case.name
             assert reason.startswith(f"{case.expect}: "), (case.name, reason)
+
+
+def test_the_warm_up_runs_the_whole_plan_over_the_pipelines_own_sample(
+    hostmetrics, settings, tmp_path
+):
+    """What an engine runs when its session starts (TWINSTREAM_WARM_UP_RECORDS): every
+    sample record through validation and the stateful transform to the driver's rows, in
+    a folder of its own; a pipeline without a sample is not warmed."""
+    spark = reference.session(settings, hostmetrics)
+    # hostmetrics gives one output per valid record, and its sample has no broken ones.
+    assert warm_up(spark, settings, hostmetrics, tmp_path / "warm", 300) == 300
+    assert {p.name for p in (tmp_path / "warm").iterdir()} == {"source", "checkpoint"}
+    unsampled = dataclasses.replace(hostmetrics, sample=None)
+    assert warm_up(spark, settings, unsampled, tmp_path / "none", 300) == 0
+    assert not (tmp_path / "none").exists()

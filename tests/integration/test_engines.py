@@ -94,6 +94,9 @@ def test_takeover_by_a_standby_behind_the_active_is_gapless(pipeline: Pipeline):
     pipeline.wait_published(pipeline.produced - 1)
     assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     assert b.get("/pipeline")["uncovered_ranges"] == []
+    # Both ran the plan over the pipeline's sample before their query (the warm-up).
+    assert "warmed up in" in a.log_path.read_text()
+    assert "warmed up in" in b.log_path.read_text()
 
 
 def test_a_standby_far_ahead_keeps_every_unpublished_row_pausing_at_its_bound(

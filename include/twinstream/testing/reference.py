@@ -8,7 +8,6 @@ micro-batch). A pipeline that keeps the contract's rule gives the same rows.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -17,10 +16,10 @@ from typing import TYPE_CHECKING
 from twinstream.config import Settings
 from twinstream.contract import Pipeline
 from twinstream.core.rows import Output
-from twinstream.pipeline import plan, rows_of, spark_conf, validated
+from twinstream.pipeline import run_on_records, spark_conf
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 # The runtime settings a reference run needs of a session that may exist already (a test
 # process keeps one): static ones (memory, jars) are whatever it was built with.
@@ -48,47 +47,7 @@ def run(
     batches: int = 3,
 ) -> list[Output]:
     """The rows the gate would get for `records` ((offset, value) pairs), in msg_id order."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     ordered: Sequence[tuple[int, bytes | None]] = sorted(records, key=lambda r: r[0])
     spark = session(settings, pipeline)
-    rows: list[Output] = []
     with tempfile.TemporaryDirectory(prefix="twinstream-reference-") as tmp:
-        source = Path(tmp) / "source"
-        source.mkdir()
-        size = max(1, -(-len(ordered) // max(1, batches)))
-        for n, first in enumerate(range(0, len(ordered), size)):
-            part = ordered[first : first + size]
-            table = pa.table(
-                {
-                    "offset": pa.array([o for o, _ in part], pa.int64()),
-                    "value": pa.array([v for _, v in part], pa.binary()),
-                }
-            )
-            path = source / f"part-{n:05d}.parquet"
-            pq.write_table(table, path)
-            # The file source reads the oldest file first (by modification time, not
-            # name): the batches must come in msg_id order.
-            os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
-
-        def collect(batch: DataFrame, _batch_id: int) -> None:
-            rows.extend(rows_of(batch, {}, settings.max_message_bytes))
-
-        inbound = (
-            spark.readStream.schema("offset BIGINT, value BINARY")
-            .option("maxFilesPerTrigger", 1)
-            .parquet(str(source))
-        )
-        query = (
-            plan(validated(inbound, pipeline, settings), pipeline)
-            .writeStream.option("checkpointLocation", str(Path(tmp) / "checkpoint"))
-            .outputMode("append")
-            .foreachBatch(collect)
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        if query.exception() is not None:
-            raise RuntimeError(f"the reference run failed: {query.exception()}")
-    return sorted(rows, key=lambda r: r.msg_id)
+        return run_on_records(spark, settings, pipeline, ordered, Path(tmp), batches)
