@@ -38,8 +38,14 @@ class Program:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars), not
+    starting with "-": kafka-storage's argument parser takes "--cluster-id -Vap..." for a
+    missing value and an option (a test stack failed to format on one in 64 ids). Kafka's
+    own Uuid.randomUuid() skips such ids for the same reason."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def node_ids(settings: Settings) -> list[int]:
