@@ -27,6 +27,10 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 PortList = Annotated[list[Port], NoDecode]
 NameList = Annotated[list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")]], NoDecode]
 PIPELINE_NAME = r"^[a-z][a-z0-9_-]{0,62}$"
+# host:port[,host:port...][/chroot]: one ZooKeeper server or an ensemble, and optionally the
+# node under which every Twinstream node lives (kazoo's connect string).
+_ZK_HOST = r"[A-Za-z0-9_.\-]+:\d{1,5}"
+ZK_CONNECT = rf"^$|^{_ZK_HOST}(,{_ZK_HOST})*(/[A-Za-z0-9_.\-]+)*$"
 PipelineList = Annotated[list[Annotated[str, Field(pattern=PIPELINE_NAME)]], NoDecode]
 
 
@@ -47,6 +51,11 @@ class Settings(BaseSettings):
 
     bind_host: str = "127.0.0.1"
     zk_port: Port = 2181
+    # The local stack's ZooKeeper: one server, or an ensemble of 3 or 5 (node n serves clients
+    # on zk_port + n - 1, its peers on zk_peer_port + n - 1 and zk_election_port + n - 1).
+    zk_nodes: int = Field(default=1, ge=1, le=5)
+    zk_peer_port: Port = 2888
+    zk_election_port: Port = 3888
     # ZooKeeper clamps session timeouts to [2, 20] x tickTime; 500 ms lets a dead engine's
     # session expire within about a second.
     zk_tick_ms: int = Field(default=500, ge=100, le=2000)
@@ -56,7 +65,8 @@ class Settings(BaseSettings):
     # Where clients find Kafka and ZooKeeper when they are not the local stack's own ports
     # on bind_host (compose: kafka-1:19092,..., zookeeper:2181). Empty: derived from ports.
     kafka_bootstrap: str = ""
-    zk_connect: str = Field(default="", pattern=r"^$|^[A-Za-z0-9_.\-]+:\d{1,5}$")
+    # Several hosts and a chroot are accepted: "zk1:2181,zk2:2181,zk3:2181/prod".
+    zk_connect: str = Field(default="", pattern=ZK_CONNECT)
 
     pipeline: str = Field(default="hostmetrics", pattern=PIPELINE_NAME)
     # Which pipelines run, and where their code is (twinstream.registry).
@@ -126,6 +136,31 @@ class Settings(BaseSettings):
     # and the buffer (num_buffered_msgs) still covers a standby that far behind.
     in_sync_lag: int = Field(default=5_000, ge=0)
     engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")
+    # Where an engine's Spark runs: local[n] in the engine's own JVM (the default), a
+    # standalone cluster (spark://host:7077), yarn, k8s://...; "" leaves it to spark-submit's
+    # --master or spark-defaults.conf. On a cluster the executors need this project's Python
+    # (PYSPARK_PYTHON) and the pipelines' folder on their PYTHONPATH (README, "On a Spark
+    # cluster").
+    spark_master: str = Field(
+        default="local[2]",
+        pattern=r"^$|^(local(\[[0-9*]+\])?|spark://[^\s]+|yarn|k8s://[^\s]+|mesos://[^\s]+)$",
+    )
+    # More Spark settings for the engines, key=value pairs separated by ";" (Spark's values
+    # hold commas and spaces, never semicolons): a cluster's deploy settings, say
+    # "spark.executor.memory=2g;spark.kubernetes.container.image=...". The framework's own
+    # and the pipeline's win where they meet.
+    spark_conf: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    # Cores an engine's application takes on a cluster (spark.cores.max): a standalone
+    # master gives an application every free core by default, and the standby's would wait.
+    spark_cores: int = Field(default=1, ge=1)
+    # The local stack runs a Spark standalone master and one worker (`make up SPARK=standalone`)
+    # and its engines use them; the ports are the master's and its web UI's.
+    spark_standalone: bool = False
+    spark_master_port: Port = 7077
+    spark_master_ui_port: Port = 8090
+    spark_worker_ui_port: Port = 8091
+    spark_worker_cores: int = Field(default=2, ge=1)
+    spark_worker_memory: str = Field(default="3g", pattern=r"^\d+[kmg]$")
 
     # Persist and restore. The snapshot root is shared storage (compose: a shared volume);
     # snapshots live in <snapshot_root>/<pipeline>/. Empty: <state_dir>/snapshots.
@@ -163,6 +198,23 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("spark_conf", mode="before")
+    @classmethod
+    def _split_pairs(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        pairs: dict[str, str] = {}
+        for part in value.split(";"):
+            if not part.strip():
+                continue
+            key, sep, item = part.partition("=")
+            if not sep or not key.strip().startswith("spark."):
+                raise ValueError(
+                    f"{part.strip()!r} is not spark.<key>=<value>; pairs are separated by ';'"
+                )
+            pairs[key.strip()] = item.strip()
+        return pairs
+
     @model_validator(mode="before")
     @classmethod
     def _default_topics(cls, values: Any) -> Any:
@@ -187,6 +239,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"engine_admin_ports has {len(self.engine_admin_ports)} entries but engine_ids "
                 f"has {len(self.engine_ids)}: every engine needs its admin port"
+            )
+        if self.zk_nodes % 2 == 0:
+            raise ValueError(
+                f"zk_nodes={self.zk_nodes}: a ZooKeeper ensemble has an odd number of servers "
+                "(1, 3 or 5); an even one tolerates no more failures than one server fewer"
             )
         if len(set(self.engine_ids)) != len(self.engine_ids):
             raise ValueError(f"engine_ids repeat a name: {self.engine_ids}")
@@ -214,8 +271,16 @@ class Settings(BaseSettings):
     @property
     def ports(self) -> list[int]:
         """Every port the local stack listens on."""
+        quorum = [*self.zk_peer_ports, *self.zk_election_ports] if self.zk_nodes > 1 else []
+        spark = (
+            [self.spark_master_port, self.spark_master_ui_port, self.spark_worker_ui_port]
+            if self.spark_standalone
+            else []
+        )
         return [
-            self.zk_port,
+            *self.zk_client_ports,
+            *spark,
+            *quorum,
             self.airflow_port,
             *self.kafka_ports,
             *self.kafka_controller_ports,
@@ -229,13 +294,47 @@ class Settings(BaseSettings):
         return ",".join(f"{self.bind_host}:{port}" for port in self.kafka_ports)
 
     @property
-    def zk_hosts(self) -> str:
-        return self.zk_connect or f"{self.bind_host}:{self.zk_port}"
+    def engine_spark_master(self) -> str:
+        """The master the engines use: the local stack's standalone master when it runs one."""
+        if self.spark_standalone:
+            return f"spark://{self.bind_host}:{self.spark_master_port}"
+        return self.spark_master
 
     @property
-    def zk_address(self) -> tuple[str, int]:
-        host, port = self.zk_hosts.rsplit(":", 1)
-        return host, int(port)
+    def zk_client_ports(self) -> list[int]:
+        """The local stack's ZooKeeper client ports, node 1 first."""
+        return [self.zk_port + n for n in range(self.zk_nodes)]
+
+    @property
+    def zk_peer_ports(self) -> list[int]:
+        return [self.zk_peer_port + n for n in range(self.zk_nodes)]
+
+    @property
+    def zk_election_ports(self) -> list[int]:
+        return [self.zk_election_port + n for n in range(self.zk_nodes)]
+
+    @property
+    def zk_hosts(self) -> str:
+        """kazoo's connect string: every server, and the chroot if there is one."""
+        if self.zk_connect:
+            return self.zk_connect
+        return ",".join(f"{self.bind_host}:{port}" for port in self.zk_client_ports)
+
+    @property
+    def zk_servers(self) -> list[tuple[str, int]]:
+        """(host, port) of every ZooKeeper server, as kazoo reads the connect string."""
+        from kazoo.hosts import collect_hosts
+
+        servers, _chroot = collect_hosts(self.zk_hosts)
+        return [(host, int(port)) for host, port in servers]
+
+    @property
+    def zk_chroot(self) -> str:
+        """The node every Twinstream node lives under ("" for ZooKeeper's root)."""
+        from kazoo.hosts import collect_hosts
+
+        _servers, chroot = collect_hosts(self.zk_hosts)
+        return str(chroot or "")
 
     @property
     def airflow_url(self) -> str:

@@ -23,9 +23,8 @@ from twinstream.admin_api import (
 )
 from twinstream.config import Settings
 from twinstream.contract import Pipeline
-from twinstream.core.checkpoint import batch_end
-from twinstream.core.checkpoint import numbered as checkpoint_batches
-from twinstream.core.election import Election, root_acl, zk_client
+from twinstream.core.checkpoint import unread
+from twinstream.core.election import Election, ensure_chroot, root_acl, zk_client
 from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.quarantine import QuarantineStore, describe
@@ -130,6 +129,7 @@ class Engine:
         self._start_query(starting_offset)
         self._state, self._reason = state, reason
         self.gate.joined()
+        ensure_chroot(self.settings, root_acl(self.settings))
         self.election.start()
 
     def _start_query(self, starting_offset: int | None = None) -> None:
@@ -560,17 +560,13 @@ class Engine:
             shutil.rmtree(folder, ignore_errors=True)
 
     def _backlog(self) -> int | None:
-        """Inbound records the query will read before it is level with the topic, from the
-        checkpoint's last planned batch (the whole topic without a checkpoint); None while
+        """Inbound records the query reads before it is level with the topic; None while
         the high watermark is unknown."""
         hwm = self.watermarks.high()
         if hwm is None:
             return None
         checkpoint = self.settings.checkpoint_dir(self.engine_id)
-        batches = checkpoint_batches(checkpoint / "offsets")
-        topic = self.settings.inbound_topic
-        position = batch_end(checkpoint, batches[-1], topic) if batches else None
-        return max(0, hwm - (position or 0))
+        return unread(checkpoint, self.settings.inbound_topic, hwm)
 
     # -- the query's sink ---------------------------------------------------------------
 

@@ -26,9 +26,20 @@ class PlatformUnhealthy(RuntimeError):
 
 
 def check_zookeeper(settings: Settings) -> str:
-    ok, detail = health.zookeeper(settings)
-    if not ok:
-        raise PlatformUnhealthy(f"ZooKeeper at {settings.zk_hosts}: {detail}")
+    """Every server of the connect string probed; healthy while a majority serves (an
+    ensemble keeps serving with a minority down, and the report names those)."""
+    servers = settings.zk_servers
+    answers = [health.zookeeper(settings, n) for n in range(1, len(servers) + 1)]
+    detail = "; ".join(
+        f"{host}:{port} {text}" for (host, port), (_ok, text) in zip(servers, answers, strict=True)
+    )
+    serving = sum(ok for ok, _text in answers)
+    if serving <= len(servers) // 2:
+        raise PlatformUnhealthy(
+            f"ZooKeeper at {settings.zk_hosts}: {serving} of {len(servers)} servers serve, "
+            f"a quorum needs {len(servers) // 2 + 1} ({detail}); start the servers that do "
+            "not answer (locally: make up)"
+        )
     log.info("ZooKeeper at %s: %s", settings.zk_hosts, detail)
     return detail
 

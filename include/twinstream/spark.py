@@ -58,28 +58,49 @@ def driver_java_options(settings: Settings, conf: Mapping[str, str]) -> str | No
 def session(
     settings: Settings,
     app_name: str,
-    master: str = "local[2]",
+    master: str | None = None,
     conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
+    """A session on `master`, by default the engines' (settings.engine_spark_master; ""
+    leaves it to spark-submit). Settings in order of precedence: `conf`, then this
+    framework's, then TWINSTREAM_SPARK_CONF's."""
     from pyspark.sql import SparkSession
 
     # Python workers must run this interpreter (the virtualenv's), not the system python.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.jars", ",".join(kafka_jars(settings)))
+    builder = SparkSession.builder.appName(app_name)
+    chosen = settings.engine_spark_master if master is None else master
+    if chosen:
+        builder = builder.master(chosen)
+    merged = {
+        **settings.spark_conf,
+        **cluster_conf(settings, chosen),
+        "spark.jars": ",".join(kafka_jars(settings)),
         # Two cores: more shuffle partitions only add scheduling overhead.
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-    )
-    merged = dict(conf or {})
+        "spark.sql.shuffle.partitions": "2",
+        "spark.ui.enabled": "false",
+        **(conf or {}),
+    }
     options = driver_java_options(settings, merged)
     if options:
         merged[DRIVER_JAVA_OPTIONS] = options
     for key, value in merged.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def cluster_conf(settings: Settings, master: str) -> dict[str, str]:
+    """What executors outside the driver's JVM need: the cores the application may take
+    (a standalone master gives the first application every core), and the pipelines'
+    folder on their Python workers' path (the user's transform runs there). The executors
+    run the driver's PYSPARK_PYTHON, which must exist on every worker."""
+    if not master or master.startswith("local"):
+        return {}
+    conf = {"spark.cores.max": str(settings.spark_cores)}
+    path = os.environ.get("PYTHONPATH", "")
+    if path:
+        conf["spark.executorEnv.PYTHONPATH"] = path
+    return conf
 
 
 def stop_session(spark: SparkSession, timeout_s: float = 30.0) -> None:

@@ -25,7 +25,7 @@ from twinstream import registry
 from twinstream.config import Settings
 from twinstream.kafka import admin_config, watermarks
 from twinstream.publisher import publish
-from twinstream.stack import health
+from twinstream.stack import health, render
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
 from twinstream.subscriber import read_committed
@@ -237,7 +237,8 @@ def test_zookeeper_down_for_30s_holds_the_output_and_resumes_within_5s(engines, 
     try:
         wait_for(lambda: len(times.seen) > 1000, 60, "output flowing")
         stopped = time.monotonic()
-        engines.supervisor.stop("zookeeper")
+        for name in render.zookeeper_names(settings):
+            engines.supervisor.stop(name)
         # The outage is the scenario: hold ZooKeeper down for its whole length.
         while (left := down_s - (time.monotonic() - stopped)) > 0:
             print(f"ZooKeeper down, {left:.0f} s to go; {load.sent} records sent", flush=True)
@@ -246,13 +247,15 @@ def test_zookeeper_down_for_30s_holds_the_output_and_resumes_within_5s(engines, 
         # serving: note the moment it serves from a thread that is already watching.
         serving = ServingSince(settings)
         restarted = time.monotonic()
-        engines.supervisor.start("zookeeper")
+        for name in render.zookeeper_names(settings):
+            engines.supervisor.start(name)
         back = wait_for(lambda: serving.since, 60, "ZooKeeper serving", every_s=0.1)
         resumed = wait_for(
             lambda: next((t for t, _ in times.seen if t > restarted), None), 30, "output resuming"
         )
     finally:
-        engines.supervisor.start("zookeeper")
+        for name in render.zookeeper_names(settings):
+            engines.supervisor.start(name)
         sent = load.stop()
         times.done.set()
     # SUSPENDED stops commits: nothing committed while no engine could know it leads (a

@@ -79,8 +79,10 @@ def test_a_paused_zombie_is_fenced_and_then_takes_over_a_kill_9_losing_nothing(
 def test_takeover_by_a_standby_behind_the_active_is_gapless(pipeline: Pipeline):
     """The standby lags the active: it publishes nothing it has not yet recomputed. (A
     standby ahead of the active: the next test.)"""
+    warm = {"TWINSTREAM_WARM_UP_RECORDS": "2000"}
     a, b = pipeline.start_pair(
-        {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100"}, {"TWINSTREAM_TRIGGER_INTERVAL_MS": "8000"}
+        {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100", **warm},
+        {"TWINSTREAM_TRIGGER_INTERVAL_MS": "8000", **warm},
     )
     # Until the takeover is done: the engines' different rhythms open a lag under load.
     load = pipeline.load(60_000, rate=1000)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from twinstream.core.checkpoint import RewindPoint, numbered, rewind, rewind_point
+from twinstream.core.checkpoint import RewindPoint, numbered, rewind, rewind_point, unread
 
 TOPIC = "p.in"
 
@@ -36,3 +36,12 @@ def test_rewinding_forgets_every_later_batch_in_both_logs(tmp_path: Path):
     assert numbered(tmp_path / "offsets") == [1, 2]
     assert numbered(tmp_path / "commits") == [1, 2]
     assert not (tmp_path / "offsets" / ".3.crc").exists()
+
+
+def test_unread_counts_from_the_last_planned_batch_or_the_topics_start(tmp_path: Path):
+    """An engine skips its warm-up when it has at least that many records to catch up on."""
+    assert unread(tmp_path, TOPIC, 5_000) == 5_000  # no checkpoint: the whole topic
+    _batch(tmp_path, 7, 300)
+    _batch(tmp_path, 8, 450, committed=False)  # planned, replayed on restart: counted read
+    assert unread(tmp_path, TOPIC, 5_000) == 4_550
+    assert unread(tmp_path, TOPIC, 400) == 0

@@ -592,7 +592,7 @@ def test_settings_inside_a_container_find_every_engine(
         assert owner.engine_admin_url(engine_id) == f"http://{engine}:{port}"
         assert str(port) in services[engine]["healthcheck"]["test"][-1]
     assert settings.bootstrap_servers == ",".join(f"{b}:19092" for b in BROKERS)
-    assert settings.zk_address == ("zookeeper", 2181)
+    assert settings.zk_servers == [("zookeeper", 2181)]
     assert settings.secret("admin_token") == services[name]["environment"]["TWINSTREAM_ADMIN_TOKEN"]
     assert settings.secret("zk_password") == services[name]["environment"]["TWINSTREAM_ZK_PASSWORD"]
     assert str(settings.jars_dir) == "/opt/twinstream/jars"

@@ -81,7 +81,33 @@ def test_compose_style_service_addresses_override_the_local_ports(monkeypatch):
     s = load_settings()
     assert s.bootstrap_servers == "kafka-1:19092,kafka-2:19092"
     assert s.zk_hosts == "zookeeper:2181"
-    assert s.zk_address == ("zookeeper", 2181)
+    assert s.zk_servers == [("zookeeper", 2181)]
+    assert s.zk_chroot == ""
     monkeypatch.setenv("TWINSTREAM_ZK_CONNECT", "zookeeper")
     with pytest.raises(SettingsError, match="TWINSTREAM_ZK_CONNECT"):
+        load_settings()
+
+
+def test_a_zookeeper_ensemble_and_a_chroot_are_accepted(monkeypatch):
+    monkeypatch.setenv("TWINSTREAM_ZK_CONNECT", "zk1:2181,zk2:2182,zk-3.example:2183/prod/ts")
+    s = load_settings()
+    # kazoo's connect string as it is: kazoo spreads the session over the servers.
+    assert s.zk_hosts == "zk1:2181,zk2:2182,zk-3.example:2183/prod/ts"
+    assert s.zk_servers == [("zk1", 2181), ("zk2", 2182), ("zk-3.example", 2183)]
+    assert s.zk_chroot == "/prod/ts"
+    for bad in ("zk1:2181,", "zk1:2181,zk2", "zk1:2181//x", "zk1:2181/x/"):
+        monkeypatch.setenv("TWINSTREAM_ZK_CONNECT", bad)
+        with pytest.raises(SettingsError, match="TWINSTREAM_ZK_CONNECT"):
+            load_settings()
+
+
+def test_the_local_stack_runs_one_zookeeper_or_an_odd_ensemble(monkeypatch):
+    assert load_settings().zk_hosts == "127.0.0.1:2181"
+    monkeypatch.setenv("TWINSTREAM_ZK_NODES", "3")
+    s = load_settings()
+    assert s.zk_hosts == "127.0.0.1:2181,127.0.0.1:2182,127.0.0.1:2183"
+    assert s.zk_peer_ports == [2888, 2889, 2890]
+    assert {2182, 2183, 2888, 2890, 3888, 3890} <= set(s.ports)
+    monkeypatch.setenv("TWINSTREAM_ZK_NODES", "2")
+    with pytest.raises(SettingsError, match="odd number"):
         load_settings()

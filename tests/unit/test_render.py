@@ -41,6 +41,48 @@ def test_zookeeper_uses_tick_500_on_loopback_without_admin_server(tmp_path):
     assert {"ruok", "srvr"} <= set(cfg["4lw.commands.whitelist"].split(","))
 
 
+def test_an_ensemble_of_three_zookeepers_knows_its_members(tmp_path):
+    s = _settings(tmp_path, zk_nodes=3)
+    layout = Layout.of(s)
+    cfg = _props(render.zoo_cfg(s, layout, 2))
+    assert cfg["clientPort"] == "2182"
+    assert cfg["dataDir"] == str(tmp_path / "zookeeper" / "node-2" / "data")
+    assert [cfg[f"server.{n}"] for n in (1, 2, 3)] == [
+        "127.0.0.1:2888:3888",
+        "127.0.0.1:2889:3889",
+        "127.0.0.1:2890:3890",
+    ]
+    options = _parse_supervisord_conf(tmp_path, s)
+    programs = {p.name: p for g in options.process_group_configs for p in g.process_configs}
+    assert {"zookeeper-1", "zookeeper-2", "zookeeper-3"} <= set(programs)
+    assert "zookeeper" not in programs
+    argv = shlex.split(programs["zookeeper-3"].command)
+    assert argv[-1] == str(tmp_path / "zookeeper" / "node-3" / "zoo.cfg")
+    # A single server has no server.N lines and keeps the folder it always had.
+    alone = _props(render.zoo_cfg(_settings(tmp_path), layout))
+    assert not any(k.startswith("server.") for k in alone)
+    assert alone["dataDir"] == str(tmp_path / "zookeeper" / "data")
+
+
+def test_a_spark_standalone_master_and_worker_run_from_pysparks_distribution(tmp_path):
+    s = _settings(tmp_path, spark_standalone=True)
+    options = _parse_supervisord_conf(tmp_path, s)
+    programs = {p.name: p for g in options.process_group_configs for p in g.process_configs}
+    master = shlex.split(programs["spark-master"].command)
+    worker = shlex.split(programs["spark-worker"].command)
+    assert master[master.index("-cp") + 1] == f"{render.spark_home() / 'jars'}/*"
+    assert master[-6:] == ["--host", "127.0.0.1", "--port", "7077", "--webui-port", "8090"]
+    assert worker[worker.index(render.SPARK_WORKER_MAIN) + 1] == "spark://127.0.0.1:7077"
+    assert worker[worker.index("--cores") + 1] == "2"
+    # The worker builds its executors' command from SPARK_HOME.
+    assert programs["spark-worker"].environment["SPARK_HOME"] == str(render.spark_home())
+    assert programs["spark-worker"].environment["SPARK_SCALA_VERSION"] == "2.13"
+    assert programs["engine-a"].environment["TWINSTREAM_SPARK_STANDALONE"] == "True"
+    assert "spark-master" not in {
+        p.name for p in render.programs(_settings(tmp_path), Layout.of(s), pipelines={})
+    }
+
+
 def test_kafka_node_is_a_kraft_broker_and_controller_with_durable_defaults(tmp_path):
     s = _settings(tmp_path)
     props = _props(render.kafka_server_properties(s, Layout.of(s), 2))

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from twinstream.config import Settings
-from twinstream.spark import DRIVER_JAVA_OPTIONS, class_archive, driver_java_options
+import pytest
+
+from twinstream.config import Settings, SettingsError, load_settings
+from twinstream.spark import DRIVER_JAVA_OPTIONS, class_archive, cluster_conf, driver_java_options
 
 
 def test_no_archive_no_option_the_sessions_own_options_kept(tmp_path: Path) -> None:
@@ -26,3 +28,43 @@ def test_an_archive_is_mapped_by_every_session_but_the_one_writing_it(tmp_path: 
     )
     writing = {DRIVER_JAVA_OPTIONS: f"-XX:ArchiveClassesAtExit={archive}.partial"}
     assert driver_java_options(settings, writing) == writing[DRIVER_JAVA_OPTIONS]
+
+
+def test_a_cluster_master_gets_the_cores_and_the_pipelines_path(monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/srv/pipelines")
+    settings = Settings(spark_cores=2)
+    assert cluster_conf(settings, "local[2]") == {}
+    assert cluster_conf(settings, "") == {}
+    assert cluster_conf(settings, "spark://m:7077") == {
+        "spark.cores.max": "2",
+        "spark.executorEnv.PYTHONPATH": "/srv/pipelines",
+    }
+
+
+def test_the_engines_master_is_configuration(monkeypatch) -> None:
+    assert Settings().engine_spark_master == "local[2]"
+    monkeypatch.setenv("TWINSTREAM_SPARK_MASTER", "spark://spark-master:7077")
+    assert load_settings().engine_spark_master == "spark://spark-master:7077"
+    monkeypatch.setenv("TWINSTREAM_SPARK_MASTER", "")
+    assert load_settings().engine_spark_master == ""
+    monkeypatch.setenv("TWINSTREAM_SPARK_MASTER", "spark:/oops")
+    with pytest.raises(SettingsError, match="TWINSTREAM_SPARK_MASTER"):
+        load_settings()
+    monkeypatch.delenv("TWINSTREAM_SPARK_MASTER")
+    # The local stack's standalone master wins when the stack runs one.
+    monkeypatch.setenv("TWINSTREAM_SPARK_STANDALONE", "true")
+    assert load_settings().engine_spark_master == "spark://127.0.0.1:7077"
+
+
+def test_more_spark_settings_are_spark_key_value_pairs(monkeypatch) -> None:
+    monkeypatch.setenv(
+        "TWINSTREAM_SPARK_CONF",
+        "spark.executor.memory=2g; spark.executor.extraJavaOptions=-Da=1 -Db=2,3",
+    )
+    assert load_settings().spark_conf == {
+        "spark.executor.memory": "2g",
+        "spark.executor.extraJavaOptions": "-Da=1 -Db=2,3",
+    }
+    monkeypatch.setenv("TWINSTREAM_SPARK_CONF", "executor.memory=2g")
+    with pytest.raises(SettingsError, match=r"spark\.<key>=<value>"):
+        load_settings()

@@ -41,6 +41,15 @@ def batch_end(checkpoint: Path, batch_id: int, topic: str) -> int | None:
     return end_offset(path, topic) if path.exists() else None
 
 
+def unread(checkpoint: Path, topic: str, high_watermark: int) -> int:
+    """Inbound records a query restarted on `checkpoint` reads before it is level with
+    `high_watermark`: from the end of its last planned batch (Spark replays a planned batch
+    that was not committed, so its records count as read), the whole topic without one."""
+    batches = numbered(checkpoint / "offsets")
+    position = batch_end(checkpoint, batches[-1], topic) if batches else None
+    return max(0, high_watermark - (position or 0))
+
+
 def forget_batches(checkpoint: Path, after: int, logs: tuple[str, ...] = ("offsets",)) -> None:
     """Remove the entries of every batch after `after` from the named logs."""
     for log in logs:

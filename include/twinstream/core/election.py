@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 def zk_client(settings: Settings, **overrides: Any) -> KazooClient:
     password = settings.secret("zk_password")
     return KazooClient(
-        hosts=settings.zk_hosts,
+        hosts=overrides.pop("hosts", settings.zk_hosts),
         # Asks for the smallest session ZooKeeper grants (2 x tickTime): fast detection.
         timeout=settings.zk_session_timeout_s,
         auth_data=[("digest", f"{settings.zk_user}:{password}")],
@@ -53,6 +53,25 @@ def root_acl(settings: Settings) -> list[ACL]:
     list it and create a pipeline under it, nobody but its creator may delete from it."""
     owner = make_digest_acl(settings.zk_user, settings.secret("zk_password"), all=True)
     return [owner, ACL(Permissions.READ | Permissions.CREATE, ANYONE_ID_UNSAFE)]
+
+
+def ensure_chroot(settings: Settings, acl: list[ACL]) -> None:
+    """The connect string's chroot, created if missing: a client rooted there cannot create
+    it (kazoo only warns that it is missing, and every create under it then fails). `acl`
+    as /twinstream's: anyone may read it and create under it, only its owner delete."""
+    chroot = settings.zk_chroot
+    if not chroot:
+        return
+    servers = ",".join(f"{host}:{port}" for host, port in settings.zk_servers)
+    client = zk_client(settings, hosts=servers)
+    try:
+        client.start(timeout=30)
+        if not client.exists(chroot):
+            with contextlib.suppress(NodeExistsError):
+                client.ensure_path(chroot, acl=acl)
+    finally:
+        client.stop()
+        client.close()
 
 
 class Election:

@@ -94,10 +94,14 @@ def port_in_use(host: str, port: int) -> bool:
 
 def _render_files(settings: Settings, layout: Layout) -> list[str]:
     files = {
-        layout.zookeeper_dir / "zoo.cfg": render.zoo_cfg(settings, layout),
         layout.zookeeper_dir / "logback.xml": render.zookeeper_logback(),
         layout.kafka_dir / "log4j2.properties": render.kafka_log4j2(),
     }
+    for node in range(1, settings.zk_nodes + 1):
+        folder = render.zookeeper_dir(settings, layout, node)
+        files[folder / "zoo.cfg"] = render.zoo_cfg(settings, layout, node)
+        if settings.zk_nodes > 1:
+            files[folder / "data" / "myid"] = f"{node}\n"
     for node_id in render.node_ids(settings):
         path = layout.kafka_node_dir(node_id) / "server.properties"
         files[path] = render.kafka_server_properties(settings, layout, node_id)
@@ -141,6 +145,12 @@ def probe(
     """The health probe of one program; `registered` is the Kafka metadata's broker list."""
     if name == "zookeeper":
         return health.zookeeper(settings)
+    if name.startswith("zookeeper-"):
+        return health.zookeeper(settings, int(name.split("-")[1]))
+    if name == "spark-master":
+        return health.spark_master(settings)
+    if name == "spark-worker":
+        return health.spark_worker(settings)
     if name.startswith("kafka-"):
         return health.kafka_node(settings, int(name.split("-")[1]), registered)
     if name == "airflow":
@@ -263,7 +273,9 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
 
     echo("waiting for services to become healthy")
     brokers = [f"kafka-{n}" for n in render.node_ids(settings)]
-    wait_until_healthy(settings, layout, supervisor, echo, ["zookeeper", *brokers])
+    zookeepers = render.zookeeper_names(settings)
+    spark = ["spark-master", "spark-worker"] if settings.spark_standalone else []
+    wait_until_healthy(settings, layout, supervisor, echo, [*zookeepers, *brokers, *spark])
     admin = AdminClient(admin_config(settings))
     # Every pipeline's topics, before any engine needs them.
     specs = [spec for pipeline in pipelines.values() for spec in topic_specs(pipeline)]
@@ -329,10 +341,17 @@ def _wait_for_supervisor(supervisor: Supervisor, timeout_s: float = 30.0) -> Non
 
 def summary(settings: Settings, processes: list[ProcessInfo]) -> str:
     layout = Layout.of(settings)
+    zookeepers = zip(render.zookeeper_names(settings), settings.zk_client_ports, strict=True)
     where = {
-        "zookeeper": f"{settings.zk_hosts} (tickTime {settings.zk_tick_ms} ms)",
-        "airflow": f"{settings.airflow_url}  admin password: {layout.airflow_password_file}",
+        name: f"{settings.bind_host}:{port} (tickTime {settings.zk_tick_ms} ms)"
+        for name, port in zookeepers
     }
+    where["airflow"] = f"{settings.airflow_url}  admin password: {layout.airflow_password_file}"
+    if settings.spark_standalone:
+        where["spark-master"] = (
+            f"{settings.engine_spark_master} (UI http://{settings.bind_host}:"
+            f"{settings.spark_master_ui_port})"
+        )
     pipelines = registry.stack(settings)
     for pipeline in pipelines.values():
         for engine_id in pipeline.engine_ids:

@@ -25,19 +25,47 @@ def four_letter_word(host: str, port: int, word: bytes, timeout_s: float = 2.0) 
     return b"".join(chunks)
 
 
-def zookeeper(settings: Settings) -> tuple[bool, str]:
-    """ruok only says the JVM listens; srvr's Mode line says the server actually serves."""
+def zookeeper(settings: Settings, node: int = 1) -> tuple[bool, str]:
+    """One server of the stack's ZooKeeper (`node`, from 1). ruok only says the JVM listens;
+    srvr's Mode line says the server actually serves (standalone, leader or follower: a
+    member of an ensemble without a quorum answers that it is not serving)."""
+    address = settings.zk_servers[node - 1]
     try:
-        answer = four_letter_word(*settings.zk_address, b"ruok")
+        answer = four_letter_word(*address, b"ruok")
         if answer != b"imok":
             return False, f"ruok answered {answer!r}"
-        stats = four_letter_word(*settings.zk_address, b"srvr").decode()
+        stats = four_letter_word(*address, b"srvr").decode()
     except OSError as exc:
-        return False, f"no answer on {settings.zk_hosts}: {exc}"
+        return False, f"no answer on {address[0]}:{address[1]}: {exc}"
     for line in stats.splitlines():
         if line.startswith("Mode:"):
             return True, f"serving, mode {line.split(':', 1)[1].strip()}"
     return False, f"not serving: {stats.strip()[:120]}"
+
+
+def spark_master(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str]:
+    """The standalone master's own status page (JSON): ALIVE, and how many workers."""
+    url = f"http://{settings.bind_host}:{settings.spark_master_ui_port}/json/"
+    try:
+        status = httpx.get(url, timeout=timeout_s).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return False, f"no answer at {url}: {type(exc).__name__}"
+    if status.get("status") != "ALIVE":
+        return False, f"master {status.get('status')}"
+    return True, f"{status.get('url')}, {status.get('aliveworkers', 0)} worker(s) alive"
+
+
+def spark_worker(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str]:
+    """A worker counts once the master lists it ALIVE, with its cores."""
+    url = f"http://{settings.bind_host}:{settings.spark_master_ui_port}/json/"
+    try:
+        workers = httpx.get(url, timeout=timeout_s).json().get("workers", [])
+    except (httpx.HTTPError, ValueError) as exc:
+        return False, f"no answer at {url}: {type(exc).__name__}"
+    alive = [w for w in workers if w.get("state") == "ALIVE"]
+    if not alive:
+        return False, f"no worker registered with the master ({len(workers)} known)"
+    return True, f"registered, {alive[0].get('cores')} cores, {alive[0].get('memory')} MB"
 
 
 def kafka_brokers(settings: Settings, timeout_s: float = 3.0) -> dict[int, str]:

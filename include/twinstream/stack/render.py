@@ -21,6 +21,8 @@ from twinstream.stack.layout import Layout
 ZOOKEEPER_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 KAFKA_MAIN = "kafka.Kafka"
 KAFKA_STORAGE_TOOL = "kafka.tools.StorageTool"
+SPARK_MASTER_MAIN = "org.apache.spark.deploy.master.Master"
+SPARK_WORKER_MAIN = "org.apache.spark.deploy.worker.Worker"
 
 
 @dataclass(frozen=True)
@@ -52,15 +54,38 @@ def node_ids(settings: Settings) -> list[int]:
     return list(range(1, len(settings.kafka_ports) + 1))
 
 
-def zoo_cfg(settings: Settings, layout: Layout) -> str:
+def zookeeper_names(settings: Settings) -> list[str]:
+    """The stack's ZooKeeper programs: `zookeeper` alone, `zookeeper-1`... in an ensemble."""
+    if settings.zk_nodes == 1:
+        return ["zookeeper"]
+    return [f"zookeeper-{n}" for n in range(1, settings.zk_nodes + 1)]
+
+
+def zookeeper_dir(settings: Settings, layout: Layout, node: int) -> Path:
+    """Node `node`'s folder (config, data); a single server keeps the folder it always had."""
+    if settings.zk_nodes == 1:
+        return layout.zookeeper_dir
+    return layout.zookeeper_dir / f"node-{node}"
+
+
+def zoo_cfg(settings: Settings, layout: Layout, node: int = 1) -> str:
+    """zoo.cfg of server `node` (from 1): standalone, or a member of the ensemble."""
+    folder = zookeeper_dir(settings, layout, node)
+    host = settings.bind_host
+    ensemble = [
+        f"server.{n}={host}:{peer}:{election}"
+        for n, (peer, election) in enumerate(
+            zip(settings.zk_peer_ports, settings.zk_election_ports, strict=True), start=1
+        )
+    ]
     return "\n".join(
         [
             f"tickTime={settings.zk_tick_ms}",
             "initLimit=10",
             "syncLimit=5",
-            f"dataDir={layout.zookeeper_dir / 'data'}",
-            f"clientPort={settings.zk_port}",
-            f"clientPortAddress={settings.bind_host}",
+            f"dataDir={folder / 'data'}",
+            f"clientPort={settings.zk_client_ports[node - 1]}",
+            f"clientPortAddress={host}",
             # The Jetty admin server would claim port 8080, which is Airflow's.
             "admin.enableServer=false",
             # ruok/srvr are the health probes of `up` and `status`; conf shows tickTime.
@@ -68,6 +93,8 @@ def zoo_cfg(settings: Settings, layout: Layout) -> str:
             # Keep snapshots and logs from filling a developer's disk.
             "autopurge.snapRetainCount=3",
             "autopurge.purgeInterval=1",
+            # An ensemble's members; each also needs data/myid (its number).
+            *(ensemble if settings.zk_nodes > 1 else []),
             "",
         ]
     )
@@ -187,7 +214,12 @@ def settings_environment(settings: Settings) -> dict[str, str]:
     for name, value in settings.model_dump().items():
         if value is None:  # unset optional: the child derives it the same way
             continue
-        text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+        if isinstance(value, list):
+            text = ",".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            text = ";".join(f"{k}={v}" for k, v in value.items())
+        else:
+            text = str(value)
         env[f"TWINSTREAM_{name.upper()}"] = text
     return env
 
@@ -200,17 +232,18 @@ def programs(
     env = settings_environment(settings)
     result = [
         Program(
-            name="zookeeper",
+            name=name,
             command=java_command(
                 ZOOKEEPER_MAIN,
                 settings.jars_dir / "zookeeper",
                 settings.zk_heap,
-                [str(layout.zookeeper_dir / "zoo.cfg")],
+                [str(zookeeper_dir(settings, layout, node) / "zoo.cfg")],
                 {"logback.configurationFile": str(layout.zookeeper_dir / "logback.xml")},
             ),
             priority=10,
             environment=env,
         )
+        for node, name in enumerate(zookeeper_names(settings), start=1)
     ]
     for node_id in node_ids(settings):
         result.append(
@@ -229,6 +262,8 @@ def programs(
                 stopwaitsecs=60,
             )
         )
+    if settings.spark_standalone:
+        result += spark_standalone(settings, layout, env)
     stack = registry.stack(settings) if pipelines is None else pipelines
     # Every engine shares the stack's environment and finds its pipeline by its id
     # (registry.for_engine): one place, the pipelines file, says which engine runs what.
@@ -265,6 +300,77 @@ def programs(
         )
     )
     return result
+
+
+def spark_home() -> Path:
+    """The Spark distribution pyspark installs (its jars/ folder): a standalone worker
+    builds its executors' command from it (SPARK_HOME)."""
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def spark_standalone(settings: Settings, layout: Layout, env: Mapping[str, str]) -> list[Program]:
+    """A Spark standalone master and one worker from pyspark's own distribution, for the
+    engines to run on as on a cluster (TWINSTREAM_SPARK_STANDALONE)."""
+    home = spark_home()
+    host = settings.bind_host
+    # The worker's launcher asks for the Scala version before it looks for SPARK_HOME/jars
+    # ("Cannot find any build directories" without it): the one spark-core was built for.
+    (core,) = (home / "jars").glob("spark-core_*.jar")
+    scala = core.name.removeprefix("spark-core_").split("-", 1)[0]
+    spark_env = {
+        **env,
+        "SPARK_HOME": str(home),
+        "SPARK_LOCAL_IP": host,
+        "SPARK_SCALA_VERSION": scala,
+    }
+    props = {"spark.ui.showConsoleProgress": "false"}
+    return [
+        Program(
+            name="spark-master",
+            command=java_command(
+                SPARK_MASTER_MAIN,
+                home / "jars",
+                "512m",
+                [
+                    "--host",
+                    host,
+                    "--port",
+                    str(settings.spark_master_port),
+                    "--webui-port",
+                    str(settings.spark_master_ui_port),
+                ],
+                props,
+            ),
+            priority=15,
+            environment=spark_env,
+        ),
+        Program(
+            name="spark-worker",
+            command=java_command(
+                SPARK_WORKER_MAIN,
+                home / "jars",
+                "512m",
+                [
+                    f"spark://{host}:{settings.spark_master_port}",
+                    "--host",
+                    host,
+                    "--cores",
+                    str(settings.spark_worker_cores),
+                    "--memory",
+                    settings.spark_worker_memory,
+                    "--webui-port",
+                    str(settings.spark_worker_ui_port),
+                    "--work-dir",
+                    str(layout.root / "spark" / "work"),
+                ],
+                props,
+            ),
+            priority=16,
+            environment=spark_env,
+        ),
+    ]
 
 
 def _env_line(environment: Mapping[str, str]) -> str:
