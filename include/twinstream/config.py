@@ -156,11 +156,20 @@ class Settings(BaseSettings):
     # The local stack runs a Spark standalone master and one worker (`make up SPARK=standalone`)
     # and its engines use them; the ports are the master's and its web UI's.
     spark_standalone: bool = False
+    # Where the master and the worker listen and are reached; empty: bind_host (compose:
+    # their service names).
+    spark_master_host: str = ""
+    spark_worker_host: str = ""
     spark_master_port: Port = 7077
     spark_master_ui_port: Port = 8090
     spark_worker_ui_port: Port = 8091
-    spark_worker_cores: int = Field(default=2, ge=1)
-    spark_worker_memory: str = Field(default="3g", pattern=r"^\d+[kmg]$")
+    # 0: as many as the stack's engines take (engines x spark_cores), whatever the machine
+    # has: an application the worker has no core left for waits, and a standby without
+    # executors computes nothing.
+    spark_worker_cores: int = Field(default=0, ge=0)
+    # Empty: 1g per engine (Spark's default executor memory); an application whose executor
+    # the worker has no memory left for waits too.
+    spark_worker_memory: str = Field(default="", pattern=r"^$|^\d+[kmg]$")
 
     # Persist and restore. The snapshot root is shared storage (compose: a shared volume);
     # snapshots live in <snapshot_root>/<pipeline>/. Empty: <state_dir>/snapshots.
@@ -294,10 +303,15 @@ class Settings(BaseSettings):
         return ",".join(f"{self.bind_host}:{port}" for port in self.kafka_ports)
 
     @property
+    def standalone_master_url(self) -> str:
+        """The local stack's (or compose's) standalone master."""
+        return f"spark://{self.spark_master_host or self.bind_host}:{self.spark_master_port}"
+
+    @property
     def engine_spark_master(self) -> str:
         """The master the engines use: the local stack's standalone master when it runs one."""
         if self.spark_standalone:
-            return f"spark://{self.bind_host}:{self.spark_master_port}"
+            return self.standalone_master_url
         return self.spark_master
 
     @property

@@ -528,7 +528,9 @@ def test_engines_have_their_own_state_and_share_the_snapshots(config, services):
             v["target"]: v["source"] for v in services[name]["volumes"] if v["type"] == "volume"
         }
         assert env["TWINSTREAM_STATE_DIR"] == "/opt/twinstream/state"
-        state_volumes.append(named[env["TWINSTREAM_STATE_DIR"]])
+        # The engine's own folder of the state, where a cluster's worker mounts it too.
+        engine_id = name.removeprefix("engine-")
+        state_volumes.append(named[f"/opt/twinstream/state/engines/{engine_id}"])
         assert named["/opt/twinstream/snapshots"] == "snapshots"
     assert state_volumes == [f"{name}-state" for name in ENGINES]
     assert set(state_volumes) <= set(config["volumes"])
@@ -699,3 +701,47 @@ def test_compose_follows_the_pipelines_file(services, monkeypatch, no_twinstream
             assert mine.engine_admin_url(engine_id) == f"http://engine-{engine_id}:{port}"
             conn = json.loads(airflow[f"AIRFLOW_CONN_TWINSTREAM_ENGINE_{engine_id.upper()}"])
             assert (conn["host"], conn["port"]) == (f"engine-{engine_id}", port)
+
+
+def test_the_spark_cluster_profile_runs_a_master_and_a_worker_for_the_engines(compose_binary):
+    result = run_compose(
+        compose_binary,
+        "--profile",
+        "spark-cluster",
+        "config",
+        "--format",
+        "json",
+        env={"TWINSTREAM_SPARK_MASTER": "spark://spark-master:7077"},
+    )
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    master, worker = services["spark-master"], services["spark-worker"]
+    assert master["command"][-1] == "spark-master"
+    assert worker["command"][-1] == "spark-worker"
+    assert worker["depends_on"]["spark-master"]["condition"] == "service_healthy"
+    # The engines' master is what the profile's user says; the worker reaches that master.
+    settings = Settings(
+        **{
+            k.removeprefix("TWINSTREAM_").lower(): v
+            for k, v in worker["environment"].items()
+            if k in ("TWINSTREAM_SPARK_MASTER_HOST", "TWINSTREAM_SPARK_WORKER_HOST")
+        }
+    )
+    for name in ENGINES:
+        assert services[name]["environment"]["TWINSTREAM_SPARK_MASTER"] == (
+            settings.standalone_master_url
+        )
+    # The worker's executors write each engine's state store where the engine reads it.
+    mounts = {v["target"]: v["source"] for v in worker["volumes"] if v["type"] == "volume"}
+    for name in ENGINES:
+        engine_mounts = {
+            v["target"]: v["source"] for v in services[name]["volumes"] if v["type"] == "volume"
+        }
+        target = f"/opt/twinstream/state/engines/{name.removeprefix('engine-')}"
+        assert mounts[target] == engine_mounts[target] == f"{name}-state"
+
+
+def test_without_the_profile_the_engines_run_spark_in_their_own_jvm(services):
+    assert "spark-master" not in services
+    for name in ENGINES:
+        assert services[name]["environment"]["TWINSTREAM_SPARK_MASTER"] == "local[2]"

@@ -73,7 +73,9 @@ def test_a_spark_standalone_master_and_worker_run_from_pysparks_distribution(tmp
     assert master[master.index("-cp") + 1] == f"{render.spark_home() / 'jars'}/*"
     assert master[-6:] == ["--host", "127.0.0.1", "--port", "7077", "--webui-port", "8090"]
     assert worker[worker.index(render.SPARK_WORKER_MAIN) + 1] == "spark://127.0.0.1:7077"
-    assert worker[worker.index("--cores") + 1] == "2"
+    # Every engine of the stack (a-d) gets its core, whatever the machine has.
+    assert worker[worker.index("--cores") + 1] == "4"
+    assert worker[worker.index("--memory") + 1] == "4g"  # an executor of 1g each
     # The worker builds its executors' command from SPARK_HOME.
     assert programs["spark-worker"].environment["SPARK_HOME"] == str(render.spark_home())
     assert programs["spark-worker"].environment["SPARK_SCALA_VERSION"] == "2.13"
@@ -214,3 +216,30 @@ def test_every_pipelines_engines_run_and_each_finds_its_own_pipeline(tmp_path, m
     assert mine.engine_admin_port("d") == 8704
     # Airflow restarts when the engines change: its launch gives it their connections.
     assert programs["airflow"].environment["TWINSTREAM_STACK_ENGINES"] == "a,b,c,d"
+
+
+def test_launch_replaces_itself_with_the_rendered_spark_master_or_worker(tmp_path, monkeypatch):
+    """Compose's spark-cluster services run `python -m twinstream.stack.launch spark-...`:
+    the same command and environment supervisord gives those programs."""
+    from twinstream.stack import launch
+
+    monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("TWINSTREAM_SPARK_MASTER_HOST", "spark-master")
+    monkeypatch.setenv("TWINSTREAM_SPARK_WORKER_HOST", "spark-worker")
+    calls = []
+
+    def execvpe(*args):
+        # exec never returns: nothing after it in main may run.
+        calls.append(args)
+        raise SystemExit(0)
+
+    monkeypatch.setattr("os.execvpe", execvpe)
+    with pytest.raises(SystemExit):
+        launch.main(["spark-worker"])
+    (file, argv, env) = calls[0]
+    assert file == argv[0] == "java"
+    assert argv[argv.index(render.SPARK_WORKER_MAIN) + 1] == "spark://spark-master:7077"
+    assert argv[argv.index("--host") + 1] == "spark-worker"
+    assert env["SPARK_LOCAL_IP"] == "spark-worker"
+    with pytest.raises(SystemExit, match=r"airflow\|spark-master\|spark-worker"):
+        launch.main(["spark"])

@@ -3,6 +3,8 @@
 ``python -m twinstream.stack.launch airflow`` builds Airflow's environment from the
 TWINSTREAM_* settings (connections as AIRFLOW_CONN_* JSON, ports, folders) and replaces
 itself with ``airflow standalone``, so supervisord supervises Airflow's own pid.
+``... spark-master`` and ``... spark-worker`` replace themselves with the Spark standalone
+master's or worker's JVM, as the stack renders them (compose's spark-cluster profile).
 """
 
 from __future__ import annotations
@@ -76,11 +78,24 @@ def engine_connections(settings: Settings) -> dict[str, str]:
     return conns
 
 
+SPARK = ("spark-master", "spark-worker")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if args != ["airflow"]:
-        sys.exit(f"usage: python -m twinstream.stack.launch airflow (got {args})")
+    if len(args) != 1 or args[0] not in ("airflow", *SPARK):
+        sys.exit(
+            "usage: python -m twinstream.stack.launch airflow|spark-master|spark-worker "
+            f"(got {args})"
+        )
     settings = load_settings()
+    if args[0] in SPARK:
+        # Compose runs them so: the same command and environment supervisord gives them.
+        from twinstream.stack.render import spark_standalone
+
+        programs = spark_standalone(settings, Layout.of(settings), os.environ)
+        (program,) = [p for p in programs if p.name == args[0]]
+        os.execvpe(program.command[0], list(program.command), dict(program.environment))  # noqa: S606
     env = airflow_environment(settings, os.environ)
     Layout.of(settings).airflow_home.mkdir(parents=True, exist_ok=True)
     airflow = str(Path(sys.executable).parent / "airflow")

@@ -310,11 +310,19 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
+def worker_cores(settings: Settings) -> int:
+    """The standalone worker's cores: the setting, or every stack engine's share."""
+    if settings.spark_worker_cores:
+        return settings.spark_worker_cores
+    return settings.spark_cores * len(registry.engines(settings))
+
+
 def spark_standalone(settings: Settings, layout: Layout, env: Mapping[str, str]) -> list[Program]:
     """A Spark standalone master and one worker from pyspark's own distribution, for the
     engines to run on as on a cluster (TWINSTREAM_SPARK_STANDALONE)."""
     home = spark_home()
-    host = settings.bind_host
+    host = settings.spark_master_host or settings.bind_host
+    worker_host = settings.spark_worker_host or settings.bind_host
     # The worker's launcher asks for the Scala version before it looks for SPARK_HOME/jars
     # ("Cannot find any build directories" without it): the one spark-core was built for.
     (core,) = (home / "jars").glob("spark-core_*.jar")
@@ -322,7 +330,6 @@ def spark_standalone(settings: Settings, layout: Layout, env: Mapping[str, str])
     spark_env = {
         **env,
         "SPARK_HOME": str(home),
-        "SPARK_LOCAL_IP": host,
         "SPARK_SCALA_VERSION": scala,
     }
     props = {"spark.ui.showConsoleProgress": "false"}
@@ -344,7 +351,7 @@ def spark_standalone(settings: Settings, layout: Layout, env: Mapping[str, str])
                 props,
             ),
             priority=15,
-            environment=spark_env,
+            environment={**spark_env, "SPARK_LOCAL_IP": host},
         ),
         Program(
             name="spark-worker",
@@ -353,13 +360,13 @@ def spark_standalone(settings: Settings, layout: Layout, env: Mapping[str, str])
                 home / "jars",
                 "512m",
                 [
-                    f"spark://{host}:{settings.spark_master_port}",
+                    settings.standalone_master_url,
                     "--host",
-                    host,
+                    worker_host,
                     "--cores",
-                    str(settings.spark_worker_cores),
+                    str(worker_cores(settings)),
                     "--memory",
-                    settings.spark_worker_memory,
+                    settings.spark_worker_memory or f"{len(registry.engines(settings))}g",
                     "--webui-port",
                     str(settings.spark_worker_ui_port),
                     "--work-dir",
@@ -368,7 +375,8 @@ def spark_standalone(settings: Settings, layout: Layout, env: Mapping[str, str])
                 props,
             ),
             priority=16,
-            environment=spark_env,
+            # The executors it starts bind where it does (not the host's first interface).
+            environment={**spark_env, "SPARK_LOCAL_IP": worker_host},
         ),
     ]
 
