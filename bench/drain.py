@@ -229,15 +229,7 @@ def takeovers(
         sent = load.stop()
     end = first + sent
     try:
-
-        def published() -> bool:
-            for client in engines.clients.values():
-                with contextlib.suppress(EngineError):
-                    if (client.pipeline().last_msg_id_published or -1) >= end - 1:
-                        return True
-            return False
-
-        wait_for(published, 600, "the rounds' last event published", every_s=1.0)
+        engines.wait_published(end)
         findings = audit_range(settings, first, end)
     finally:
         engines.close()

@@ -199,14 +199,7 @@ def main() -> int:
     end = first + sent
     print(f"waiting for all {sent:,} events of the run to be published", flush=True)
 
-    def published() -> bool:
-        return any(
-            (engines.clients[e].pipeline().last_msg_id_published or -1) >= end - 1
-            for e in engines.clients
-            if engines.pid(e)
-        )
-
-    wait_for(published, 600, "the run's last event published", every_s=1.0)
+    engines.wait_published(end)
     sampler.stop()
     findings = audit_range(settings, first, end)
     engines.close()

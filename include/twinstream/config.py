@@ -337,18 +337,18 @@ class Settings(BaseSettings):
     @property
     def zk_servers(self) -> list[tuple[str, int]]:
         """(host, port) of every ZooKeeper server, as kazoo reads the connect string."""
-        from kazoo.hosts import collect_hosts
-
-        servers, _chroot = collect_hosts(self.zk_hosts)
-        return [(host, int(port)) for host, port in servers]
+        return self._zk_parts()[0]
 
     @property
     def zk_chroot(self) -> str:
         """The node every Twinstream node lives under ("" for ZooKeeper's root)."""
+        return self._zk_parts()[1]
+
+    def _zk_parts(self) -> tuple[list[tuple[str, int]], str]:
         from kazoo.hosts import collect_hosts
 
-        _servers, chroot = collect_hosts(self.zk_hosts)
-        return str(chroot or "")
+        servers, chroot = collect_hosts(self.zk_hosts)
+        return [(host, int(port)) for host, port in servers], str(chroot or "")
 
     @property
     def airflow_url(self) -> str:

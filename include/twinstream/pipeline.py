@@ -14,6 +14,7 @@ source instance, so the query has one source (a restart on its checkpoint resume
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -356,8 +357,6 @@ def run_on_records(
     Kafka (the two columns the plan reads, offset and value) and a throw-away checkpoint,
     both in `folder`. Publishes nothing and touches no topic or state of the pipeline: the
     tests' reference runs and the engines' warm-up."""
-    import os
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 

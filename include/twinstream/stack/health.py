@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import httpx
 from confluent_kafka.admin import AdminClient
@@ -43,13 +44,21 @@ def zookeeper(settings: Settings, node: int = 1) -> tuple[bool, str]:
     return False, f"not serving: {stats.strip()[:120]}"
 
 
-def spark_master(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str]:
-    """The standalone master's own status page (JSON): ALIVE, and how many workers."""
+def _master_status(settings: Settings, timeout_s: float) -> tuple[dict[str, Any] | None, str]:
+    """The standalone master's own status page (JSON), or None and why not."""
     url = f"http://{settings.bind_host}:{settings.spark_master_ui_port}/json/"
     try:
-        status = httpx.get(url, timeout=timeout_s).json()
+        status: dict[str, Any] = httpx.get(url, timeout=timeout_s).json()
     except (httpx.HTTPError, ValueError) as exc:
-        return False, f"no answer at {url}: {type(exc).__name__}"
+        return None, f"no answer at {url}: {type(exc).__name__}"
+    return status, ""
+
+
+def spark_master(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str]:
+    """The master ALIVE, and how many workers."""
+    status, problem = _master_status(settings, timeout_s)
+    if status is None:
+        return False, problem
     if status.get("status") != "ALIVE":
         return False, f"master {status.get('status')}"
     return True, f"{status.get('url')}, {status.get('aliveworkers', 0)} worker(s) alive"
@@ -57,11 +66,10 @@ def spark_master(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str]
 
 def spark_worker(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str]:
     """A worker counts once the master lists it ALIVE, with its cores."""
-    url = f"http://{settings.bind_host}:{settings.spark_master_ui_port}/json/"
-    try:
-        workers = httpx.get(url, timeout=timeout_s).json().get("workers", [])
-    except (httpx.HTTPError, ValueError) as exc:
-        return False, f"no answer at {url}: {type(exc).__name__}"
+    status, problem = _master_status(settings, timeout_s)
+    if status is None:
+        return False, problem
+    workers = status.get("workers", [])
     alive = [w for w in workers if w.get("state") == "ALIVE"]
     if not alive:
         return False, f"no worker registered with the master ({len(workers)} known)"

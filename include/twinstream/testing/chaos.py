@@ -93,6 +93,19 @@ class SupervisedEngines:
         )
         return result
 
+    def wait_published(self, end: int, timeout_s: float = 600.0) -> None:
+        """Until an engine reports msg_id `end` - 1 published (one that is down or does not
+        answer counts as not yet)."""
+
+        def published() -> bool:
+            for client in self.clients.values():
+                with contextlib.suppress(EngineError):
+                    if (client.pipeline().last_msg_id_published or -1) >= end - 1:
+                        return True
+            return False
+
+        wait_for(published, timeout_s, f"msg_id {end - 1} published", every_s=1.0)
+
     def wait_restarted(self, engine_id: str, old_pid: int, timeout_s: float = 120.0) -> int:
         """The pid supervisord restarted the engine with."""
 
