@@ -83,6 +83,7 @@ def test_two_pipelines_fail_over_one_at_a_time_leaving_the_other_untouched(
     orders, payments = two
     # All four JVMs start at once: pair after pair cost half a minute more.
     (o_active, o_standby), (p_active, p_standby) = start_pairs(orders, payments)
+    load_started_ms = int(time.time() * 1000)
     loads = [p.load(COUNT, rate=RATE, broken_every=97) for p in (orders, payments)]
     for pipeline, active in ((orders, o_active), (payments, p_active)):
 
@@ -98,15 +99,23 @@ def test_two_pipelines_fail_over_one_at_a_time_leaving_the_other_untouched(
     ended_ms = int(time.time() * 1000)
     assert (p_active.role(), p_standby.role()) == ("active", "standby")
     assert p_active.get("/server")["epoch"] == payments_epoch
-    times = progress_times(payments, started_ms - 30_000)
-    before = [b - a for a, b in itertools.pairwise(times) if b < started_ms]
-    during = [b - a for a, b in itertools.pairwise(times) if started_ms <= b <= ended_ms]
-    assert len(before) >= 3, f"payments published {len(before)} transactions before the kill"
-    rhythm = sorted(before)[len(before) // 2]
-    # Its rhythm: a batch a second when the cores are free, several seconds with four
-    # engines on two. While a JVM dies and another takes over, payments may slow, not stop.
-    assert during, "payments published nothing while orders failed over"
-    assert max(during) <= max(10_000, 3 * rhythm), (rhythm, max(during))
+
+    # While a JVM dies and another takes over, payments may slow, not stop: it publishes
+    # again within 60 s of the failover, and no interval between its transactions that
+    # overlaps the failover is longer than 30 s or three times its slowest before the kill.
+    # (Its rhythm: a batch a second when the cores are free; with four engines on two,
+    # 10-14 s apart on a slow machine, so the window before the kill may hold one interval.)
+    def after_failover() -> list[int]:
+        times = progress_times(payments, load_started_ms)
+        return times if times and times[-1] > ended_ms else []
+
+    times = wait_for(after_failover, 60, "payments publishing after orders' failover", 2.0)
+    intervals = list(itertools.pairwise(times))
+    before = [b - a for a, b in intervals if b < started_ms]
+    during = [b - a for a, b in intervals if b >= started_ms and a <= ended_ms]
+    limit = max(30_000, 3 * max(before, default=0))
+    assert max(during) <= limit, (before, during)
+    print(f"payments' intervals (ms): before the kill {before}, over the failover {during}")
 
     # Then payments fail over, orders running on their new active.
     payments_takeover_s = fail_over(payments, p_active, p_standby)
