@@ -23,6 +23,7 @@ from twinstream import registry
 from twinstream.admin_api import PipelineInfo
 from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.contract import ContractError, field_types
+from twinstream.core.rows import range_text
 from twinstream.engine_client import EngineClient, EngineError
 from twinstream.publisher import from_file, publish
 from twinstream.subscriber import read_committed
@@ -46,7 +47,14 @@ def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
             )
         records = contract.sample(args.count, args.seed, args.broken_every)
         total = args.count
-    progress = publish(settings, records, rate=args.rate, total=total, on_progress=_progress)
+    progress = publish(
+        settings,
+        records,
+        rate=args.rate,
+        total=total,
+        on_progress=_progress,
+        key_field=contract.partition_by,
+    )
     print(file=sys.stderr)
     print(f"{progress.acked} records published to {settings.inbound_topic}")
     return 0
@@ -140,14 +148,15 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
 def _state_cells(pipe: PipelineInfo) -> list[str]:
     state = pipe.state
     if pipe.uncovered_ranges:
-        state += f" UNCOVERED {pipe.uncovered_ranges}"
+        spans = ", ".join(range_text(u.partition, u.first, u.last) for u in pipe.uncovered_ranges)
+        state += f" UNCOVERED {spans}"
     if pipe.quarantined:
         state += f" QUARANTINED {len(pipe.quarantined)} (twinstream quarantine list)"
     if pipe.paused:
         state += " PAUSED"
     for repair in pipe.repairs:
         done = f"in {repair.seconds} s" if repair.seconds is not None else "repairing"
-        state += f" REPAIRED {repair.first}..{repair.last} {done}"
+        state += f" REPAIRED {range_text(repair.partition, repair.first, repair.last)} {done}"
     return [
         state,
         str(pipe.lag),

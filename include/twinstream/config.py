@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     dlq_retention_ms: int = Field(default=14 * DAY_MS, ge=60_000)
     replication_factor: int = Field(default=3, ge=1)
     min_insync_replicas: int = Field(default=2, ge=1)
+    # Partitions of each of the pipeline's four topics: a record's identity is (partition,
+    # offset), and its outputs go to the same partition number (twinstream.core.rows). A
+    # key's records must all be in one partition (producers partition by key) for per-key
+    # state; more partitions spread a pipeline over more executor cores. A pipelines.toml
+    # entry may set its own (`partitions = 3`).
+    partitions: int = Field(default=1, ge=1, le=32_767)
 
     # The engines: ids and admin API ports, pairwise. `engine_admin_host` is where their admin
     # APIs are reached; "{id}" is replaced by the engine id (compose: "engine-{id}").

@@ -80,6 +80,10 @@ class Pipeline:
     # win where they meet (see twinstream.pipeline.spark_conf).
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
+    # The inbound member producers key records by, so that with several partitions a key's
+    # records share one (the transform's state is per key, and only a partition's order is
+    # kept). `twinstream publish` keys records by it.
+    partition_by: str | None = None
 
     def __post_init__(self) -> None:
         if not self.value:

@@ -37,7 +37,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.security import ACL
 
-from twinstream.core.checkpoint import batch_end, end_offset, forget_batches, numbered
+from twinstream.core.checkpoint import batch_end, end_offsets, forget_batches, numbered
 from twinstream.core.rows import clean_reason
 
 log = logging.getLogger(__name__)
@@ -112,12 +112,13 @@ def failed_batch(checkpoint: Path, topic: str) -> FailedBatch | None:
     if not planned or (committed and committed[-1] >= planned[-1]):
         return None
     batch = planned[-1]
-    end = batch_end(checkpoint, batch, topic)
+    # Partition 0's range: the search over several partitions' ranges is not built yet.
+    end = (batch_end(checkpoint, batch, topic) or {}).get(0)
     if batch - 1 in planned:
-        start = batch_end(checkpoint, batch - 1, topic)
+        start = (batch_end(checkpoint, batch - 1, topic) or {}).get(0)
     else:
         initial = checkpoint / "sources" / "0" / "0"
-        start = end_offset(initial, topic) if initial.exists() else None
+        start = ((end_offsets(initial, topic) if initial.exists() else None) or {}).get(0)
     if start is None or end is None or end <= start:
         return None
     return FailedBatch(batch, start, end)
