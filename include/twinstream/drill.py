@@ -250,7 +250,7 @@ def as_dict(takeover: Takeover) -> dict[str, Any]:
 
 
 class KafkaEpochTail:
-    """EpochTail over the outbound topic, from its end when created."""
+    """EpochTail over every partition of the outbound topic, from their ends when created."""
 
     def __init__(self, settings: Settings) -> None:
         import uuid
@@ -260,9 +260,13 @@ class KafkaEpochTail:
         from twinstream.kafka import consumer_config
 
         self._consumer = Consumer(consumer_config(settings, f"twinstream-drill-{uuid.uuid4()}"))
-        partition = TopicPartition(settings.outbound_topic, 0)
-        _low, high = self._consumer.get_watermark_offsets(partition, timeout=15)
-        self._consumer.assign([TopicPartition(settings.outbound_topic, 0, high)])
+        topic = settings.outbound_topic
+        partitions = self._consumer.list_topics(topic, timeout=15).topics[topic].partitions
+        ends = []
+        for p in sorted(partitions) or [0]:
+            _low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), 15)
+            ends.append(TopicPartition(topic, p, high))
+        self._consumer.assign(ends)
 
     def poll(self, timeout_s: float) -> int | None:
         from twinstream.core.outbound import header
