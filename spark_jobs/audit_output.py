@@ -217,7 +217,12 @@ def audit(
         values = (
             out.where(F.col("msg_id") < per_partition(ends))
             .select(
-                F.col("msg_id").alias("header_msg_id"),
+                # The msg_id a pipeline's transform saw: the record id (the partition
+                # above the offset, twinstream.core.rows.record_id; the offset on
+                # partition 0), which an output that carries its msg_id holds.
+                F.shiftleft(F.col("partition").cast("long"), PARTITION_SHIFT)
+                .bitwiseOR(F.col("msg_id"))
+                .alias("header_msg_id"),
                 F.from_json("value", contract.value_schema).alias("v"),
             )
             .select("header_msg_id", "v.*")

@@ -137,6 +137,9 @@ class Settings(BaseSettings):
     # its whole plan when its Spark session starts, before its query: the first batches of
     # real records then run warm (twinstream.pipeline.warm_up). 0: no warm-up.
     warm_up_records: int = Field(default=2_000, ge=0)
+    # How often an engine logs where its batches spent their time (the medians since the
+    # last line: Spark's parts, the batch's job and the gate's publish on the driver).
+    batch_timings_log_s: float = Field(default=60.0, gt=0)
     # A standby whose lag (inbound high watermark - next msg_id) is at most this is in sync.
     # One micro-batch's worth: under steady load the lag swings by a batch between triggers,
     # and the buffer (num_buffered_msgs) still covers a standby that far behind.

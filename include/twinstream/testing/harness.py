@@ -544,24 +544,33 @@ class OutputSampler(threading.Thread):
 
     def __init__(self, settings: Settings, topics: Iterable[str], every_s: float = 0.5) -> None:
         super().__init__(daemon=True, name="output-sampler")
-        from twinstream.kafka import watermarks
-
-        self._watermarks = watermarks
         self.settings = settings
         self.topics = list(topics)
         self.every_s = every_s
+        self._consumer = Consumer(consumer_config(settings, f"sampler-{uuid.uuid4()}"))
+        # Every partition of each topic.
+        self._partitions = [
+            TopicPartition(t, p)
+            for t in self.topics
+            for p in sorted(self._consumer.list_topics(t, timeout=15).topics[t].partitions)
+        ]
         self.base = self._count()
         self.samples: list[tuple[float, int]] = []  # (monotonic time, records since start)
         self._stop_event = threading.Event()
         self.start()
 
     def _count(self) -> int:
-        return sum(self._watermarks(self.settings, t)[1] for t in self.topics)
+        return sum(
+            self._consumer.get_watermark_offsets(tp, timeout=15)[1] for tp in self._partitions
+        )
 
     def run(self) -> None:
-        while not self._stop_event.is_set():
-            self.samples.append((time.monotonic(), self._count() - self.base))
-            self._stop_event.wait(self.every_s)
+        try:
+            while not self._stop_event.is_set():
+                self.samples.append((time.monotonic(), self._count() - self.base))
+                self._stop_event.wait(self.every_s)
+        finally:
+            self._consumer.close()
 
     def stop(self) -> None:
         self._stop_event.set()
