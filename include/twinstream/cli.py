@@ -167,9 +167,27 @@ def _state_cells(pipe: PipelineInfo) -> list[str]:
     ]
 
 
+def parse_record(text: str) -> int:
+    """`1234` (partition 0) or `2:1234`, as logs and `quarantine list` write a msg_id, to a
+    record id."""
+    from twinstream.core.rows import PARTITION_SHIFT, record_id
+
+    partition, _, offset = text.rpartition(":")
+    try:
+        if int(partition or 0) < 0 or not 0 <= int(offset) < 1 << PARTITION_SHIFT:
+            raise ValueError
+        return record_id(int(partition or 0), int(offset))
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a msg_id: give OFFSET (partition 0) or PARTITION:OFFSET, "
+            "both whole numbers, as `twinstream quarantine list` prints them"
+        ) from None
+
+
 def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
     from twinstream.core.election import zk_client
     from twinstream.core.quarantine import QuarantineStore
+    from twinstream.core.rows import record_text
 
     client = zk_client(settings)
     client.start(timeout=15)
@@ -177,13 +195,17 @@ def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
         store = QuarantineStore(client, settings.quarantine_path)
         if args.action == "list":
             entries = store.entries()
-            for offset, reason in sorted(entries.items()):
-                print(f"{offset}\t{reason}")
+            for record, reason in sorted(entries.items()):
+                print(f"{record_text(record)}\t{reason}")
             print(f"{len(entries)} quarantined in pipeline {settings.pipeline}", file=sys.stderr)
             return 0
         if args.offset is None:
-            raise ValueError("release needs the offset: twinstream quarantine release OFFSET")
-        if not store.release(args.offset):
+            raise ValueError(
+                "release needs the msg_id: twinstream quarantine release OFFSET (partition 0) "
+                "or PARTITION:OFFSET, as `twinstream quarantine list` prints it"
+            )
+        record = parse_record(args.offset)
+        if not store.release(record):
             print(
                 f"msg_id {args.offset} is not quarantined in pipeline {settings.pipeline} "
                 "(see `twinstream quarantine list`)",
@@ -261,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     new.add_argument("--dir", default=".", help="where to write it (default: here)")
     quar = sub.add_parser("quarantine", help="list or release quarantined inbound offsets")
     quar.add_argument("action", choices=["list", "release"])
-    quar.add_argument("offset", nargs="?", type=int, help="the msg_id to release")
+    quar.add_argument(
+        "offset", nargs="?", help="the msg_id to release: OFFSET (partition 0) or PARTITION:OFFSET"
+    )
     status.add_argument("--pipeline", help="only this pipeline (default: every one)")
     for command in (pub, subp, quar):
         command.add_argument(

@@ -29,7 +29,7 @@ from twinstream.core.election import Election, ensure_chroot, root_acl, zk_clien
 from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.quarantine import QuarantineStore, describe
-from twinstream.core.rows import split_record_id
+from twinstream.core.rows import positions_text, split_record_id
 from twinstream.metrics import EngineMetrics
 from twinstream.pipeline import rows_of, spark_conf, start_query, warm_up
 from twinstream.positions import (
@@ -153,7 +153,6 @@ class Engine:
             self.engine_id,
             self.process_batch,
             starting_offsets,
-            max_offsets=self.recovery.cap,
             quarantined=self.recovery.excluded,
         )
         log.info(
@@ -220,7 +219,7 @@ class Engine:
         with self._lock:
             if self._state == "stopped":
                 return
-            self.recovery.end_search()
+            self.recovery.search = None
             # Leave the election first: a standby takes over while this query winds down.
             self.election.stop()
             self.gate.step_down(reason, rejoin=False)
@@ -285,8 +284,8 @@ class Engine:
 
     def check_query(self) -> None:
         """The main loop's look at the query, every second: recover a query that died (a
-        batch that failed anyway, or infrastructure), repair a gap a takeover found, end a
-        quarantine search. Status reads never call it: this work takes seconds."""
+        batch that failed anyway, or infrastructure; a quarantine search's next step), repair
+        a gap a takeover found. Status reads never call it: this work takes seconds."""
         # A persist or restore in progress owns the query; check after it.
         if not self._lock.acquire(blocking=False):
             return
@@ -305,7 +304,6 @@ class Engine:
                 self._restart_query()
             return
         if query.isActive:
-            self._after_search()
             return
         error = query.exception()
         self._query = None
@@ -376,14 +374,6 @@ class Engine:
         if self.gate.role == "none":  # left the election after repeated failures
             self.gate.joined()
             self.election.start()
-
-    def _after_search(self) -> None:
-        # The quarantine search runs on partition 0 (several partitions: not built yet).
-        if not self.recovery.search_passed((self._query_position() or {}).get(0)):
-            return
-        self.gate.abandon_waits()
-        self._stop_query_between_batches()
-        self._restart_query()
 
     def _read_quarantine(self) -> dict[int, str]:
         if not self.zk.connected:
@@ -749,13 +739,6 @@ class Engine:
 
     def _query_position(self) -> dict[int, int] | None:
         return query_position(self._progress(), self.settings.inbound_topic)
-
-
-def positions_text(positions: dict[int, int]) -> str:
-    """`1234` for partition 0 alone, `0:1234, 1:1200` for several (logs and reasons)."""
-    if list(positions) == [0]:
-        return str(positions[0])
-    return ", ".join(f"{p}:{o}" for p, o in sorted(positions.items()))
 
 
 class EngineControl:

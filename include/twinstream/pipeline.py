@@ -78,11 +78,9 @@ def read_inbound(
     spark: SparkSession,
     settings: Settings,
     starting_offsets: Mapping[int, int] | None = None,
-    max_offsets: int | None = None,
 ) -> DataFrame:
     """`starting_offsets` (partition -> offset) place a query without a checkpoint (a cold
-    rebuild); None means the beginning of the topic. `max_offsets` caps a batch below the
-    configured size (the quarantine's search splits a failed batch so)."""
+    rebuild); None means the beginning of the topic."""
     starting = (
         "earliest"
         if starting_offsets is None
@@ -94,7 +92,7 @@ def read_inbound(
         .option("subscribe", settings.inbound_topic)
         # Only for a query without a checkpoint; a restart resumes from the checkpoint.
         .option("startingOffsets", starting)
-        .option("maxOffsetsPerTrigger", str(max_offsets or settings.max_offsets_per_trigger))
+        .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
         # Never reads uncommitted records if a producer of the inbound topic uses
         # transactions.
         .option("kafka.isolation.level", "read_committed")
@@ -456,11 +454,10 @@ def start_query(
     engine_id: str,
     process_batch: Callable[[DataFrame, int], None],
     starting_offsets: Mapping[int, int] | None = None,
-    max_offsets: int | None = None,
     quarantined: Iterable[int] = (),
 ) -> StreamingQuery:
     checkpoint = settings.checkpoint_dir(engine_id)
-    inbound = read_inbound(spark, settings, starting_offsets, max_offsets)
+    inbound = read_inbound(spark, settings, starting_offsets)
     return (
         plan(validated(inbound, pipeline, settings, quarantined), pipeline)
         .writeStream.queryName(query_name(settings, engine_id))

@@ -2,7 +2,11 @@
 offset), its outputs go to the same partition of `.out` / `.dlq`, and partition p of
 `.progress` tiles the offsets of inbound partition p.
 
-One pair of engines meets both failures the issue names: kill -9 of the active under load
+A pair of engines meets a record its transform raises on, in two partitions: the engines
+find each by halving the failed batch over every partition, quarantine it by its record id,
+dead-letter it, and publish everything else exactly once.
+
+Another pair meets both failures the issue names: kill -9 of the active under load
 (the standby takes over each partition after its own last published offset), and an
 engine whose disk is lost, restored from a snapshot its standby days took with three
 partitions, that then takes over by a second kill -9. Every (partition, offset) is then in
@@ -15,11 +19,13 @@ from __future__ import annotations
 import collections
 import json
 import shutil
+from typing import Any
 
 import pytest
 
+from examples.hostmetrics.generate import synthetic
 from tests.integration.engines import load_dag, task_states
-from twinstream import snapshot
+from twinstream import cli, snapshot
 from twinstream.config import load_settings
 from twinstream.subscriber import Record
 from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
@@ -53,11 +59,12 @@ def take_over(pipeline: Pipeline, dead: EngineProcess, successor: EngineProcess)
     wait_for(lambda: published_total(successor) > after + 300, 60, "new output after takeover")
 
 
-def assert_exactly_once_per_partition(pipeline: Pipeline) -> list[Record]:
+def assert_exactly_once_per_partition_by_progress(pipeline: Pipeline) -> set[tuple[int, int]]:
+    """Partition p of .progress tiles 0..end_p - 1 of inbound partition p, each offset once;
+    returns every (partition, offset)."""
     ends = pipeline.inbound_ends()
     assert sorted(ends) == list(range(PARTITIONS))
     assert all(end > 100 for end in ends.values()), f"a partition got almost nothing: {ends}"
-    # Coverage: partition p of .progress tiles 0..end_p - 1, each offset once.
     counts: collections.Counter[tuple[int, int]] = collections.Counter()
     for record in pipeline.progress():
         span = json.loads(record.value)
@@ -65,6 +72,11 @@ def assert_exactly_once_per_partition(pipeline: Pipeline) -> list[Record]:
     wanted = {(p, i) for p, end in ends.items() for i in range(end)}
     assert sorted(wanted - set(counts))[:10] == []
     assert sorted(p for p, c in counts.items() if c > 1)[:10] == []
+    return wanted
+
+
+def assert_exactly_once_per_partition(pipeline: Pipeline) -> list[Record]:
+    wanted = assert_exactly_once_per_partition_by_progress(pipeline)
     # The rows: those of a reference run, each in its record's partition.
     outputs = pipeline.outputs()
     expected = pipeline.reference_by_position()
@@ -157,5 +169,100 @@ def test_three_partitions_kill_9_and_a_restore_from_a_three_partition_snapshot(
         assert {
             p: (f["first_msg_id"], f["end_msg_id"]) for p, f in report["partitions"].items()
         } == {str(p): (0, end) for p, end in ends.items()}
+    finally:
+        pipeline.stop_all()
+
+
+def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactly_that_record(
+    stack_env, tmp_path, monkeypatch: pytest.MonkeyPatch
+):
+    """A bug outside the per-record guard (the fault-injection setting makes the transform
+    raise on any batch holding a marker record) used to fail the batch on both engines for
+    good. The engines find the marker records themselves, over three partitions, quarantine
+    them (the same decision on both, through ZooKeeper), dead-letter them, and publish
+    everything else exactly once, as the transform computes it without them; both engines
+    stay up."""
+    marker = "POISON-7f3a"
+    # Batches of at most 250: the search halves a failed batch down to one record, and
+    # after a half passes, the next batch Spark plans fails whole again; a catch-up batch of
+    # thousands costs several halvings more (each a restart of the query).
+    env = {"TWINSTREAM_FAULT_MARKER": marker, "TWINSTREAM_MAX_OFFSETS_PER_TRIGGER": "250"}
+    pipeline = Pipeline(stack_env, tmp_path / "poison", partitions=PARTITIONS)
+    try:
+        a, b = pipeline.start_pair(env, env)
+        pids = {a.pid, b.pid}
+        stream: list[bytes | None] = list(
+            synthetic(3_000, max_record_bytes=pipeline.settings.max_record_bytes, seed=5)
+        )
+        # Records of hosts whose keys Kafka's partitioner puts in different partitions
+        # (the generator and the partitioner are deterministic), one in partition 0.
+        for i in (700, 2_100, 2_400):
+            record = json.loads(stream[i] or b"")
+            stream[i] = json.dumps({**record, "note": marker}).encode()
+        pipeline.join_load(pipeline.send(stream, rate=1000))
+        poisoned = {
+            (r.partition, r.offset) for r in pipeline.inbound() if marker.encode() in (r.raw or b"")
+        }
+        assert len(poisoned) == 3
+        assert len({p for p, _ in poisoned}) >= 2, poisoned
+        wait_for(
+            lambda: len((a.try_get("/pipeline") or {}).get("quarantined") or []) == 3,
+            300,
+            "the three marker records quarantined",
+        )
+        active = pipeline.active()
+        assert active is not None
+        pipeline.wait_caught_up(active, field="published", timeout_s=180)
+
+        s = pipeline.settings
+        expected = pipeline.reference_by_position(exclude=poisoned)
+        got: dict[tuple[int, int], list[tuple[str, str | None, str]]] = {}
+        for record in sorted(pipeline.outputs(), key=lambda r: (r.topic, r.partition, r.offset)):
+            assert record.msg_id is not None
+            position = (record.partition, record.msg_id)
+            if position in poisoned:
+                assert record.topic == s.dlq_topic
+                reason = json.loads(record.value)["reason"]
+                assert reason.startswith("quarantined: "), reason
+                assert f"fault injected: a record holds '{marker}'" in reason
+                assert position not in got  # once
+                got[position] = []
+                continue
+            got.setdefault(position, []).append((record.topic, record.key, record.value))
+        assert set(got) == set(expected) | poisoned
+        for position, rows in expected.items():
+            want = [
+                (s.outbound_topic if o.kind == "out" else s.dlq_topic, o.key, o.value) for o in rows
+            ]
+            assert got.get(position, []) == want, position
+        assert_exactly_once_per_partition_by_progress(pipeline)
+
+        assert {e.pid for e in (a, b) if e.proc.poll() is None} == pids
+        for engine in (a, b):
+
+            def running(e: EngineProcess = engine) -> dict[str, Any] | None:
+                info = e.get("/pipeline")
+                return info if info["state"] == "running" else None
+
+            info = wait_for(running, 60, f"engine {engine.engine_id} running")
+            assert {(q["partition"], q["msg_id"]) for q in info["quarantined"]} == poisoned
+        labels = f'engine="{a.engine_id}",pipeline="{pipeline.name}"'
+        assert f"twinstream_quarantined_offsets{{{labels}}} 3.0" in a.get_text("/metrics")
+
+        # Released through the CLI once "the bug is fixed", named as the CLI lists it.
+        for key, value in pipeline.env.items():
+            monkeypatch.setenv(key, value)
+        partition, offset = max(poisoned)
+        released = f"{partition}:{offset}" if partition else str(offset)
+        assert cli.main(["quarantine", "release", released]) == 0
+        assert cli.main(["quarantine", "release", released]) == 1  # not quarantined now
+        wait_for(
+            lambda: (
+                {(q["partition"], q["msg_id"]) for q in a.get("/pipeline")["quarantined"]}
+                == poisoned - {(partition, offset)}
+            ),
+            30,
+            "the release visible in GET /pipeline",
+        )
     finally:
         pipeline.stop_all()

@@ -5,8 +5,9 @@ beside it. Positions are partition -> offset.
 
 Guarantee: the functions that change a checkpoint only remove the log entries of batches
 after a point, so Spark plans those batches afresh on the next start, from the state
-version that point left (Spark keeps `spark.sql.streaming.minBatchesToRetain` of them);
-they are only called on a stopped query.
+version that point left (Spark keeps `spark.sql.streaming.minBatchesToRetain` of them), or
+narrow the last batch if it was never committed (Spark runs it again with the offsets its
+entry names, from the state of the batch before); they are only called on a stopped query.
 """
 
 from __future__ import annotations
@@ -61,6 +62,41 @@ def forget_batches(checkpoint: Path, after: int, logs: tuple[str, ...] = ("offse
             if batch > after:
                 for name in (str(batch), f".{batch}.crc"):
                     (folder / name).unlink(missing_ok=True)
+
+
+def narrow_batch(checkpoint: Path, batch_id: int, topic: str, ends: Mapping[int, int]) -> None:
+    """Make the uncommitted batch `batch_id` end at `ends` (an offset for each partition the
+    batch names): its entry is rewritten with them for every source reading `topic`, the
+    rest of it (batch metadata, other sources) kept, and its checksum file removed, since
+    Hadoop's local file system checks a file against one if present and reads it unchecked
+    if not."""
+    if batch_id in numbered(checkpoint / "commits"):
+        raise ValueError(f"batch {batch_id} is committed; only an uncommitted one is narrowed")
+    path = checkpoint / "offsets" / str(batch_id)
+    lines = path.read_text().splitlines()
+    narrowed = 0
+    # Every source that reads the topic: a plan that reads it in two branches (the
+    # transform's and the dead letters') has a line for each, and Spark runs both.
+    for i, line in enumerate(lines[1:], start=1):
+        try:
+            offsets = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(offsets, dict) and topic in offsets:
+            named = sorted(int(p) for p in offsets[topic])
+            if named != sorted(ends):
+                raise ValueError(
+                    f"batch {batch_id} reads partitions {named} of {topic}, not {sorted(ends)}"
+                )
+            offsets[topic] = {str(p): int(o) for p, o in sorted(ends.items())}
+            lines[i] = json.dumps(offsets, separators=(",", ":"))
+            narrowed += 1
+    if not narrowed:
+        raise ValueError(f"batch {batch_id} does not read {topic}")
+    (checkpoint / "offsets" / f".{batch_id}.crc").unlink(missing_ok=True)
+    written = path.with_name(f".{batch_id}.narrowing")
+    written.write_text("\n".join(lines))
+    written.replace(path)  # atomic: a crash leaves the old entry or the new one
 
 
 @dataclass(frozen=True)

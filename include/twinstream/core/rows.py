@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +72,21 @@ def range_text(partition: int, first: int, last: int) -> str:
     """msg_id first..last of a partition, for logs: `13..16` on partition 0, `2:13..2:16`
     on another (as `span` writes them)."""
     return f"{first}..{last}" if partition == 0 else f"{partition}:{first}..{partition}:{last}"
+
+
+def positions_text(positions: Mapping[int, int]) -> str:
+    """`1234` for partition 0 alone, `0:1234, 1:1200` for several (logs and reasons)."""
+    if list(positions) == [0]:
+        return str(positions[0])
+    return ", ".join(f"{p}:{o}" for p, o in sorted(positions.items()))
+
+
+def record_text(record: int | None) -> str:
+    """A record id as logs write a msg_id: `1234` on partition 0, `2:1234` on another."""
+    if record is None:
+        return "none"
+    partition, offset = split_record_id(record)
+    return str(offset) if partition == 0 else f"{partition}:{offset}"
 
 
 def span(rows: Sequence[Output]) -> str:
