@@ -23,7 +23,7 @@ from twinstream import registry
 from twinstream.admin_api import PipelineInfo
 from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.contract import ContractError, field_types
-from twinstream.core.rows import range_text
+from twinstream.core.rows import positions_text, range_text
 from twinstream.engine_client import EngineClient, EngineError
 from twinstream.publisher import from_file, publish
 from twinstream.subscriber import read_committed
@@ -161,10 +161,18 @@ def _state_cells(pipe: PipelineInfo) -> list[str]:
         state,
         str(pipe.lag),
         f"{pipe.buffer_fill}/{pipe.buffer_size}",
-        str(pipe.last_msg_id_processed),
-        str(pipe.last_msg_id_published),
+        _position(pipe.processed, pipe.last_msg_id_processed),
+        _position(pipe.published, pipe.last_msg_id_published),
         "yes" if pipe.in_sync else "no",
     ]
+
+
+def _position(per_partition: dict[int, int], alone: int | None) -> str:
+    """One partition's msg_id as it was; several as `0:120, 1:98, 2:130` (the scalar is
+    None there: no single msg_id says how far a pipeline of several partitions is)."""
+    if len(per_partition) > 1:
+        return positions_text(per_partition)
+    return str(alone)
 
 
 def parse_record(text: str) -> int:

@@ -44,7 +44,15 @@ PIPELINES: dict[str, dict[str, Any]] = {
 }
 
 
-PIPELINES["c"] = PIPELINES["a"] | {"quarantined": [], "repairs": []}
+PIPELINES["c"] = PIPELINES["a"] | {
+    # Three partitions: no scalar position; each partition's instead.
+    "quarantined": [],
+    "repairs": [],
+    "last_msg_id_processed": None,
+    "last_msg_id_published": None,
+    "processed": {0: 120, 1: 98, 2: 130},
+    "published": {0: 110, 1: 98, 2: 125},
+}
 PIPELINES["d"] = PIPELINES["b"] | {"quarantined": [], "paused": None}
 
 
@@ -70,6 +78,9 @@ def test_status_shows_quarantine_pause_and_repairs(monkeypatch: pytest.MonkeyPat
     assert "QUARANTINED 1 (twinstream quarantine list)" in a_line
     assert "REPAIRED 10..14 in 2.5 s" in a_line
     assert "PAUSED" in b_line
+    assert a_line.split()[-5:-1] == ["10/10000", "99", "99", "no"]
+    c_line = next(line for line in lines if line.startswith("payments     c "))
+    assert "0:120, 1:98, 2:130  0:110, 1:98, 2:125" in c_line
 
 
 def test_status_covers_every_pipeline_and_names_one_without_a_single_active(
