@@ -48,13 +48,14 @@ TIMINGS = re.compile(
 
 
 def batch_timings(engine: EngineProcess) -> dict[str, int] | None:
-    """The last batch-timing line of the engine's log, as numbers."""
-    found = None
+    """The engine's batch-timing line of the drain's largest batches (the most input rows),
+    as numbers: its last lines describe the few small batches after the backlog ran out."""
+    found: list[dict[str, int]] = []
     for line in engine.log_path.read_text(errors="replace").splitlines():
         match = TIMINGS.search(line)
         if match:
-            found = {k: int(v.replace(",", "")) for k, v in match.groupdict().items()}
-    return found
+            found.append({k: int(v.replace(",", "")) for k, v in match.groupdict().items()})
+    return max(found, key=lambda t: t["rows"], default=None)
 
 
 def drain(pipeline: Pipeline, total: int, what: str) -> tuple[OutputSampler, dict[str, Any]]:
