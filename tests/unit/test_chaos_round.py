@@ -98,3 +98,43 @@ def test_the_rejoin_wait_is_the_callers_to_choose(monkeypatch):
     monkeypatch.setattr(chaos, "wait_for", record)
     chaos.failover_round(engines(("b", "a")), "kill", rejoin_timeout_s=900.0)
     assert ("engine a back, with an active and an in-sync standby", 900.0) in waits
+
+
+def test_a_load_is_audited_in_every_partition_once_each_is_published(monkeypatch):
+    """audit_load: the inbound grew by what the load sent, every partition's end is
+    published, then each partition's window is audited from where the load began."""
+    positions = iter([{0: 5, 1: 3, 2: 7}, {0: 10, 1: 9, 2: 9}])
+
+    class ThreeClient(Client):
+        def pipeline(self):
+            return pipeline_info(last_msg_id_published=None, published=next(positions))
+
+    fake = chaos.SupervisedEngines.__new__(chaos.SupervisedEngines)
+    fake.settings = None
+    fake.clients = {"a": ThreeClient()}
+    monkeypatch.setattr(chaos, "inbound_ends", lambda settings: {0: 11, 1: 10, 2: 10})
+    audited_from = {}
+
+    def audit_ranges(settings, firsts, ends):
+        audited_from.update(firsts=dict(firsts), ends=dict(ends))
+        return {
+            p: chaos.Findings(first=firsts.get(p, 0), end=e, rows=e - firsts.get(p, 0))
+            for p, e in ends.items()
+        }
+
+    monkeypatch.setattr(chaos, "audit_ranges", audit_ranges)
+    monkeypatch.setattr(chaos, "wait_for", lambda check, *_a, **_k: check() or check())
+    audited = chaos.audit_load(fake, {0: 1, 1: 0, 2: 5}, sent=25)
+    assert audited_from == {"firsts": {0: 1, 1: 0, 2: 5}, "ends": {0: 11, 1: 10, 2: 10}}
+    assert sorted(audited) == [0, 1, 2]
+    with pytest.raises(AssertionError, match="inbound grew by 25, the load sent 24"):
+        chaos.audit_load(fake, {0: 1, 1: 0, 2: 5}, sent=24)
+
+
+def test_findings_of_several_partitions_are_named_by_record_id():
+    audited = {
+        0: chaos.Findings(first=0, end=10, rows=10, missing=[(3, 4)]),
+        2: chaos.Findings(first=0, end=10, rows=10, missing=[(7, 7)]),
+    }
+    assert chaos.flagged(audited, "missing") == [(3, 4), ((2 << 48) | 7, (2 << 48) | 7)]
+    assert chaos.flagged(audited, "duplicated") == []
