@@ -4,11 +4,14 @@ victim came back in. Fakes for the engines, the kill and the takeover measuremen
 import contextlib
 import os
 import signal
+from functools import partial
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
 
 from tests.unit.fakes import pipeline_info, server_info
+from twinstream.audit import Findings
 from twinstream.testing import chaos
 
 
@@ -109,16 +112,16 @@ def test_a_load_is_audited_in_every_partition_once_each_is_published(monkeypatch
         def pipeline(self):
             return pipeline_info(last_msg_id_published=None, published=next(positions))
 
-    fake = chaos.SupervisedEngines.__new__(chaos.SupervisedEngines)
-    fake.settings = None
-    fake.clients = {"a": ThreeClient()}
+    engines = SimpleNamespace(clients={"a": ThreeClient()}, settings=None)
+    fake = cast(chaos.SupervisedEngines, engines)
+    fake.wait_published = partial(chaos.SupervisedEngines.wait_published, fake)  # type: ignore[method-assign]
     monkeypatch.setattr(chaos, "inbound_ends", lambda settings: {0: 11, 1: 10, 2: 10})
-    audited_from = {}
+    audited_from: dict[str, dict[int, int]] = {}
 
     def audit_ranges(settings, firsts, ends):
         audited_from.update(firsts=dict(firsts), ends=dict(ends))
         return {
-            p: chaos.Findings(first=firsts.get(p, 0), end=e, rows=e - firsts.get(p, 0))
+            p: Findings(first=firsts.get(p, 0), end=e, rows=e - firsts.get(p, 0))
             for p, e in ends.items()
         }
 
@@ -133,8 +136,8 @@ def test_a_load_is_audited_in_every_partition_once_each_is_published(monkeypatch
 
 def test_findings_of_several_partitions_are_named_by_record_id():
     audited = {
-        0: chaos.Findings(first=0, end=10, rows=10, missing=[(3, 4)]),
-        2: chaos.Findings(first=0, end=10, rows=10, missing=[(7, 7)]),
+        0: Findings(first=0, end=10, rows=10, missing=[(3, 4)]),
+        2: Findings(first=0, end=10, rows=10, missing=[(7, 7)]),
     }
     assert chaos.flagged(audited, "missing") == [(3, 4), ((2 << 48) | 7, (2 << 48) | 7)]
     assert chaos.flagged(audited, "duplicated") == []
