@@ -144,18 +144,25 @@ def audit_range(settings: Settings, first: int, end: int, partition: int = 0) ->
     return window(((kind, r.msg_id, r.value) for kind, r in records), first, end)
 
 
-def inbound_ends(settings: Settings) -> dict[int, int]:
-    """Each inbound partition's high watermark (the offset after its last record)."""
+def inbound_ends(settings: Settings, timeout_s: float = 60.0) -> dict[int, int]:
+    """Each inbound partition's high watermark (the offset after its last record), asked
+    again until `timeout_s` while Kafka does not answer (a partition whose leader was just
+    killed has none until the controller moves it)."""
     from twinstream.positions import InboundWatermarks
 
+    deadline = time.monotonic() + timeout_s
     marks = InboundWatermarks(settings, "chaos")
     try:
-        highs = marks.highs()
+        while (highs := marks.highs()) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"Kafka did not say where {settings.inbound_topic} ends within "
+                    f"{timeout_s:.0f} s"
+                )
+            time.sleep(0.6)  # highs() asks at most every 0.5 s
+        return highs
     finally:
         marks.close()
-    if highs is None:
-        raise RuntimeError(f"Kafka did not say where {settings.inbound_topic} ends")
-    return highs
 
 
 def audit_ranges(
