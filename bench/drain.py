@@ -53,7 +53,14 @@ from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.engine_client import EngineError
 from twinstream.kafka import watermarks
-from twinstream.testing.chaos import SteadyLoad, SupervisedEngines, audit_range, failover_round
+from twinstream.testing.chaos import (
+    SteadyLoad,
+    SupervisedEngines,
+    audit_load,
+    audit_summary,
+    failover_round,
+    inbound_ends,
+)
 from twinstream.testing.harness import (
     EngineProcess,
     Load,
@@ -200,7 +207,7 @@ def takeovers(
     engines = SupervisedEngines(settings)
     if not engines.supervisor.is_running():
         raise SystemExit("the local stack is not running: start it with `make up`")
-    first = watermarks(settings, settings.inbound_topic)[1]
+    firsts = inbound_ends(settings)
     load = SteadyLoad(settings, rate).start()
     steady: list[float] = []
     young: list[float] = []
@@ -227,14 +234,12 @@ def takeovers(
             )
     finally:
         sent = load.stop()
-    end = first + sent
     try:
-        engines.wait_published(end)
-        findings = audit_range(settings, first, end)
+        audited = audit_load(engines, firsts, sent)
     finally:
         engines.close()
-    if not findings.ok:
-        raise SystemExit(f"the takeover rounds lost or repeated events: {findings}")
+    if not all(f.ok for f in audited.values()):
+        raise SystemExit(f"the takeover rounds lost or repeated events: {audit_summary(audited)}")
     return {
         "rate": rate,
         "events": sent,

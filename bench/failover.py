@@ -42,14 +42,15 @@ from typing import Any
 from bench.plots import plot, rate_series
 from twinstream.config import REPO_ROOT, load_settings
 from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
-from twinstream.kafka import watermarks
 from twinstream.testing.chaos import (
     KINDS,
     Round,
     SteadyLoad,
     SupervisedEngines,
-    audit_range,
+    audit_load,
     failover_round,
+    flagged,
+    inbound_ends,
 )
 from twinstream.testing.harness import OutputSampler, machine, summary, wait_for
 
@@ -167,7 +168,7 @@ def main() -> int:
     engines = SupervisedEngines(settings)
     if not engines.supervisor.is_running():
         raise SystemExit("the local stack is not running: start it with `make up`")
-    first = watermarks(settings, settings.inbound_topic)[1]
+    firsts = inbound_ends(settings)
     t0 = time.monotonic()
     sampler = OutputSampler(settings, [settings.outbound_topic, settings.dlq_topic])
     # Before waiting for the pair: a standby counts as in sync only once it has
@@ -196,13 +197,11 @@ def main() -> int:
             engines.wait_pair(timeout_s=600)
     finally:
         sent = load.stop()
-    end = first + sent
     print(f"waiting for all {sent:,} events of the run to be published", flush=True)
-
-    engines.wait_published(end)
+    audited = audit_load(engines, firsts, sent)
     sampler.stop()
-    findings = audit_range(settings, first, end)
     engines.close()
+    ok = all(f.ok for f in audited.values())
 
     figures: dict[str, Any] = {
         "rate_per_s": args.rate,
@@ -214,8 +213,8 @@ def main() -> int:
         "role_swaps_after_takeover": {k: sum(r.swapped for r in v) for k, v in rounds.items()},
         "stopped_early": stopped_early,
         "baseline_supervisor_restart_s": summary(baseline) if baseline else None,
-        "gaps": findings.missing,
-        "duplicates": findings.duplicated,
+        "gaps": flagged(audited, "missing"),
+        "duplicates": flagged(audited, "duplicated"),
         "machine": machine(),
     }
     print(json.dumps(figures, indent=2))
@@ -230,7 +229,7 @@ def main() -> int:
         xlabel="seconds",
     )
     print(f"wrote {path}")
-    return 0 if findings.ok and stopped_early is None else 1
+    return 0 if ok and stopped_early is None else 1
 
 
 if __name__ == "__main__":

@@ -103,11 +103,11 @@ def restore_and_resync() -> None:
 
     @task
     def choose_snapshot(params: dict[str, Any]) -> str:
-        from twinstream.operate import choose_snapshot, inbound_log_start, refusals_fail_fast
+        from twinstream.operate import choose_snapshot, inbound_log_starts, refusals_fail_fast
 
         settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast():
-            return choose_snapshot(settings, params["snapshot"], inbound_log_start(settings))
+            return choose_snapshot(settings, params["snapshot"], inbound_log_starts(settings))
 
     @task
     def restore(snapshot_id: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,8 @@ import argparse
 import json
 import logging
 import sys
+import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,8 +30,9 @@ from typing import TYPE_CHECKING
 from twinstream import registry
 from twinstream.audit import (
     REPORT,
+    Audited,
     Cursor,
-    Findings,
+    Position,
     Span,
     Validation,
     cursor_file,
@@ -38,29 +41,34 @@ from twinstream.audit import (
 )
 from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.contract import ContractError
+from twinstream.core.rows import PARTITION_SHIFT
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 log = logging.getLogger("twinstream.audit")
 PROGRESS_SCHEMA = "first BIGINT, last BIGINT, outputs BIGINT, dead_letters BIGINT"
 
 
-def read_topic(spark: SparkSession, settings: Settings, topic: str, start: int) -> DataFrame:
-    """Committed records of one output topic from `start`: offset, msg_id (header), value."""
+def read_topic(
+    spark: SparkSession, settings: Settings, topic: str, starts: Mapping[int, int]
+) -> DataFrame:
+    """Committed records of one output topic from `starts` (partition -> offset; Spark
+    needs every partition's): partition, offset, msg_id (header), value."""
     from pyspark.sql import functions as F
 
     return (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
         .option("subscribe", topic)
-        .option("startingOffsets", json.dumps({topic: {"0": start}}))
+        .option("startingOffsets", json.dumps({topic: {str(p): o for p, o in starts.items()}}))
         .option("endingOffsets", "latest")
         .option("kafka.isolation.level", "read_committed")
         .option("includeHeaders", "true")
         .load()
         .select(
             F.lit(topic).alias("topic"),
+            F.col("partition"),
             F.col("offset"),
             F.expr(
                 "cast(cast(filter(headers, h -> h.key = 'msg_id')[0].value as string) as long)"
@@ -70,15 +78,27 @@ def read_topic(spark: SparkSession, settings: Settings, topic: str, start: int) 
     )
 
 
-def next_offset(df: DataFrame, end: int, start: int) -> int:
-    """Where the next audit reads this topic: its first record at or above `end`, or just
-    past the last record read when there is none."""
+def per_partition(values: Mapping[int, int]) -> Column:
+    """A column holding, for each row, the value of its `partition`."""
     from pyspark.sql import functions as F
 
-    row = df.agg(
-        F.min(F.when(F.col("msg_id") >= end, F.col("offset"))).alias("first_beyond"),
-        F.max("offset").alias("last"),
-    ).first()
+    pairs = [item for p, v in sorted(values.items()) for item in (F.lit(p), F.lit(v))]
+    return F.create_map(*pairs)[F.col("partition")]
+
+
+def next_offset(df: DataFrame, partition: int, end: int, start: int) -> int:
+    """Where the next audit reads this topic's partition: its first record at or above
+    `end`, or just past the last record read when there is none."""
+    from pyspark.sql import functions as F
+
+    row = (
+        df.where(F.col("partition") == partition)
+        .agg(
+            F.min(F.when(F.col("msg_id") >= end, F.col("offset"))).alias("first_beyond"),
+            F.max("offset").alias("last"),
+        )
+        .first()
+    )
     if row is None or row["last"] is None:
         return start
     if row["first_beyond"] is not None:
@@ -86,17 +106,31 @@ def next_offset(df: DataFrame, end: int, start: int) -> int:
     return int(row["last"]) + 1
 
 
-def inbound_end(settings: Settings) -> int:
-    from twinstream.kafka import watermarks
+def inbound_ends(settings: Settings) -> dict[int, int]:
+    """Each inbound partition's high watermark less the in-flight allowance."""
+    from confluent_kafka import Consumer, TopicPartition
 
-    _, high = watermarks(settings, settings.inbound_topic, timeout_s=30)
-    return max(0, high - settings.audit_inflight_msgs)
+    from twinstream.kafka import consumer_config
+
+    topic = settings.inbound_topic
+    consumer = Consumer(consumer_config(settings, f"twinstream-audit-{uuid.uuid4()}"))
+    try:
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        if meta.error is not None or not meta.partitions:
+            raise RuntimeError(f"no metadata for topic {topic}: {meta.error}")
+        ends = {}
+        for p in sorted(meta.partitions):
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            ends[p] = max(0, int(high) - settings.audit_inflight_msgs)
+        return ends
+    finally:
+        consumer.close()
 
 
 def write_report(
     cursor_path: Path,
     run_id: str,
-    findings: Findings,
+    findings: Audited,
     validation: Validation | None,
     run_name: str = "",
 ) -> None:
@@ -107,13 +141,7 @@ def write_report(
         "run_id": run_id,
         "ok": findings.ok and expectations_met,
         "summary": findings.summary(),
-        "first_msg_id": findings.first,
-        "end_msg_id": findings.end,
-        "records": findings.rows,
-        "missing": findings.missing,
-        "duplicated": findings.duplicated,
-        "without_msg_id": findings.without_msg_id,
-        "mismatched": findings.mismatched,
+        **findings.report(),
         "expectations_met": expectations_met,
         "results": None if validation is None else str(validation.results_path),
         "data_docs": None if validation is None else str(validation.data_docs),
@@ -123,7 +151,7 @@ def write_report(
 
 def audit(
     spark: SparkSession, settings: Settings, args: argparse.Namespace
-) -> tuple[Findings, bool]:
+) -> tuple[Audited, bool]:
     """The findings, and whether the Great Expectations suites passed."""
     from pyspark.sql import functions as F
 
@@ -131,58 +159,83 @@ def audit(
     cursor_path = cursor_file(settings.audit_dir, args.cursor)
     cursor_path.parent.mkdir(parents=True, exist_ok=True)
     cursor = Cursor.load(cursor_path)
-    limit = max(cursor.next_msg_id, inbound_end(settings))
-    progress = read_topic(spark, settings, args.progress_topic, cursor.progress_offset).cache()
+    inbound = inbound_ends(settings)
+    at = {p: cursor.at(p) for p in inbound}
+    limits = {p: max(at[p].next_msg_id, end) for p, end in inbound.items()}
+    progress = read_topic(
+        spark, settings, args.progress_topic, {p: a.progress_offset for p, a in at.items()}
+    ).cache()
     spans_df = (
-        progress.select(F.from_json("value", PROGRESS_SCHEMA).alias("p"))
-        .select("p.*")
-        .where(F.col("last") < limit)
+        progress.select("partition", F.from_json("value", PROGRESS_SCHEMA).alias("p"))
+        .select("partition", "p.*")
+        .where(F.col("last") < per_partition(limits))
         .withColumn("size", F.col("last") - F.col("first") + 1)
+        # Unique per partition's range start (the coverage suite's `start`).
+        .withColumn(
+            "start",
+            F.shiftleft(F.col("partition").cast("long"), PARTITION_SHIFT).bitwiseOR(F.col("first")),
+        )
         .cache()
     )
-    spans = [
-        Span(r["first"], r["last"], r["outputs"], r["dead_letters"]) for r in spans_df.collect()
-    ]
+    spans: dict[int, list[Span]] = {p: [] for p in inbound}
+    for r in spans_df.collect():
+        spans.setdefault(r["partition"], []).append(
+            Span(r["first"], r["last"], r["outputs"], r["dead_letters"])
+        )
     # Down to a transaction's boundary: a range is audited whole or not yet.
-    end = max([cursor.next_msg_id, *(s.last + 1 for s in spans)])
-    out = read_topic(spark, settings, args.outbound_topic, cursor.out_offset).cache()
-    dlq = read_topic(spark, settings, args.dlq_topic, cursor.dlq_offset).cache()
+    ends = {p: max([at[p].next_msg_id, *(s.last + 1 for s in spans.get(p, []))]) for p in inbound}
+    out = read_topic(
+        spark, settings, args.outbound_topic, {p: a.out_offset for p, a in at.items()}
+    ).cache()
+    dlq = read_topic(
+        spark, settings, args.dlq_topic, {p: a.dlq_offset for p, a in at.items()}
+    ).cache()
     counts = (
         out.withColumn("kind", F.lit("out"))
         .unionByName(dlq.withColumn("kind", F.lit("dlq")))
-        .where(F.col("msg_id").isNull() | (F.col("msg_id") < end))
-        .groupBy("msg_id", "kind")
+        .where(F.col("msg_id").isNull() | (F.col("msg_id") < per_partition(ends)))
+        .groupBy("partition", "msg_id", "kind")
         .count()
     )
-    findings = find_problems(
-        spans,
-        ((r["msg_id"], r["kind"], int(r["count"])) for r in counts.toLocalIterator()),
-        cursor.next_msg_id,
-        end,
+    rows: dict[int, list[tuple[int | None, str, int]]] = {p: [] for p in inbound}
+    for r in counts.toLocalIterator():
+        rows.setdefault(r["partition"], []).append((r["msg_id"], r["kind"], int(r["count"])))
+    findings = Audited(
+        {
+            p: find_problems(spans.get(p, []), rows.get(p, []), at[p].next_msg_id, ends[p])
+            for p in sorted(inbound)
+        }
     )
     log.info("audit %s: %s", settings.pipeline, findings.summary())
-    if end <= cursor.next_msg_id and findings.rows == 0 and not spans:
+    nothing = all(ends[p] <= at[p].next_msg_id for p in inbound)
+    if nothing and findings.rows == 0 and not any(spans.values()):
         write_report(cursor_path, args.run_id, findings, None)
         return findings, True
 
     values = None
     if contract.expectations is not None:
         values = (
-            out.where(F.col("msg_id") < end)
+            out.where(F.col("msg_id") < per_partition(ends))
             .select(
-                F.col("msg_id").alias("header_msg_id"),
+                # The msg_id a pipeline's transform saw: the record id (the partition
+                # above the offset, twinstream.core.rows.record_id; the offset on
+                # partition 0), which an output that carries its msg_id holds.
+                F.shiftleft(F.col("partition").cast("long"), PARTITION_SHIFT)
+                .bitwiseOR(F.col("msg_id"))
+                .alias("header_msg_id"),
                 F.from_json("value", contract.value_schema).alias("v"),
             )
             .select("header_msg_id", "v.*")
         )
-    run_name = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{cursor.next_msg_id}-{end}"
+    run_name = (
+        f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{at[0].next_msg_id if 0 in at else 0}-{ends.get(0, 0)}"
+    )
     validation = validate(
         settings.audit_dir,
         run_name,
         spans_df,
         values,
-        cursor.next_msg_id,
-        end,
+        {p: (at[p].next_msg_id, ends[p]) for p in inbound},
         contract.expectations() if contract.expectations is not None else None,
     )
     log.info(
@@ -194,12 +247,16 @@ def audit(
     )
     write_report(cursor_path, args.run_id, findings, validation, run_name)
     if findings.ok and validation.success:
-        Cursor(
-            next_msg_id=end,
-            out_offset=next_offset(out, end, cursor.out_offset),
-            dlq_offset=next_offset(dlq, end, cursor.dlq_offset),
-            progress_offset=next_offset(progress, end, cursor.progress_offset),
-            audits=cursor.audits + 1,
+        cursor.moved(
+            {
+                p: Position(
+                    next_msg_id=ends[p],
+                    out_offset=next_offset(out, p, ends[p], at[p].out_offset),
+                    dlq_offset=next_offset(dlq, p, ends[p], at[p].dlq_offset),
+                    progress_offset=next_offset(progress, p, ends[p], at[p].progress_offset),
+                )
+                for p in inbound
+            }
         ).save(cursor_path)
     elif findings.ok:
         # Every msg_id is there once, but a value is malformed: name the expectations.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -130,12 +131,32 @@ def stack_engines(stack, settings) -> str:
 
 
 @pytest.fixture
-def pipeline(stack_env, tmp_path) -> Iterator[Pipeline]:
+def pipeline(stack_env, tmp_path, request: pytest.FixtureRequest) -> Iterator[Pipeline]:
     p = Pipeline(stack_env, tmp_path)
+    request.node.twinstream_pipeline = p
     try:
         yield p
     finally:
         p.stop_all()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """A failed test with engines of its own reports what each engine logged: CI keeps only
+    its printout, and the temporary folder with the logs is gone by the time anyone looks."""
+    report = yield
+    p = getattr(item, "twinstream_pipeline", None)
+    if report.failed and p is not None:
+        for path in sorted(p.workdir.glob("engine-*.log")):
+            report.sections.append((f"twinstream log {path.name}", engine_log_tail(path)))
+    return report
+
+
+def engine_log_tail(path: Path, lines: int = 40) -> str:
+    """The engine's own INFO and above (not Spark's, not its progress bars), last lines."""
+    text = path.read_text(errors="replace").replace("\r", "\n")
+    own = [line for line in text.splitlines() if " engine=" in line[:60]]
+    return "\n".join(own[-lines:])
 
 
 @pytest.fixture(scope="session")

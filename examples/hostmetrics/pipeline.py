@@ -129,6 +129,7 @@ pipeline = Pipeline(
     checks={"wrong_type: host is empty": "host <> ''"},
     transform=transform,
     key="host",
+    partition_by="host",
     value=["value"],
     value_format="text",
     expectations=expectations,

@@ -121,6 +121,7 @@ pipeline = Pipeline(
     },
     transform=transform,
     key="card",
+    partition_by="card",
     value=["payment_id", "card", "rule", "amount", "spend_10m", "payments_10m", "ts"],
     expectations=expectations,
     value_schema=(

@@ -31,6 +31,7 @@ class ServerInfo(BaseModel):
 class QuarantinedOffset(BaseModel):
     msg_id: int
     reason: str
+    partition: int = 0
 
 
 class RepairInfo(BaseModel):
@@ -40,6 +41,16 @@ class RepairInfo(BaseModel):
     first: int
     last: int
     seconds: float | None
+    partition: int = 0
+
+
+class UncoveredRange(BaseModel):
+    """msg_id first..last of an inbound partition: in no buffer at a takeover, and not
+    recomputed (missing from the output)."""
+
+    partition: int
+    first: int
+    last: int
 
 
 class PipelineInfo(BaseModel):
@@ -51,7 +62,7 @@ class PipelineInfo(BaseModel):
     buffer_fill: int
     buffer_size: int
     in_sync: bool
-    uncovered_ranges: list[tuple[int, int]]
+    uncovered_ranges: list[UncoveredRange]
     # Rows the active could not publish yet (at most max_buffered_msgs before it pauses).
     unpublished: int = 0
     # Why the query is paused for backpressure, if it is (GET /pipeline shows it as such).
@@ -64,6 +75,10 @@ class PipelineInfo(BaseModel):
     events_per_s: float | None = None
     # The snapshot id (or "cold") the running pipeline was restored from, if any.
     restored_from: str | None = None
+    # Per inbound partition: the last msg_id processed (buffered), and the last published
+    # as this engine knows it. With one partition, the last_msg_id_* fields say the same.
+    processed: dict[int, int] = Field(default_factory=dict)
+    published: dict[int, int] = Field(default_factory=dict)
 
 
 class RestoreRequest(BaseModel):
@@ -77,9 +92,12 @@ class RestoreRequest(BaseModel):
 
 class RestoreReport(BaseModel):
     snapshot: str
+    # Partition 0's; `next_offsets` and `log_start_offsets` have every partition's.
     next_offset: int
     log_start_offset: int
     pipeline: PipelineInfo
+    next_offsets: dict[int, int] = Field(default_factory=dict)
+    log_start_offsets: dict[int, int] = Field(default_factory=dict)
 
 
 class BufferedRow(BaseModel):
@@ -87,6 +105,7 @@ class BufferedRow(BaseModel):
     kind: str
     key: str | None
     value: str
+    partition: int = 0
 
 
 class Control(Protocol):

@@ -7,6 +7,10 @@ filter, an alert that did not fire) is accounted for as much as one with three. 
 checks that the ranges tile the inbound offsets, each exactly once, and that the outputs
 and dead letters of each range are where its record says and as many.
 
+Partitions: everything here holds per inbound partition p (the progress records of
+partition p of `.progress` tile the offsets of inbound partition p); the cursor keeps a
+position per partition and the findings name the partition of each range.
+
 An audit covers the msg_ids [cursor.next_msg_id, end): `end` is the inbound high watermark
 less an in-flight allowance (messages the engines have not published yet are not gaps),
 moved down to a transaction's boundary. It reads each topic from the offset where the
@@ -41,21 +45,55 @@ class AuditFailed(Exception):
 
 
 @dataclass
+class Position:
+    """Where the next audit starts in one partition: the first msg_id not yet proved, and
+    the first offset of each output topic's partition not yet read."""
+
+    next_msg_id: int = 0
+    out_offset: int = 0
+    dlq_offset: int = 0
+    progress_offset: int = 0
+
+
+@dataclass
 class Cursor:
-    """Where the next audit starts: the first msg_id not yet proved, and the first offset
-    of each output topic not yet read."""
+    """Where the next audit starts: partition 0's position in the fields (the cursor of a
+    one-partition pipeline, as it always was), every other partition's in `partitions`."""
 
     next_msg_id: int = 0
     out_offset: int = 0
     dlq_offset: int = 0
     audits: int = 0
     progress_offset: int = 0
+    partitions: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> Cursor:
         if not path.exists():
             return cls()
         return cls(**json.loads(path.read_text()))
+
+    def at(self, partition: int) -> Position:
+        if partition == 0:
+            return Position(
+                self.next_msg_id, self.out_offset, self.dlq_offset, self.progress_offset
+            )
+        return Position(**self.partitions.get(str(partition), {}))
+
+    def moved(self, positions: Mapping[int, Position]) -> Cursor:
+        """The cursor after a passing audit: these positions, one audit more."""
+        zero = positions.get(0, self.at(0))
+        return Cursor(
+            next_msg_id=zero.next_msg_id,
+            out_offset=zero.out_offset,
+            dlq_offset=zero.dlq_offset,
+            audits=self.audits + 1,
+            progress_offset=zero.progress_offset,
+            partitions={
+                **self.partitions,
+                **{str(p): asdict(pos) for p, pos in positions.items() if p != 0},
+            },
+        )
 
     def save(self, path: Path) -> None:
         """Atomically: a crash leaves the old cursor or the new one, never half of one."""
@@ -112,6 +150,50 @@ class Findings:
             f"; transactions whose outputs differ from their progress record: "
             f"{format_ranges(self.mismatched)}"
         )
+
+
+@dataclass
+class Audited:
+    """An audit's findings in each inbound partition."""
+
+    partitions: dict[int, Findings]
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.partitions.values())
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.partitions.values())
+
+    def summary(self) -> str:
+        if list(self.partitions) == [0]:
+            return self.partitions[0].summary()
+        return "; ".join(
+            f"partition {p}: {f.summary()}" for p, f in sorted(self.partitions.items())
+        )
+
+    def report(self) -> dict[str, Any]:
+        """The findings as the report's fields: partition 0's at the top (as a
+        one-partition pipeline's always were), every partition's under `partitions`."""
+
+        def fields(f: Findings) -> dict[str, Any]:
+            return {
+                "first_msg_id": f.first,
+                "end_msg_id": f.end,
+                "records": f.rows,
+                "missing": f.missing,
+                "duplicated": f.duplicated,
+                "without_msg_id": f.without_msg_id,
+                "mismatched": f.mismatched,
+            }
+
+        zero = self.partitions.get(0, Findings(0, 0, 0))
+        return {
+            **fields(zero),
+            "records": self.rows,
+            "partitions": {str(p): fields(f) for p, f in sorted(self.partitions.items())},
+        }
 
 
 @dataclass(frozen=True)
@@ -231,19 +313,26 @@ def window(records: Iterable[tuple[str, int | None, str]], first: int, end: int)
     return find_problems(spans, rows, first, end, clip=True)
 
 
-def id_expectations(first: int, end: int) -> list[Any]:
-    """The progress ranges: each starts once, and together they span exactly
-    first..end-1 (the Python findings name the gaps and overlaps)."""
+def id_expectations(ranges: Mapping[int, tuple[int, int]]) -> list[Any]:
+    """The progress ranges (partition -> (first, end)): each starts once in its partition
+    (column `start`: the record id of its first msg_id, twinstream.core.rows.record_id),
+    and together they span exactly first..end-1 of each partition (the Python findings name
+    the gaps and overlaps)."""
     import great_expectations.expectations as gxe
 
-    span = end - first
-    return [
+    span = sum(end - first for first, end in ranges.values())
+    expectations = [
         gxe.ExpectColumnValuesToNotBeNull(column="first"),
-        gxe.ExpectColumnValuesToBeUnique(column="first"),
-        gxe.ExpectColumnMinToBeBetween(column="first", min_value=first, max_value=first),
-        gxe.ExpectColumnMaxToBeBetween(column="last", min_value=end - 1, max_value=end - 1),
+        gxe.ExpectColumnValuesToBeUnique(column="start"),
         gxe.ExpectColumnSumToBeBetween(column="size", min_value=span, max_value=span),
     ]
+    if list(ranges) == [0]:
+        first, end = ranges[0]
+        expectations += [
+            gxe.ExpectColumnMinToBeBetween(column="first", min_value=first, max_value=first),
+            gxe.ExpectColumnMaxToBeBetween(column="last", min_value=end - 1, max_value=end - 1),
+        ]
+    return expectations
 
 
 @dataclass
@@ -259,8 +348,7 @@ def validate(
     run_name: str,
     ids_df: Any,
     values_df: Any,
-    first: int,
-    end: int,
+    ranges: Mapping[int, tuple[int, int]],
     value_expectations: list[Any] | None = None,
 ) -> Validation:
     """Run the suites on the (Spark) DataFrames with a file context under `gx_root`: the
@@ -273,7 +361,7 @@ def validate(
     success = True
     statistics: dict[str, Any] = {}
     results: dict[str, Any] = {}
-    suites = [(SUITE_IDS, id_expectations(first, end), ids_df)]
+    suites = [(SUITE_IDS, id_expectations(ranges), ids_df)]
     if value_expectations:
         suites.append((SUITE_VALUES, value_expectations, values_df))
     for suite_name, expectations, df in suites:

@@ -23,6 +23,7 @@ from twinstream import registry
 from twinstream.admin_api import PipelineInfo
 from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.contract import ContractError, field_types
+from twinstream.core.rows import positions_text, range_text
 from twinstream.engine_client import EngineClient, EngineError
 from twinstream.publisher import from_file, publish
 from twinstream.subscriber import read_committed
@@ -46,7 +47,14 @@ def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
             )
         records = contract.sample(args.count, args.seed, args.broken_every)
         total = args.count
-    progress = publish(settings, records, rate=args.rate, total=total, on_progress=_progress)
+    progress = publish(
+        settings,
+        records,
+        rate=args.rate,
+        total=total,
+        on_progress=_progress,
+        key_field=contract.partition_by,
+    )
     print(file=sys.stderr)
     print(f"{progress.acked} records published to {settings.inbound_topic}")
     return 0
@@ -140,27 +148,54 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
 def _state_cells(pipe: PipelineInfo) -> list[str]:
     state = pipe.state
     if pipe.uncovered_ranges:
-        state += f" UNCOVERED {pipe.uncovered_ranges}"
+        spans = ", ".join(range_text(u.partition, u.first, u.last) for u in pipe.uncovered_ranges)
+        state += f" UNCOVERED {spans}"
     if pipe.quarantined:
         state += f" QUARANTINED {len(pipe.quarantined)} (twinstream quarantine list)"
     if pipe.paused:
         state += " PAUSED"
     for repair in pipe.repairs:
         done = f"in {repair.seconds} s" if repair.seconds is not None else "repairing"
-        state += f" REPAIRED {repair.first}..{repair.last} {done}"
+        state += f" REPAIRED {range_text(repair.partition, repair.first, repair.last)} {done}"
     return [
         state,
         str(pipe.lag),
         f"{pipe.buffer_fill}/{pipe.buffer_size}",
-        str(pipe.last_msg_id_processed),
-        str(pipe.last_msg_id_published),
+        _position(pipe.processed, pipe.last_msg_id_processed),
+        _position(pipe.published, pipe.last_msg_id_published),
         "yes" if pipe.in_sync else "no",
     ]
+
+
+def _position(per_partition: dict[int, int], alone: int | None) -> str:
+    """One partition's msg_id as it was; several as `0:120, 1:98, 2:130` (the scalar is
+    None there: no single msg_id says how far a pipeline of several partitions is)."""
+    if len(per_partition) > 1:
+        return positions_text(per_partition)
+    return str(alone)
+
+
+def parse_record(text: str) -> int:
+    """`1234` (partition 0) or `2:1234`, as logs and `quarantine list` write a msg_id, to a
+    record id."""
+    from twinstream.core.rows import PARTITION_SHIFT, record_id
+
+    partition, _, offset = text.rpartition(":")
+    try:
+        if int(partition or 0) < 0 or not 0 <= int(offset) < 1 << PARTITION_SHIFT:
+            raise ValueError
+        return record_id(int(partition or 0), int(offset))
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a msg_id: give OFFSET (partition 0) or PARTITION:OFFSET, "
+            "both whole numbers, as `twinstream quarantine list` prints them"
+        ) from None
 
 
 def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
     from twinstream.core.election import zk_client
     from twinstream.core.quarantine import QuarantineStore
+    from twinstream.core.rows import record_text
 
     client = zk_client(settings)
     client.start(timeout=15)
@@ -168,13 +203,17 @@ def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
         store = QuarantineStore(client, settings.quarantine_path)
         if args.action == "list":
             entries = store.entries()
-            for offset, reason in sorted(entries.items()):
-                print(f"{offset}\t{reason}")
+            for record, reason in sorted(entries.items()):
+                print(f"{record_text(record)}\t{reason}")
             print(f"{len(entries)} quarantined in pipeline {settings.pipeline}", file=sys.stderr)
             return 0
         if args.offset is None:
-            raise ValueError("release needs the offset: twinstream quarantine release OFFSET")
-        if not store.release(args.offset):
+            raise ValueError(
+                "release needs the msg_id: twinstream quarantine release OFFSET (partition 0) "
+                "or PARTITION:OFFSET, as `twinstream quarantine list` prints it"
+            )
+        record = parse_record(args.offset)
+        if not store.release(record):
             print(
                 f"msg_id {args.offset} is not quarantined in pipeline {settings.pipeline} "
                 "(see `twinstream quarantine list`)",
@@ -252,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     new.add_argument("--dir", default=".", help="where to write it (default: here)")
     quar = sub.add_parser("quarantine", help="list or release quarantined inbound offsets")
     quar.add_argument("action", choices=["list", "release"])
-    quar.add_argument("offset", nargs="?", type=int, help="the msg_id to release")
+    quar.add_argument(
+        "offset", nargs="?", help="the msg_id to release: OFFSET (partition 0) or PARTITION:OFFSET"
+    )
     status.add_argument("--pipeline", help="only this pipeline (default: every one)")
     for command in (pub, subp, quar):
         command.add_argument(

@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     dlq_retention_ms: int = Field(default=14 * DAY_MS, ge=60_000)
     replication_factor: int = Field(default=3, ge=1)
     min_insync_replicas: int = Field(default=2, ge=1)
+    # Partitions of each of the pipeline's four topics: a record's identity is (partition,
+    # offset), and its outputs go to the same partition number (twinstream.core.rows). A
+    # key's records must all be in one partition (producers partition by key) for per-key
+    # state; more partitions spread a pipeline over more executor cores. A pipelines.toml
+    # entry may set its own (`partitions = 3`).
+    partitions: int = Field(default=1, ge=1, le=32_767)
 
     # The engines: ids and admin API ports, pairwise. `engine_admin_host` is where their admin
     # APIs are reached; "{id}" is replaced by the engine id (compose: "engine-{id}").
@@ -131,6 +137,9 @@ class Settings(BaseSettings):
     # its whole plan when its Spark session starts, before its query: the first batches of
     # real records then run warm (twinstream.pipeline.warm_up). 0: no warm-up.
     warm_up_records: int = Field(default=2_000, ge=0)
+    # How often an engine logs where its batches spent their time (the medians since the
+    # last line: Spark's parts, the batch's job and the gate's publish on the driver).
+    batch_timings_log_s: float = Field(default=60.0, gt=0)
     # A standby whose lag (inbound high watermark - next msg_id) is at most this is in sync.
     # One micro-batch's worth: under steady load the lag swings by a batch between triggers,
     # and the buffer (num_buffered_msgs) still covers a standby that far behind.

@@ -14,8 +14,10 @@ the pipelines file (`pipelines.toml`) as `module:attribute`. It declares:
 - `checks`: more rules a valid record obeys, reason -> SQL condition (`"amount >= 0"`);
   a record for which a condition is false or NULL is a dead letter with that reason;
 - `transform`: typed records -> output rows. It receives a streaming DataFrame with
-  `msg_id` (the inbound offset, the record's identity), the schema's fields and `_raw` (the
-  record's bytes, for a dead letter of its own), and returns a DataFrame with `msg_id` and
+  `msg_id` (the record's identity: its inbound offset; with several partitions, the
+  partition x 2^48 + the offset, `twinstream.core.rows.record_id`), the schema's fields
+  and `_raw` (the record's bytes, for a dead letter of its own), and returns a DataFrame
+  with `msg_id` and
   the output columns: stateless, or stateful with Spark's own operators
   (`applyInPandasWithState`, `transformWithStateInPandas`). Each output row carries the
   msg_id of the input that caused it; an input may cause zero, one or several rows. An
@@ -25,8 +27,8 @@ the pipelines file (`pipelines.toml`) as `module:attribute`. It declares:
   value: `to_json` of the value columns, or with `value_format="text"` the one value column
   as it is (a value the transform has serialised itself);
 - `expectations`: optional Great Expectations expectations over the published value's
-  fields (`value_schema`, DDL; the header's msg_id is the column `header_msg_id`), which
-  the audit adds to its own;
+  fields (`value_schema`, DDL; the record's msg_id, as the transform saw it, is the
+  column `header_msg_id`), which the audit adds to its own;
 - `sample`: optional, `sample(count, seed, broken_every)` -> example inbound records
   (every `broken_every`-th one invalid, if not 0), for `twinstream publish` and tests.
 
@@ -39,6 +41,8 @@ publishes the standby's rows in place of the active's, so the output for a msg_i
 depend on the records up to it and on nothing else: not on batch boundaries, wall-clock
 time, randomness, or an event-time watermark that emits later (a watermark advances per
 batch). State keyed by the record's fields and updated in msg_id order is what it is for.
+With several inbound partitions only a partition's order exists: state may be keyed only
+by what producers partition the records by (`partition_by`).
 """
 
 from __future__ import annotations
@@ -80,6 +84,10 @@ class Pipeline:
     # win where they meet (see twinstream.pipeline.spark_conf).
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
+    # The inbound member producers key records by, so that with several partitions a key's
+    # records share one (the transform's state is per key, and only a partition's order is
+    # kept). `twinstream publish` keys records by it.
+    partition_by: str | None = None
 
     def __post_init__(self) -> None:
         if not self.value:

@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from twinstream.admin_api import PipelineInfo
 from twinstream.audit import Findings, format_ranges, window
 from twinstream.config import Settings
+from twinstream.core.rows import positions_text, range_text
 from twinstream.engine_client import EngineError
 from twinstream.operate import Engine, EngineView, OperateError
 
@@ -76,6 +78,12 @@ class Takeover:
     # the first record of the new epoch visible to a read_committed subscriber.
     role_s: float | None = None
     first_output_s: float | None = None
+    # Each inbound partition's last published msg_id before the stop (several partitions:
+    # `last_published_before` is None there, as the engines report it).
+    published_before: dict[int, int] = field(default_factory=dict)
+
+    def before(self) -> dict[int, int]:
+        return positions_before(asdict(self))
 
     def describe(self) -> str:
         def secs(value: float | None) -> str:
@@ -83,7 +91,8 @@ class Takeover:
 
         return (
             f"stopped {self.stopped} (epoch {self.old_epoch}, last published msg_id "
-            f"{self.last_published_before}); {self.new_active} active in {secs(self.role_s)} "
+            f"{positions_text(self.before()) or None}); {self.new_active} active in "
+            f"{secs(self.role_s)} "
             f"(epoch {self.new_epoch}), first output of the new epoch {secs(self.first_output_s)}"
         )
 
@@ -105,7 +114,12 @@ def stop_and_measure(
             f"{server.zk_state}): the plan is stale; trigger a new drill"
         )
     before = active.pipeline()
-    result = Takeover(active.engine_id, server.epoch, before.last_msg_id_published)
+    result = Takeover(
+        active.engine_id,
+        server.epoch,
+        before.last_msg_id_published,
+        published_before=dict(before.published),
+    )
     started = clock()
     active.stop()
     log.info("drill: stop of %s acknowledged after %.3f s", active.engine_id, clock() - started)
@@ -165,12 +179,14 @@ def measure_takeover(
 
 
 def audit_window(
-    records: Iterable[tuple[str, int | None, str]], first: int, end: int
+    records: Iterable[tuple[str, int | None, str]], first: int, end: int, partition: int = 0
 ) -> dict[str, Any]:
     """Exactly-once over msg_ids first..end-1 of the committed (kind, msg_id, value)
-    records read; the same check as the scheduled audit, on the handover's window only."""
+    records read from one partition; the same check as the scheduled audit, on the
+    handover's window only."""
     findings: Findings = window(records, first, end)
     report = {
+        "partition": partition,
         "first_msg_id": first,
         "end_msg_id": end,
         "records": findings.rows,
@@ -181,17 +197,19 @@ def audit_window(
     }
     if not findings.ok:
         raise OperateError(
-            f"the handover's window msg_id {first}..{end - 1} is not exactly once: missing "
+            f"the handover's window msg_id {range_text(partition, first, end - 1)} is not "
+            "exactly once: missing "
             f"{format_ranges(findings.missing)}; duplicated {format_ranges(findings.duplicated)}"
             f"; outputs not as their progress record says {format_ranges(findings.mismatched)}"
         )
-    log.info("drill: msg_id %s..%s each published exactly once", first, end - 1)
+    log.info("drill: msg_id %s each published exactly once", range_text(partition, first, end - 1))
     return report
 
 
 def window_bounds(takeover: Mapping[str, Any], last_published_now: int | None) -> tuple[int, int]:
-    """The msg_ids to audit: from AUDIT_BEFORE before the handover to what the new active
-    has published since. Refused while the new active has not passed the handover point."""
+    """The msg_ids to audit in a partition: from AUDIT_BEFORE before the handover to what the
+    new active has published since. Refused while the new active has not passed the
+    handover point."""
     before = takeover["last_published_before"]
     if before is None:
         raise OperateError("nothing had been published before the drill: nothing to audit")
@@ -203,6 +221,23 @@ def window_bounds(takeover: Mapping[str, Any], last_published_now: int | None) -
     return max(0, before - AUDIT_BEFORE + 1), last_published_now + 1
 
 
+def positions_before(takeover: Mapping[str, Any]) -> dict[int, int]:
+    """Each partition's last published msg_id before the stop, from a Takeover as a dict
+    (through an XCom the partition keys are strings)."""
+    per_partition = takeover.get("published_before") or {}
+    if per_partition:
+        return {int(p): int(o) for p, o in per_partition.items()}
+    alone = takeover.get("last_published_before")
+    return {} if alone is None else {0: int(alone)}
+
+
+def published_positions(info: PipelineInfo) -> dict[int, int]:
+    """Each partition's last published msg_id, as an engine reports it."""
+    if info.published:
+        return dict(info.published)
+    return {} if info.last_msg_id_published is None else {0: info.last_msg_id_published}
+
+
 def audit_handover(
     settings: Settings,
     new_active: Engine,
@@ -211,37 +246,58 @@ def audit_handover(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    """Wait (with a progress line) until the new active has published past the handover,
-    then audit the window around it on the committed outbound and dead-letter topics."""
+    """Wait (with a progress line) until the new active has published past the handover in
+    every partition, then audit the window around it in each, on the committed outbound
+    and dead-letter topics. A partition that got no input after the handover by
+    `timeout_s` is named in the report, not audited; none at all fails the audit."""
     from twinstream.operate import committed_since
 
     deadline = clock() + timeout_s
-    before = takeover["last_published_before"]
+    before = positions_before(takeover)
     while True:
-        now_published = new_active.pipeline().last_msg_id_published
-        if now_published is not None and before is not None and now_published > before:
-            break
-        if clock() >= deadline:
+        now = published_positions(new_active.pipeline())
+        behind = [p for p in before if now.get(p, -1) <= before[p]]
+        if (before and not behind) or clock() >= deadline:
             break  # window_bounds below names what is missing
         log.info(
             "drill: waiting for %s to publish past msg_id %s (at %s)",
             new_active.engine_id,
-            before,
-            now_published,
+            positions_text(before) or None,
+            positions_text(now) or None,
         )
         sleep(2.0)
-    first, end = window_bounds(takeover, now_published)
-    records = committed_since(settings, first)
-    return audit_window(((kind, r.msg_id, r.value) for kind, r in records), first, end)
+    if not before:
+        window_bounds({"last_published_before": None}, None)  # raises: nothing to audit
+    moved = [p for p in sorted(before) if now.get(p, -1) > before[p]] or sorted(before)[:1]
+    reports = {}
+    for p in moved:
+        first, end = window_bounds({"last_published_before": before[p]}, now.get(p))
+        records = committed_since(settings, first, partition=p)
+        reports[p] = audit_window(((k, r.msg_id, r.value) for k, r in records), first, end, p)
+    if list(reports) == [0] and list(before) == [0]:
+        return reports[0]
+    lowest = reports[moved[0]]
+    return {
+        **lowest,
+        "records": sum(r["records"] for r in reports.values()),
+        "partitions": {str(p): r for p, r in reports.items()},
+        "not_audited": sorted(set(before) - set(reports)),
+    }
 
 
 def figures(takeover: Mapping[str, Any], audit: Mapping[str, Any], rejoined: str) -> str:
     """The run's summary line for the log: what operators compare across drills."""
     t = Takeover(**takeover)
+    windows = audit.get("partitions") or {"0": audit}
+    audited = ", ".join(
+        range_text(int(p), int(w["first_msg_id"]), int(w["end_msg_id"]) - 1)
+        for p, w in windows.items()
+    )
+    skipped = audit.get("not_audited") or []
+    unaudited = f" (partitions {skipped} had no input after it)" if skipped else ""
     return (
-        f"failover drill: {t.describe()}; audit of msg_id {audit['first_msg_id']}.."
-        f"{audit['end_msg_id'] - 1}: {audit['records']} records, 0 missing, 0 duplicated; "
-        f"{rejoined}"
+        f"failover drill: {t.describe()}; audit of msg_id {audited}{unaudited}: "
+        f"{audit['records']} records, 0 missing, 0 duplicated; {rejoined}"
     )
 
 
@@ -250,7 +306,7 @@ def as_dict(takeover: Takeover) -> dict[str, Any]:
 
 
 class KafkaEpochTail:
-    """EpochTail over the outbound topic, from its end when created."""
+    """EpochTail over every partition of the outbound topic, from their ends when created."""
 
     def __init__(self, settings: Settings) -> None:
         import uuid
@@ -260,9 +316,13 @@ class KafkaEpochTail:
         from twinstream.kafka import consumer_config
 
         self._consumer = Consumer(consumer_config(settings, f"twinstream-drill-{uuid.uuid4()}"))
-        partition = TopicPartition(settings.outbound_topic, 0)
-        _low, high = self._consumer.get_watermark_offsets(partition, timeout=15)
-        self._consumer.assign([TopicPartition(settings.outbound_topic, 0, high)])
+        topic = settings.outbound_topic
+        partitions = self._consumer.list_topics(topic, timeout=15).topics[topic].partitions
+        ends = []
+        for p in sorted(partitions) or [0]:
+            _low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), 15)
+            ends.append(TopicPartition(topic, p, high))
+        self._consumer.assign(ends)
 
     def poll(self, timeout_s: float) -> int | None:
         from twinstream.core.outbound import header

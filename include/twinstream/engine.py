@@ -20,6 +20,7 @@ from twinstream.admin_api import (
     RepairInfo,
     RestoreReport,
     ServerInfo,
+    UncoveredRange,
 )
 from twinstream.config import Settings
 from twinstream.contract import Pipeline
@@ -28,6 +29,7 @@ from twinstream.core.election import Election, ensure_chroot, root_acl, zk_clien
 from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.quarantine import QuarantineStore, describe
+from twinstream.core.rows import positions_text, split_record_id
 from twinstream.metrics import EngineMetrics
 from twinstream.pipeline import rows_of, spark_conf, start_query, warm_up
 from twinstream.positions import (
@@ -36,6 +38,9 @@ from twinstream.positions import (
     events_per_s,
     is_in_sync,
     query_position,
+)
+from twinstream.positions import (
+    lag as inbound_lag,
 )
 from twinstream.recovery import Recovery
 
@@ -125,14 +130,14 @@ class Engine:
                 return
             self._run("running", "")
 
-    def _run(self, state: str, reason: str, starting_offset: int | None = None) -> None:
-        self._start_query(starting_offset)
+    def _run(self, state: str, reason: str, starting_offsets: dict[int, int] | None = None) -> None:
+        self._start_query(starting_offsets)
         self._state, self._reason = state, reason
         self.gate.joined()
         ensure_chroot(self.settings, root_acl(self.settings))
         self.election.start()
 
-    def _start_query(self, starting_offset: int | None = None) -> None:
+    def _start_query(self, starting_offsets: dict[int, int] | None = None) -> None:
         if self._spark is None:
             self._spark = self._new_session()
             self._warm_up(self._spark)
@@ -147,8 +152,7 @@ class Engine:
             self.pipeline,
             self.engine_id,
             self.process_batch,
-            starting_offset,
-            max_offsets=self.recovery.cap,
+            starting_offsets,
             quarantined=self.recovery.excluded,
         )
         log.info(
@@ -157,7 +161,9 @@ class Engine:
             self.settings.pipeline,
             self._query.name,
             self.settings.checkpoint_dir(self.engine_id),
-            "" if starting_offset is None else f" at inbound offset {starting_offset}",
+            ""
+            if starting_offsets is None
+            else f" at inbound offset {positions_text(starting_offsets)}",
         )
 
     def _stop_query_between_batches(self, timeout_s: float = 30.0) -> None:
@@ -188,16 +194,19 @@ class Engine:
             if problem is not None:
                 return f"the checkpoint is unusable: {problem}"
             position = snapshot.checkpoint_position(checkpoint, topic)
-            log_start = self.watermarks.log_start()
-            if position is not None and position.next_offset < log_start:
-                return (
-                    f"the checkpoint continues at inbound offset {position.next_offset}, but "
-                    f"Kafka's log of {topic} starts at {log_start} (retention deleted the rest)"
-                )
+            log_starts = self.watermarks.log_starts()
+            for partition, offset in sorted((position.next_offsets if position else {}).items()):
+                if offset < log_starts.get(partition, 0):
+                    return (
+                        f"the checkpoint continues at inbound offset {offset} of partition "
+                        f"{partition}, but Kafka's log of {topic} starts at "
+                        f"{log_starts[partition]} there (retention deleted the rest)"
+                    )
             return None
         history = snapshot.snapshot_ids(self.settings.snapshot_dir)
         published = self._last_published.last_msg_ids(
-            [self.settings.outbound_topic, self.settings.dlq_topic]
+            [self.settings.outbound_topic, self.settings.dlq_topic],
+            self._last_published.partitions(),
         )
         if history or any(v is not None for v in published.values()):
             return (
@@ -210,7 +219,7 @@ class Engine:
         with self._lock:
             if self._state == "stopped":
                 return
-            self.recovery.end_search()
+            self.recovery.search = None
             # Leave the election first: a standby takes over while this query winds down.
             self.election.stop()
             self.gate.step_down(reason, rejoin=False)
@@ -275,8 +284,8 @@ class Engine:
 
     def check_query(self) -> None:
         """The main loop's look at the query, every second: recover a query that died (a
-        batch that failed anyway, or infrastructure), repair a gap a takeover found, end a
-        quarantine search. Status reads never call it: this work takes seconds."""
+        batch that failed anyway, or infrastructure; a quarantine search's next step), repair
+        a gap a takeover found. Status reads never call it: this work takes seconds."""
         # A persist or restore in progress owns the query; check after it.
         if not self._lock.acquire(blocking=False):
             return
@@ -295,7 +304,6 @@ class Engine:
                 self._restart_query()
             return
         if query.isActive:
-            self._after_search()
             return
         error = query.exception()
         self._query = None
@@ -313,18 +321,23 @@ class Engine:
         if outcome.restart_now:
             self._restart_query()
 
-    def _on_gap(self, first: int, last: int) -> bool:
-        """The gate found msg_id first..last in no buffer at a takeover. Plan to recompute
-        it (twinstream.repair); the main loop rewinds. False: nothing reaches back to it."""
-        plan = repair.plan(self.settings, self.engine_id, first, self.watermarks.log_start)
+    def _on_gap(self, partition: int, first: int, last: int) -> bool:
+        """The gate found msg_id first..last of `partition` in no buffer at a takeover. Plan
+        to recompute it (twinstream.repair); the main loop rewinds. False: nothing reaches
+        back to it."""
+        plan = repair.plan(
+            self.settings, self.engine_id, partition, first, self.watermarks.log_starts
+        )
         if plan is None:
             log.error(
-                "engine %s pipeline %s: msg_id %s..%s cannot be recomputed: the checkpoint "
-                "history and the snapshots begin after it, or Kafka no longer holds it",
+                "engine %s pipeline %s: msg_id %s..%s of partition %s cannot be recomputed: "
+                "the checkpoint history and the snapshots begin after it, or Kafka no longer "
+                "holds it",
                 self.engine_id,
                 self.settings.pipeline,
                 first,
                 last,
+                partition,
             )
             return False
         self._repair = plan
@@ -337,13 +350,13 @@ class Engine:
         try:
             self.gate.abandon_waits()
             self._stop_query_between_batches()
-            source, next_offset = repair.apply(self.settings, self.engine_id, plan)
-            self.gate.rewind(next_offset)
+            source, next_offsets = repair.apply(self.settings, self.engine_id, plan)
+            self.gate.rewind(next_offsets)
             log.warning(
                 "engine %s pipeline %s: rewound to msg_id %s (%s) to recompute the gap",
                 self.engine_id,
                 self.settings.pipeline,
-                next_offset,
+                positions_text(next_offsets),
                 source,
             )
         except Exception as exc:
@@ -361,13 +374,6 @@ class Engine:
         if self.gate.role == "none":  # left the election after repeated failures
             self.gate.joined()
             self.election.start()
-
-    def _after_search(self) -> None:
-        if not self.recovery.search_passed(self._query_position()):
-            return
-        self.gate.abandon_waits()
-        self._stop_query_between_batches()
-        self._restart_query()
 
     def _read_quarantine(self) -> dict[int, str]:
         if not self.zk.connected:
@@ -390,7 +396,7 @@ class Engine:
 
     def _kafka_answers(self) -> bool:
         try:
-            self.watermarks.log_start()
+            self.watermarks.log_starts()
         except Exception:
             return False
         return True
@@ -438,7 +444,7 @@ class Engine:
                 self.settings.pipeline,
                 manifest.snapshot_id,
                 time.monotonic() - started,
-                manifest.next_offset,
+                positions_text(manifest.positions()),
                 manifest.batch_id,
                 manifest.size_bytes,
             )
@@ -454,53 +460,66 @@ class Engine:
                     "the pipeline first (POST /pipeline/stop)"
                 )
             topic = self.settings.inbound_topic
-            log_start = self.watermarks.log_start()
+            log_starts = self.watermarks.log_starts()
             checkpoint = self.settings.checkpoint_dir(self.engine_id)
+            starting: dict[int, int] | None
             if requested == "cold":
                 start_ms = int(time.time() * 1000) - self.settings.window_retention_ms
-                starting: int | None = max(log_start, self.watermarks.offset_at(start_ms))
+                at = self.watermarks.offsets_at(start_ms)
+                starting = {p: max(low, at.get(p, low)) for p, low in log_starts.items()}
                 shutil.rmtree(checkpoint, ignore_errors=True)
                 self.gate.restore([])
-                source, next_offset = "cold", int(starting or 0)
+                source, next_offsets = "cold", dict(starting)
             else:
                 manifest = snapshot.choose(
                     self.settings.snapshot_dir, self.settings.pipeline, requested
                 )
-                if manifest.next_offset < log_start:
-                    raise snapshot.SnapshotError(
-                        f"snapshot {manifest.snapshot_id} continues at inbound offset "
-                        f"{manifest.next_offset}, but Kafka's log of {topic} starts at "
-                        f"{log_start}: retention has deleted what it would replay; choose a "
-                        'newer snapshot or restore "cold"'
-                    )
+                next_offsets = manifest.positions()
+                for partition, offset in sorted(next_offsets.items()):
+                    if offset < log_starts.get(partition, 0):
+                        raise snapshot.SnapshotError(
+                            f"snapshot {manifest.snapshot_id} continues at inbound offset "
+                            f"{offset} of partition {partition}, but Kafka's log of {topic} "
+                            f"starts at {log_starts[partition]} there: retention has deleted "
+                            'what it would replay; choose a newer snapshot or restore "cold"'
+                        )
                 self.gate.restore(
                     snapshot.install(self.settings.snapshot_dir, manifest, checkpoint)
                 )
                 starting = None
-                source, next_offset = manifest.snapshot_id, manifest.next_offset
+                source = manifest.snapshot_id
             self._restored_from = source
             self._restore_started = time.monotonic()
             self._run(
-                "restoring", f"replaying from inbound offset {next_offset} ({source})", starting
+                "restoring",
+                f"replaying from inbound offset {positions_text(next_offsets)} ({source})",
+                starting,
             )
             log.warning(
                 "engine %s pipeline %s: restoring from %s at inbound offset %s (log start %s)",
                 self.engine_id,
                 self.settings.pipeline,
                 source,
-                next_offset,
-                log_start,
+                positions_text(next_offsets),
+                positions_text(log_starts),
             )
             return RestoreReport(
                 snapshot=source,
-                next_offset=next_offset,
-                log_start_offset=log_start,
+                next_offset=next_offsets.get(0, 0),
+                log_start_offset=log_starts.get(0, 0),
+                next_offsets=next_offsets,
+                log_start_offsets=log_starts,
                 pipeline=self.pipeline_info(),
             )
 
     def buffer_tail(self, last: int) -> list[BufferedRow]:
         rows = self.gate.buffered()[-last:] if last > 0 else []
-        return [BufferedRow(msg_id=r.msg_id, kind=r.kind, key=r.key, value=r.value) for r in rows]
+        return [
+            BufferedRow(
+                msg_id=r.msg_id, kind=r.kind, key=r.key, value=r.value, partition=r.partition
+            )
+            for r in rows
+        ]
 
     def _new_session(self) -> SparkSession:
         from twinstream.spark import session
@@ -562,11 +581,11 @@ class Engine:
     def _backlog(self) -> int | None:
         """Inbound records the query reads before it is level with the topic; None while
         the high watermark is unknown."""
-        hwm = self.watermarks.high()
-        if hwm is None:
+        highs = self.watermarks.highs()
+        if highs is None:
             return None
         checkpoint = self.settings.checkpoint_dir(self.engine_id)
-        return unread(checkpoint, self.settings.inbound_topic, hwm)
+        return unread(checkpoint, self.settings.inbound_topic, highs)
 
     # -- the query's sink ---------------------------------------------------------------
 
@@ -639,7 +658,7 @@ class Engine:
 
     def pipeline_info(self) -> PipelineInfo:
         status = self.gate.status()
-        lag = self._lag(status.last_msg_id_processed)
+        lag = self._lag(status.processed)
         self.metrics.buffer_fill.set(status.buffer_fill)
         quarantined = self.quarantined()
         self.metrics.quarantined.set(len(quarantined))
@@ -667,32 +686,42 @@ class Engine:
             buffer_fill=status.buffer_fill,
             buffer_size=status.buffer_size,
             in_sync=in_sync,
-            uncovered_ranges=status.uncovered_ranges,
+            uncovered_ranges=[
+                UncoveredRange(partition=u.partition, first=u.first, last=u.last)
+                for u in status.uncovered_ranges
+            ],
             unpublished=status.unpublished,
             paused=status.paused,
             quarantined=[
-                QuarantinedOffset(msg_id=o, reason=r) for o, r in sorted(quarantined.items())
+                QuarantinedOffset(msg_id=offset, reason=r, partition=partition)
+                for (partition, offset), r in sorted(
+                    (split_record_id(o), r) for o, r in quarantined.items()
+                )
             ],
             repairs=[
-                RepairInfo(first=r.first, last=r.last, seconds=r.seconds) for r in status.repairs
+                RepairInfo(first=r.first, last=r.last, seconds=r.seconds, partition=r.partition)
+                for r in status.repairs
             ],
             events_per_s=self._events_per_s(),
             restored_from=self._restored_from,
+            processed=status.processed,
+            published=status.published,
         )
 
     def metrics_text(self) -> bytes:
         self.pipeline_info()  # refreshes the gauges
         return self.metrics.render()
 
-    def _lag(self, last_processed: int | None) -> int | None:
-        """Inbound high watermark minus the next offset the query will read."""
+    def _lag(self, processed: dict[int, int]) -> int | None:
+        """Inbound high watermarks minus the next offsets the query will read, over every
+        partition."""
         read_up_to = self._query_position()
-        if read_up_to is None and last_processed is not None:
-            read_up_to = last_processed + 1
-        hwm = self.watermarks.high()
-        if hwm is None or read_up_to is None:
+        if read_up_to is None and processed:
+            read_up_to = {p: msg_id + 1 for p, msg_id in processed.items()}
+        highs = self.watermarks.highs()
+        if highs is None or read_up_to is None:
             return None
-        return max(0, hwm - read_up_to)
+        return inbound_lag(highs, read_up_to)
 
     def _progress(self) -> dict[str, Any]:
         """The query's last progress report, re-read at most every 250 ms: each read is a
@@ -708,7 +737,7 @@ class Engine:
     def _events_per_s(self) -> float | None:
         return events_per_s(self._progress(), self.settings.inbound_topic)
 
-    def _query_position(self) -> int | None:
+    def _query_position(self) -> dict[int, int] | None:
         return query_position(self._progress(), self.settings.inbound_topic)
 
 

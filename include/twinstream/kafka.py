@@ -95,9 +95,9 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         )
         return TopicSpec(
             name=name,
-            # One partition: msg_id is the inbound offset, and a single partition gives a
-            # total order that every engine sees identically.
-            partitions=1,
+            # As many as the inbound topic: an output goes to its record's partition number,
+            # and partition p of .progress says how far inbound partition p is published.
+            partitions=settings.partitions,
             replication_factor=settings.replication_factor,
             configs={
                 "min.insync.replicas": str(settings.min_insync_replicas),

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from twinstream import snapshot
 from twinstream.admin_api import BufferedRow, PipelineInfo, RestoreReport, ServerInfo
 from twinstream.config import Settings
+from twinstream.core.rows import positions_text, range_text, record_id, record_text
 from twinstream.engine_client import EngineClient, EngineError
 from twinstream.snapshot import Manifest
 from twinstream.subscriber import Record
@@ -165,7 +166,9 @@ def verify_persisted(settings: Settings, manifest: Mapping[str, Any]) -> str:
         on_disk = snapshot.verify(settings.snapshot_dir / snapshot_id, settings.pipeline)
     except snapshot.SnapshotError as exc:
         raise OperateError(f"the snapshot just persisted does not verify: {exc}") from exc
-    if on_disk.model_dump() != dict(manifest):
+    # Compared as JSON: the reply came through an XCom, where next_offsets' partition keys
+    # are strings.
+    if on_disk.model_dump(mode="json") != dict(manifest):
         raise OperateError(f"snapshot {snapshot_id}: the manifest on disk differs from the reply")
     log.info("snapshot %s: %s files verified", snapshot_id, len(on_disk.files))
     return snapshot_id
@@ -202,14 +205,20 @@ def assess(view: EngineView, force: bool) -> str:
     return view.describe()
 
 
-def inbound_log_start(settings: Settings) -> int:
-    from twinstream.kafka import watermarks
+def inbound_log_starts(settings: Settings) -> dict[int, int]:
+    """The log-start offset of every partition of the inbound topic."""
+    from twinstream.positions import InboundWatermarks
 
-    return watermarks(settings, settings.inbound_topic)[0]
+    marks = InboundWatermarks(settings, "airflow")
+    try:
+        return marks.log_starts()
+    finally:
+        marks.close()
 
 
-def choose_snapshot(settings: Settings, requested: str, log_start: int) -> str:
-    """The snapshot id to restore (or `cold`), checked before the engine is touched."""
+def choose_snapshot(settings: Settings, requested: str, log_starts: Mapping[int, int]) -> str:
+    """The snapshot id to restore (or `cold`), checked before the engine is touched: its
+    checksums, and that Kafka still holds, in every partition, the offset it continues at."""
     if requested == COLD:
         log.info("cold rebuild: replay from the inbound offset at now - window retention")
         return COLD
@@ -217,20 +226,25 @@ def choose_snapshot(settings: Settings, requested: str, log_start: int) -> str:
         manifest = snapshot.choose(settings.snapshot_dir, settings.pipeline, requested)
     except snapshot.SnapshotError as exc:
         raise OperateError(f"cannot restore {requested!r}: {exc}") from exc
-    if manifest.next_offset < log_start:
+    positions = manifest.positions()
+    behind = {p: o for p, o in positions.items() if o < log_starts.get(p, 0)}
+    if behind:
+        where = ", ".join(
+            f"{positions_text({p: o})} where it starts at {log_starts.get(p, 0)}"
+            for p, o in sorted(behind.items())
+        )
         raise OperateError(
-            f"snapshot {manifest.snapshot_id} continues at inbound offset "
-            f"{manifest.next_offset}, but Kafka's log of {settings.inbound_topic} starts at "
-            f"{log_start}: retention has deleted what it would replay; restore a newer "
-            "snapshot or 'cold'"
+            f"snapshot {manifest.snapshot_id} continues at inbound offset {where} "
+            f"(Kafka's log of {settings.inbound_topic}): retention has deleted what it would "
+            "replay; restore a newer snapshot or 'cold'"
         )
     log.info(
         "snapshot %s: taken by engine %s at %s, continues at inbound offset %s (log start %s)",
         manifest.snapshot_id,
         manifest.engine_id,
         manifest.created_at,
-        manifest.next_offset,
-        log_start,
+        positions_text(positions),
+        positions_text(dict(log_starts)),
     )
     return manifest.snapshot_id
 
@@ -283,14 +297,17 @@ def sync_check(
 @dataclass
 class Comparison:
     compared: int
+    # The lowest partition's compared msg_ids; `ranges` names every partition's.
     first_msg_id: int | None
     last_msg_id: int | None
     mismatches: list[str] = field(default_factory=list)
+    ranges: list[str] = field(default_factory=list)
 
 
 def compare_buffer(
     buffered: Sequence[BufferedRow],
     published: Mapping[int, Sequence[tuple[str, str | None, str]]],
+    partition: int = 0,
 ) -> Comparison:
     """The engine's buffered rows against the records already published for the same
     msg_ids: same topic kind, key and value, byte for byte, every row of a msg_id (a
@@ -310,19 +327,28 @@ def compare_buffer(
         result.compared += 1
         theirs = list(published.get(msg_id, []))
         if rows and not theirs:
-            result.mismatches.append(f"msg_id {msg_id}: buffered, but not in the outbound topics")
+            result.mismatches.append(
+                f"msg_id {record_text(record_id(partition, msg_id))}: buffered, "
+                "but not in the outbound topics"
+            )
         elif theirs != rows:
-            result.mismatches.append(f"msg_id {msg_id}: buffered {rows}, published {theirs}")
+            result.mismatches.append(
+                f"msg_id {record_text(record_id(partition, msg_id))}: buffered "
+                f"{rows}, published {theirs}"
+            )
     return result
 
 
 def published_since(
-    settings: Settings, first_msg_id: int, timeout_s: float = 60.0
+    settings: Settings, first_msg_id: int, timeout_s: float = 60.0, partition: int = 0
 ) -> dict[int, list[tuple[str, str | None, str]]]:
     """msg_id -> [(kind, key, value), ...] of the committed records with msg_id >=
-    first_msg_id in the outbound and dead-letter topics, in the order they were published."""
+    first_msg_id in `partition` of the outbound and dead-letter topics, in the order they
+    were published."""
     found: dict[int, list[tuple[str, str | None, str]]] = {}
-    for kind, r in committed_since(settings, first_msg_id, timeout_s, kinds=("out", "dlq")):
+    for kind, r in committed_since(
+        settings, first_msg_id, timeout_s, kinds=("out", "dlq"), partition=partition
+    ):
         if r.msg_id is not None:
             found.setdefault(r.msg_id, []).append((kind, r.key, r.value))
     return found
@@ -333,6 +359,7 @@ def committed_since(
     first_msg_id: int,
     timeout_s: float = 60.0,
     kinds: Sequence[str] = ("out", "dlq", "progress"),
+    partition: int = 0,
 ) -> list[tuple[str, Record]]:
     """(kind, record) of every committed record with msg_id >= first_msg_id (or none) in
     the outbound ("out"), dead-letter ("dlq") and progress ("progress") topics of `kinds`,
@@ -354,12 +381,15 @@ def committed_since(
         }
         for kind in kinds:
             topic = topics[kind]
-            partition = TopicPartition(topic, 0)
-            low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s)
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout_s
+            )
             span = 1024
             while True:
                 start = max(low, high - span)
-                records = list(read_committed(settings, topic, start, idle_timeout_s=5.0))
+                records = list(
+                    read_committed(settings, topic, start, idle_timeout_s=5.0, partition=partition)
+                )
                 ids = [r.msg_id for r in records if r.msg_id is not None]
                 if start == low or (ids and min(ids) < first_msg_id):
                     break
@@ -371,11 +401,24 @@ def committed_since(
 
 
 def check_buffer(engine: Engine, settings: Settings, last: int) -> Comparison:
+    """The engine's last `last` buffered rows against what is published for the same
+    msg_ids, partition by partition."""
     buffered = engine.buffer(last)
     if not buffered:
         raise OperateError(f"engine {engine.engine_id}: its buffer is empty; nothing to compare")
-    published = published_since(settings, buffered[0].msg_id)
-    result = compare_buffer(buffered, published)
+    result = Comparison(0, None, None)
+    groups: dict[int, list[BufferedRow]] = {}
+    for row in buffered:
+        groups.setdefault(row.partition, []).append(row)
+    for partition, rows in sorted(groups.items()):
+        published = published_since(settings, rows[0].msg_id, partition=partition)
+        part = compare_buffer(rows, published, partition)
+        result.compared += part.compared
+        result.mismatches += part.mismatches
+        if part.first_msg_id is not None and part.last_msg_id is not None:
+            result.ranges.append(range_text(partition, part.first_msg_id, part.last_msg_id))
+            if result.first_msg_id is None:
+                result.first_msg_id, result.last_msg_id = part.first_msg_id, part.last_msg_id
     if result.mismatches:
         shown = "\n".join(result.mismatches[:20])
         raise OperateError(
@@ -385,16 +428,25 @@ def check_buffer(engine: Engine, settings: Settings, last: int) -> Comparison:
     if result.compared == 0:
         raise OperateError(
             f"engine {engine.engine_id}: none of its {len(buffered)} buffered outputs "
-            f"(msg_id {buffered[0].msg_id}..{buffered[-1].msg_id}) is published yet"
+            f"(msg_id {span_text(buffered)}) is published yet"
         )
     log.info(
-        "engine %s: %s buffered outputs (msg_id %s..%s) equal the published ones",
+        "engine %s: %s buffered outputs (msg_id %s) equal the published ones",
         engine.engine_id,
         result.compared,
-        result.first_msg_id,
-        result.last_msg_id,
+        ", ".join(result.ranges),
     )
     return result
+
+
+def span_text(rows: Sequence[BufferedRow]) -> str:
+    """The msg_ids of buffered rows per partition, as logs write them."""
+    firsts: dict[int, int] = {}
+    lasts: dict[int, int] = {}
+    for row in rows:
+        firsts.setdefault(row.partition, row.msg_id)
+        lasts[row.partition] = row.msg_id
+    return ", ".join(range_text(p, firsts[p], lasts[p]) for p in sorted(firsts))
 
 
 # -- watch_engines ----------------------------------------------------------------------

@@ -22,7 +22,17 @@ from typing import TYPE_CHECKING, cast
 
 from twinstream.config import Settings
 from twinstream.contract import DEAD_LETTER, MSG_ID, RAW, ContractError, Pipeline
-from twinstream.core.rows import DLQ, NONE, OUT, Output, covered, dead_letter, fits
+from twinstream.core.rows import (
+    DLQ,
+    NONE,
+    OUT,
+    PARTITION_SHIFT,
+    Output,
+    covered,
+    dead_letter,
+    fits,
+    split_record_id,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -67,16 +77,14 @@ def spark_conf(settings: Settings, pipeline: Pipeline | None = None) -> dict[str
 def read_inbound(
     spark: SparkSession,
     settings: Settings,
-    starting_offset: int | None = None,
-    max_offsets: int | None = None,
+    starting_offsets: Mapping[int, int] | None = None,
 ) -> DataFrame:
-    """`starting_offset` places a query without a checkpoint (a cold rebuild); None means
-    the beginning of the topic. `max_offsets` caps a batch below the configured size
-    (the quarantine's search splits a failed batch so)."""
+    """`starting_offsets` (partition -> offset) place a query without a checkpoint (a cold
+    rebuild); None means the beginning of the topic."""
     starting = (
         "earliest"
-        if starting_offset is None
-        else json.dumps({settings.inbound_topic: {"0": starting_offset}})
+        if starting_offsets is None
+        else json.dumps({settings.inbound_topic: {str(p): o for p, o in starting_offsets.items()}})
     )
     return (
         spark.readStream.format("kafka")
@@ -84,7 +92,7 @@ def read_inbound(
         .option("subscribe", settings.inbound_topic)
         # Only for a query without a checkpoint; a restart resumes from the checkpoint.
         .option("startingOffsets", starting)
-        .option("maxOffsetsPerTrigger", str(max_offsets or settings.max_offsets_per_trigger))
+        .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
         # Never reads uncommitted records if a producer of the inbound topic uses
         # transactions.
         .option("kafka.isolation.level", "read_committed")
@@ -141,14 +149,19 @@ def validated(
     parsed = F.from_json(F.col("value").cast("string"), schema, {"allowNonNumericNumbers": "false"})
     doc = F.expr("try_parse_json(cast(value as string))")
     excluded = sorted(quarantined)
+    # A record's msg_id in the plan: its offset, its partition above (core.rows.record_id).
+    # The tests' and the warm-up's file source has no partition column: partition 0.
+    record = F.col("offset")
+    if "partition" in inbound.columns:
+        record = F.shiftleft(F.col("partition").cast("long"), PARTITION_SHIFT).bitwiseOR(record)
     if excluded:
         # A quarantined record is not even parsed: the parser may be what fails on it.
-        skip = F.col("offset").isin(excluded)
+        skip = record.isin(excluded)
         doc = F.when(~skip, doc)
         parsed = F.when(~skip, parsed)
     # The typed fields as columns, so that the checks' SQL can name them.
     base = inbound.select(
-        F.col("offset").alias(MSG_ID),
+        record.alias(MSG_ID),
         F.col("value").alias(RAW),
         doc.alias("_doc"),
         parsed.alias("_typed"),
@@ -304,42 +317,46 @@ def assemble(
     quarantined: Mapping[int, str] | None = None,
     max_message_bytes: int = 1_000_000,
 ) -> list[Output]:
-    """A batch's rows (the plan's columns, in any order) for the gate: in msg_id order and,
-    within a msg_id, ordered by key and value (Spark's union and shuffle give them in any
-    order; every engine must publish the same bytes). Dead letters are built here
+    """A batch's rows (the plan's columns, in any order) for the gate: in (partition,
+    msg_id) order and, within a msg_id, ordered by key and value (Spark's union and shuffle
+    give them in any order; every engine must publish the same bytes). The plan's msg_ids
+    are record ids (`twinstream.core.rows.record_id`), as are the quarantine's keys; a row's
+    msg_id is the offset in its partition. Dead letters are built here
     (`twinstream.core.rows.dead_letter`); a coverage row stays only for a record with no
     other row; a record with an output too large for one message becomes its dead letter
     instead."""
-    by_id: dict[int, list[Output]] = {}
-    letters: dict[int, Output] = {}
+    by_id: dict[int, list[tuple[str | None, str]]] = {}
+    letters: dict[int, tuple[str, bytes]] = {}
     for msg_id, kind, key, value, raw in zip(msg_ids, kinds, keys, values, raws, strict=True):
         if kind == OUT:
             # A text pipeline's null value stays None: a tombstone, as it always was.
-            by_id.setdefault(msg_id, []).append(Output(msg_id, OUT, key, cast(str, value)))
+            by_id.setdefault(msg_id, []).append((key, cast(str, value)))
         elif kind == NONE:
             by_id.setdefault(msg_id, [])
         else:
             reason = value or "error: no reason"
             if kind == QUARANTINED and quarantined is not None:
                 reason = quarantined.get(msg_id, reason)
-            letters.setdefault(msg_id, dead_letter(msg_id, reason, raw or b"", max_message_bytes))
+            letters.setdefault(msg_id, (reason, raw or b""))
             by_id.setdefault(msg_id, [])
     rows: list[Output] = []
-    for msg_id in sorted(by_id):
-        if msg_id in letters:
-            rows.append(letters[msg_id])
+    for record in sorted(by_id):
+        partition, offset = split_record_id(record)
+        if record in letters:
+            reason, raw = letters[record]
+            rows.append(dead_letter(offset, reason, raw, max_message_bytes, partition))
             continue
-        outputs = by_id[msg_id]
+        outputs = [Output(offset, OUT, key, value, partition) for key, value in by_id[record]]
         if len(outputs) > 1:
             outputs.sort(key=lambda o: (o.key or "", o.value))
         if not outputs:
-            rows.append(covered(msg_id))
+            rows.append(covered(offset, partition))
         elif all(fits(o, max_message_bytes) for o in outputs):
             rows.extend(outputs)
         else:
             raw_text = "\n".join(o.value for o in outputs).encode("utf-8", "backslashreplace")
             reason = "oversize: an output would not fit one message"
-            rows.append(dead_letter(msg_id, reason, raw_text, max_message_bytes))
+            rows.append(dead_letter(offset, reason, raw_text, max_message_bytes, partition))
     return rows
 
 
@@ -351,12 +368,14 @@ def run_on_records(
     folder: Path,
     batches: int = 1,
     timeout_s: float | None = None,
+    partitions: Sequence[int] | None = None,
 ) -> list[Output]:
     """The rows the gate would get for `records` ((offset, value) pairs in offset order),
     through the pipeline's whole plan in `batches` micro-batches: a file source in place of
-    Kafka (the two columns the plan reads, offset and value) and a throw-away checkpoint,
-    both in `folder`. Publishes nothing and touches no topic or state of the pipeline: the
-    tests' reference runs and the engines' warm-up."""
+    Kafka (the columns the plan reads: offset, value, and the partition when `partitions`
+    gives each record's) and a throw-away checkpoint, both in `folder`. Publishes nothing
+    and touches no topic or state of the pipeline: the tests' reference runs and the
+    engines' warm-up."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -366,15 +385,13 @@ def run_on_records(
     for n, first in enumerate(range(0, len(records), size)):
         part = records[first : first + size]
         path = source / f"part-{n:05d}.parquet"
-        pq.write_table(
-            pa.table(
-                {
-                    "offset": pa.array([o for o, _ in part], pa.int64()),
-                    "value": pa.array([v for _, v in part], pa.binary()),
-                }
-            ),
-            path,
-        )
+        columns = {
+            "offset": pa.array([o for o, _ in part], pa.int64()),
+            "value": pa.array([v for _, v in part], pa.binary()),
+        }
+        if partitions is not None:
+            columns["partition"] = pa.array(partitions[first : first + size], pa.int32())
+        pq.write_table(pa.table(columns), path)
         # The file source reads the oldest file first (by modification time, not name):
         # the batches must come in msg_id order.
         os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
@@ -383,11 +400,8 @@ def run_on_records(
     def collect(batch: DataFrame, _batch_id: int) -> None:
         rows.extend(rows_of(batch, {}, settings.max_message_bytes))
 
-    inbound = (
-        spark.readStream.schema("offset BIGINT, value BINARY")
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(source))
-    )
+    schema = "offset BIGINT, value BINARY" + (", partition INT" if partitions is not None else "")
+    inbound = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(source))
     query = (
         plan(validated(inbound, pipeline, settings), pipeline)
         .writeStream.option("checkpointLocation", str(folder / "checkpoint"))
@@ -405,7 +419,7 @@ def run_on_records(
             raise RuntimeError(f"the run failed: {query.exception()}")
     finally:
         query.stop()
-    return sorted(rows, key=lambda r: r.msg_id)
+    return sorted(rows, key=lambda r: r.position)
 
 
 def warm_up(
@@ -439,12 +453,11 @@ def start_query(
     pipeline: Pipeline,
     engine_id: str,
     process_batch: Callable[[DataFrame, int], None],
-    starting_offset: int | None = None,
-    max_offsets: int | None = None,
+    starting_offsets: Mapping[int, int] | None = None,
     quarantined: Iterable[int] = (),
 ) -> StreamingQuery:
     checkpoint = settings.checkpoint_dir(engine_id)
-    inbound = read_inbound(spark, settings, starting_offset, max_offsets)
+    inbound = read_inbound(spark, settings, starting_offsets)
     return (
         plan(validated(inbound, pipeline, settings, quarantined), pipeline)
         .writeStream.queryName(query_name(settings, engine_id))

@@ -1,5 +1,6 @@
-"""Where an engine stands on its inbound topic: Kafka's log start and high watermark, the
-offset at a time, and the query's own position and rate from its progress reports.
+"""Where an engine stands on its inbound topic: Kafka's log start and high watermark of each
+partition, the offsets at a time, and the query's own position and rate from its progress
+reports. Positions are partition -> offset.
 
 Guarantee: every answer is Kafka's or Spark's own; a broker that cannot answer gives None
 (the lag is then unknown, never guessed), and the watermark consumer is replaced after a
@@ -26,8 +27,8 @@ from twinstream.kafka import consumer_config
 log = logging.getLogger(__name__)
 
 
-def _offset(value: Any, topic: str) -> int | None:
-    """Partition 0's offset in a source's start or end offset (JSON text in PySpark 4, a
+def _offsets(value: Any, topic: str) -> dict[int, int] | None:
+    """Each partition's offset in a source's start or end offset (JSON text in PySpark 4, a
     dict before 4.0)."""
     if isinstance(value, str):
         try:
@@ -35,18 +36,25 @@ def _offset(value: Any, topic: str) -> int | None:
         except ValueError:
             return None
     partitions = value.get(topic) if isinstance(value, dict) else None
-    return int(partitions.get("0", 0)) if partitions else None
+    return {int(p): int(o) for p, o in partitions.items()} if partitions else None
 
 
-def query_position(progress: Mapping[str, Any], topic: str) -> int | None:
-    """The next inbound offset the query will read, from its last progress report; None
-    before the first report. PySpark 4 gives a source's endOffset as a JSON string (before
-    4.0 it was a dict): reading only the dict form found no position at all, ever."""
+def query_position(progress: Mapping[str, Any], topic: str) -> dict[int, int] | None:
+    """The next inbound offset of each partition the query will read, from its last
+    progress report; None before the first report. PySpark 4 gives a source's endOffset as
+    a JSON string (before 4.0 it was a dict): reading only the dict form found no position
+    at all, ever."""
     for source in progress.get("sources") or []:
-        end = _offset(source.get("endOffset"), topic)
+        end = _offsets(source.get("endOffset"), topic)
         if end is not None:
             return end
     return None
+
+
+def lag(high_watermarks: Mapping[int, int], read_up_to: Mapping[int, int]) -> int:
+    """Inbound records not read yet, over every partition (one the query has not read
+    from yet counts whole)."""
+    return sum(max(0, hwm - read_up_to.get(p, 0)) for p, hwm in high_watermarks.items())
 
 
 def events_per_s(progress: Mapping[str, Any], topic: str) -> float | None:
@@ -55,10 +63,11 @@ def events_per_s(progress: Mapping[str, Any], topic: str) -> float | None:
     transform's and the dead letters'), and Spark counts every record twice."""
     duration_ms = (progress.get("durationMs") or {}).get("triggerExecution")
     for source in progress.get("sources") or []:
-        start = _offset(source.get("startOffset"), topic)
-        end = _offset(source.get("endOffset"), topic)
+        start = _offsets(source.get("startOffset"), topic) or {}
+        end = _offsets(source.get("endOffset"), topic)
         if end is not None and duration_ms:
-            return round((end - (start or 0)) / (float(duration_ms) / 1000), 1)
+            records = sum(o - start.get(p, 0) for p, o in end.items())
+            return round(records / (float(duration_ms) / 1000), 1)
     return None
 
 
@@ -79,7 +88,7 @@ def is_in_sync(state: str, lag: int | None, in_sync_lag: int, query_reported: bo
 
 
 class InboundWatermarks:
-    """The inbound partition's log start and high watermark, through one consumer that
+    """The inbound partitions' log starts and high watermarks, through one consumer that
     never subscribes (it only asks for offsets)."""
 
     def __init__(
@@ -95,39 +104,66 @@ class InboundWatermarks:
         self._clock = clock
         self._lock = threading.Lock()
         self.consumer = consumer(self._config())
-        self._high: tuple[float, int | None] = (-1.0, None)
+        self._high: tuple[float, dict[int, int] | None] = (-1.0, None)
+        # Read once: a partition added later would need every engine restarted anyway.
+        self._partition_ids: list[int] | None = None
 
     def _config(self) -> dict[str, Any]:
         return consumer_config(self.settings, f"twinstream-lag-{uuid.uuid4()}")
 
-    def _partition(self, timestamp_ms: int | None = None) -> TopicPartition:
+    def partitions(self, timeout_s: float = 10) -> list[int]:
+        """The inbound topic's partitions; raises when Kafka does not answer."""
+        if self._partition_ids is None:
+            topic = self.settings.inbound_topic
+            meta = self.consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+            if meta.error is not None or not meta.partitions:
+                raise RuntimeError(f"no metadata for topic {topic}: {meta.error}")
+            self._partition_ids = sorted(meta.partitions)
+        return self._partition_ids
+
+    def _tp(self, partition: int, timestamp_ms: int | None = None) -> TopicPartition:
         if timestamp_ms is None:
-            return TopicPartition(self.settings.inbound_topic, 0)
-        return TopicPartition(self.settings.inbound_topic, 0, timestamp_ms)
+            return TopicPartition(self.settings.inbound_topic, partition)
+        return TopicPartition(self.settings.inbound_topic, partition, timestamp_ms)
 
-    def log_start(self) -> int:
-        """Kafka's first inbound offset; raises when Kafka does not answer."""
+    def log_starts(self) -> dict[int, int]:
+        """Kafka's first inbound offset of each partition; raises when Kafka does not
+        answer."""
         with self._lock:
-            low, _ = self.consumer.get_watermark_offsets(self._partition(), timeout=10)
-        return int(low)
+            return {
+                p: int(self.consumer.get_watermark_offsets(self._tp(p), timeout=10)[0])
+                for p in self.partitions()
+            }
 
-    def offset_at(self, timestamp_ms: int) -> int:
-        """The first inbound offset at or after the time (the end of the log if none is)."""
+    def offsets_at(self, timestamp_ms: int) -> dict[int, int]:
+        """Each partition's first inbound offset at or after the time (the end of its log
+        if none is)."""
         with self._lock:
-            (found,) = self.consumer.offsets_for_times([self._partition(timestamp_ms)], timeout=10)
-            if found.offset >= 0:
-                return int(found.offset)
-            _, high = self.consumer.get_watermark_offsets(self._partition(), timeout=10)
-        return int(high)
+            partitions = self.partitions()
+            found = self.consumer.offsets_for_times(
+                [self._tp(p, timestamp_ms) for p in partitions], timeout=10
+            )
+            offsets = {}
+            for tp in found:
+                if tp.offset >= 0:
+                    offsets[tp.partition] = int(tp.offset)
+                else:
+                    _, high = self.consumer.get_watermark_offsets(self._tp(tp.partition), 10)
+                    offsets[tp.partition] = int(high)
+        return offsets
 
-    def high(self) -> int | None:
-        """The high watermark, at most 0.5 s old; None when Kafka does not answer."""
+    def highs(self) -> dict[int, int] | None:
+        """The high watermark of each partition, at most 0.5 s old; None when Kafka does
+        not answer."""
         fetched_at, value = self._high
         if fetched_at >= 0 and self._clock() - fetched_at < 0.5:
             return value
         with self._lock:
             try:
-                _, high = self.consumer.get_watermark_offsets(self._partition(), timeout=2)
+                highs = {
+                    p: int(self.consumer.get_watermark_offsets(self._tp(p), timeout=2)[1])
+                    for p in self.partitions(timeout_s=2)
+                }
             except Exception as exc:
                 log.warning(
                     "engine %s pipeline %s: inbound high watermark unavailable: %s; asking "
@@ -145,8 +181,8 @@ class InboundWatermarks:
                 # Once per cache period, not once per status read.
                 self._high = (self._clock(), None)
                 return None
-        self._high = (self._clock(), int(high))
-        return int(high)
+        self._high = (self._clock(), highs)
+        return highs
 
     def close(self) -> None:
         self.consumer.close()

@@ -74,6 +74,18 @@ class Progress:
         )
 
 
+def record_key(value: bytes | None, field: str) -> bytes | None:
+    """The value of member `field` of a JSON object record, as the record's Kafka key."""
+    try:
+        found = json.loads(value) if value is not None else None
+    except ValueError:
+        return None
+    member = found.get(field) if isinstance(found, dict) else None
+    if member is None or isinstance(member, (dict, list)):
+        return None
+    return str(member).encode()
+
+
 def publish(
     settings: Settings,
     records: Iterable[bytes | None],
@@ -82,9 +94,13 @@ def publish(
     on_progress: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    key_field: str | None = None,
 ) -> Progress:
     """Produce `records` to the inbound topic with acks=all at `rate` per second (0: as
-    fast as possible). Raises if any record is not acknowledged."""
+    fast as possible). Raises if any record is not acknowledged. `key_field`: each record
+    is keyed by that member of its JSON object (the pipeline's `partition_by`), so that
+    the default partitioner puts a key's records in one partition, in order; a record
+    without it (or not JSON) goes unkeyed, to become a dead letter wherever it lands."""
     progress = Progress(started=clock())
     errors: list[KafkaError] = []
 
@@ -112,7 +128,12 @@ def publish(
         for value in records:
             while True:
                 try:
-                    producer.produce(settings.inbound_topic, value=value, on_delivery=delivered)
+                    producer.produce(
+                        settings.inbound_topic,
+                        key=record_key(value, key_field) if key_field else None,
+                        value=value,
+                        on_delivery=delivered,
+                    )
                     break
                 except BufferError:
                     producer.poll(0.1)  # local queue full: wait for acks

@@ -18,14 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinstream.config import Settings
+from twinstream.core.checkpoint import narrow_batch
 from twinstream.core.quarantine import (
     Bisection,
     QuarantineStore,
     failed_batch,
-    forget_batch,
     next_step,
     quarantine_reason,
 )
+from twinstream.core.rows import record_text
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,6 @@ class Recovery:
         # The quarantined offsets the running query excludes (offset -> reason).
         self.excluded: dict[int, str] = {}
         self.search: Bisection | None = None
-        # The batch size a search imposes (fixed when a query starts).
-        self.cap: int | None = None
         # Set by a batch whose processing raised: (batch id, "<class>: <message>").
         self.batch_error: tuple[int, str] | None = None
         # Consecutive failures not traced to a record, and when to restart next.
@@ -73,9 +72,6 @@ class Recovery:
 
     def batch_passed(self) -> None:
         self.failures = 0  # "in a row": a batch went through
-
-    def end_search(self) -> None:
-        self.search, self.cap = None, None
 
     def backoff_over(self) -> bool:
         return self.clock() >= self.restart_at
@@ -95,38 +91,34 @@ class Recovery:
             self.failures = 0
             step, self.search = next_step(failed, quarantined(), self.excluded, self.search)
             log.error(
-                "engine %s pipeline %s: batch %s (msg_id %s..%s) failed: %s; %s",
+                "engine %s pipeline %s: batch %s (%s) failed: %s; %s",
                 self.engine_id,
                 self.settings.pipeline,
                 failed.batch_id,
-                failed.start,
-                failed.end - 1,
+                failed.describe(),
                 batch_error[1],
                 {
-                    "exclude": "excluding the offsets another engine quarantined",
-                    "split": f"splitting it: batches of at most {step.cap}",
+                    "exclude": "excluding the records another engine quarantined",
+                    "split": f"running it again on half its suspects ({step.ends})",
                     "retry": "running the record alone again to confirm",
-                    "quarantine": f"quarantining msg_id {step.offset}",
+                    "quarantine": f"quarantining msg_id {record_text(step.record)}",
                 }[step.action],
             )
-            if step.action == "split":
-                forget_batch(checkpoint, failed.batch_id)
-                self.cap = step.cap
-            elif step.action == "retry":
-                self.cap = 1
-            elif step.action == "quarantine" and step.offset is not None:
+            if step.action == "split" and step.ends is not None:
+                narrow_batch(checkpoint, failed.batch_id, self.settings.inbound_topic, step.ends)
+            elif step.action == "quarantine" and step.record is not None:
                 reason = self.quarantine.add(
-                    step.offset, quarantine_reason(batch_error[1]), self.engine_id
+                    step.record, quarantine_reason(batch_error[1]), self.engine_id
                 )
                 log.error(
                     "engine %s pipeline %s: msg_id %s QUARANTINED (%s): it goes to %s",
                     self.engine_id,
                     self.settings.pipeline,
-                    step.offset,
+                    record_text(step.record),
                     reason,
                     self.settings.dlq_topic,
                 )
-                self.end_search()
+                self.search = None
             self.restart_at = 0.0
             return Outcome(f"batch failed: {batch_error[1]}", True, False)
         self.failures += 1
@@ -151,19 +143,3 @@ class Recovery:
         reason = f"restarting the query failed: {exc}; again in {delay:.0f} s"
         log.error("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, reason)
         return reason
-
-    def search_passed(self, position: int | None) -> bool:
-        """True once the query has read past the range a search split: the engine then
-        restarts it with the normal batch size (a cap is fixed when a query starts)."""
-        search = self.search
-        if search is None or self.cap is None or position is None or position < search.end:
-            return False
-        log.warning(
-            "engine %s pipeline %s: past msg_id %s: back to batches of %s",
-            self.engine_id,
-            self.settings.pipeline,
-            search.end - 1,
-            self.settings.max_offsets_per_trigger,
-        )
-        self.end_search()
-        return True

@@ -30,6 +30,8 @@ class Entry:
     # (TWINSTREAM_ENGINE_IDS, _ENGINE_ADMIN_PORTS), for one pipeline of the file.
     engines: tuple[str, ...] = ()
     admin_ports: tuple[int, ...] = ()
+    # Partitions of the pipeline's topics; None: the settings' (TWINSTREAM_PARTITIONS).
+    partitions: int | None = None
 
 
 def entries(path: Path) -> dict[str, Entry]:
@@ -54,7 +56,12 @@ def entries(path: Path) -> dict[str, Entry]:
                 f"{path}: [{name}] names {len(engines)} engines and {len(ports)} admin_ports: "
                 "one port per engine"
             )
-        found[name] = Entry(name, table["module"], path.parent, engines, ports)
+        partitions = table.get("partitions")
+        if partitions is not None and (
+            not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1
+        ):
+            raise SettingsError(f"{path}: [{name}] partitions must be a whole number >= 1")
+        found[name] = Entry(name, table["module"], path.parent, engines, ports, partitions)
     taken: dict[str, str] = {}
     for entry in found.values():
         for engine in entry.engines:
@@ -98,6 +105,8 @@ def _settings_for(base: Settings, name: str, listed: dict[str, Entry]) -> Settin
         }
     if entry.engines:
         update |= {"engine_ids": list(entry.engines), "engine_admin_ports": list(entry.admin_ports)}
+    if entry.partitions is not None:
+        update |= {"partitions": entry.partitions}
     return base.model_copy(update=update)
 
 

@@ -8,7 +8,7 @@ reports it as uncovered instead of publishing anything out of order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from twinstream import snapshot
 from twinstream.config import Settings
@@ -18,33 +18,45 @@ Plan = checkpoint.RewindPoint | snapshot.Manifest
 
 
 def plan(
-    settings: Settings, engine_id: str, first: int, log_start: Callable[[], int]
+    settings: Settings,
+    engine_id: str,
+    partition: int,
+    first: int,
+    log_starts: Callable[[], Mapping[int, int]],
 ) -> Plan | None:
-    """The newest batch of the engine's checkpoint history that ends at or before `first`,
-    else the newest valid snapshot that continues at or before it and after Kafka's log
-    start (`log_start()`; when Kafka does not answer, no snapshot is trusted)."""
+    """The newest batch of the engine's checkpoint history that ends at or before `first`
+    in `partition`, else the newest valid snapshot that continues at or before it there and,
+    in every partition, after Kafka's log start (`log_starts()`; when Kafka does not
+    answer, no snapshot is trusted)."""
     ckpt = settings.checkpoint_dir(engine_id)
-    point = checkpoint.rewind_point(ckpt, settings.inbound_topic, first)
+    point = checkpoint.rewind_point(ckpt, settings.inbound_topic, partition, first)
     if point is not None:
         return point
     try:
-        start = log_start()
+        starts = dict(log_starts())
     except Exception:
-        start = first + 1  # unknown: no snapshot can be trusted to replay
-    usable = [
+        return None  # unknown: no snapshot can be trusted to replay
+
+    def usable(manifest: snapshot.Manifest) -> bool:
+        positions = manifest.positions()
+        return positions.get(partition, 0) <= first and all(
+            starts.get(p, 0) <= offset for p, offset in positions.items()
+        )
+
+    candidates = [
         s.manifest
         for s in snapshot.list_snapshots(settings.snapshot_dir, settings.pipeline)
-        if s.valid and s.manifest is not None and start <= s.manifest.next_offset <= first
+        if s.valid and s.manifest is not None and usable(s.manifest)
     ]
-    return max(usable, key=lambda m: m.next_offset, default=None)
+    return max(candidates, key=lambda m: m.positions().get(partition, 0), default=None)
 
 
-def apply(settings: Settings, engine_id: str, chosen: Plan) -> tuple[str, int]:
+def apply(settings: Settings, engine_id: str, chosen: Plan) -> tuple[str, dict[int, int]]:
     """Rewind the (stopped) query's checkpoint to the plan; returns what it came from and
-    the msg_id the query continues at."""
+    the msg_id of each partition the query continues at."""
     ckpt = settings.checkpoint_dir(engine_id)
     if isinstance(chosen, checkpoint.RewindPoint):
         checkpoint.rewind(ckpt, chosen)
-        return f"its checkpoint's batch {chosen.batch_id}", chosen.next_offset
+        return f"its checkpoint's batch {chosen.batch_id}", chosen.next_offsets
     snapshot.install(settings.snapshot_dir, chosen, ckpt)
-    return f"snapshot {chosen.snapshot_id}", chosen.next_offset
+    return f"snapshot {chosen.snapshot_id}", chosen.positions()

@@ -51,9 +51,15 @@ class Facts:
     inbound_bytes_per_s: float | None
     single_broker_dev: bool
     bootstrap_servers: str
+    # Partition 0's; `inbound_log_starts` and `newest_snapshot_next_offsets` have every
+    # partition's (when set, they are what the snapshot check compares).
     inbound_log_start: int
     newest_snapshot: str | None = None
     newest_snapshot_next_offset: int | None = None
+    inbound_log_starts: dict[int, int] = field(default_factory=dict)
+    newest_snapshot_next_offsets: dict[int, int] = field(default_factory=dict)
+    # The partitions the settings give the pipeline's topics.
+    partitions: int = 1
 
 
 @dataclass(frozen=True)
@@ -201,17 +207,21 @@ def evaluate(facts: Facts) -> Report:
         )
     )
 
-    # 4. Shape: one partition (msg_id = offset), replication, no unclean election.
+    # 4. Shape: the configured partitions (msg_id = partition and offset), replication, no
+    # unclean election.
+    shaped = inbound.partitions == outbound.partitions == facts.partitions
     add(
         Check(
             "inbound partitions",
-            OK if inbound.partitions == 1 else FAIL,
-            "partitions",
-            str(inbound.partitions),
-            "1",
-            "one partition: the offset is the message id"
-            if inbound.partitions == 1
-            else "msg_id is the offset of a single partition; recreate the topic with one",
+            OK if shaped else FAIL,
+            "partitions (inbound / outbound)",
+            f"{inbound.partitions} / {outbound.partitions}",
+            str(facts.partitions),
+            "the topics have the configured partitions: an output goes to its record's"
+            if shaped
+            else "an output goes to its record's partition number, so the topics need "
+            "TWINSTREAM_PARTITIONS partitions each; recreate them, or set the count the "
+            "topics have",
         )
     )
     for topic in (inbound, outbound):
@@ -287,18 +297,25 @@ def evaluate(facts: Facts) -> Report:
             )
         )
     else:
-        restorable = facts.newest_snapshot_next_offset >= facts.inbound_log_start
+        nexts = facts.newest_snapshot_next_offsets or {0: facts.newest_snapshot_next_offset}
+        starts = facts.inbound_log_starts or {0: facts.inbound_log_start}
+        short = sorted(p for p, o in nexts.items() if o < starts.get(p, 0))
+        restorable = not short
+        single = list(nexts) == [0]
         add(
             Check(
                 "newest snapshot restorable",
                 OK if restorable else FAIL,
                 "next offset of snapshot " + facts.newest_snapshot,
-                str(facts.newest_snapshot_next_offset),
-                f">= inbound log-start offset {facts.inbound_log_start}",
+                str(nexts[0]) if single else _positions(nexts),
+                f">= inbound log-start offset {starts.get(0, 0)}"
+                if single
+                else f">= inbound log-start offsets {_positions(starts)}",
                 "Kafka still holds everything the newest snapshot replays"
                 if restorable
-                else "Kafka has deleted records the newest snapshot needs: run "
-                "persist_standby_state now, and raise the inbound retention",
+                else "Kafka has deleted records the newest snapshot needs"
+                + ("" if single else f" (partition {', '.join(map(str, short))})")
+                + ": run persist_standby_state now, and raise the inbound retention",
             )
         )
     return report
@@ -322,9 +339,16 @@ def topic_facts(admin: Any, topic: str) -> TopicFacts:
     )
 
 
-def measure_inbound(settings: Settings, window_s: float = 3600.0) -> tuple[float | None, int]:
-    """(bytes/s over the last `window_s`, from the records' count and a sample of their
-    sizes; None when nothing arrived), and the inbound log-start offset."""
+def _positions(positions: dict[int, int]) -> str:
+    return ", ".join(f"{p}:{o}" for p, o in sorted(positions.items()))
+
+
+def measure_inbound(
+    settings: Settings, window_s: float = 3600.0
+) -> tuple[float | None, dict[int, int]]:
+    """(bytes/s over the last `window_s`, from the records' count over every partition and
+    a sample of their sizes; None when nothing arrived), and each inbound partition's
+    log-start offset."""
     import time
     import uuid
 
@@ -335,22 +359,34 @@ def measure_inbound(settings: Settings, window_s: float = 3600.0) -> tuple[float
 
     topic = settings.inbound_topic
     consumer = Consumer(consumer_config(settings, f"twinstream-retention-{uuid.uuid4()}"))
+    marks: dict[int, tuple[int, int]] = {}
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=15)
+        meta = consumer.list_topics(topic, timeout=15).topics[topic]
+        partitions = sorted(meta.partitions) or [0]
+        for p in partitions:
+            marks[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
         since_ms = int((time.time() - window_s) * 1000)
-        (found,) = consumer.offsets_for_times([TopicPartition(topic, 0, since_ms)], timeout=15)
+        found = consumer.offsets_for_times(
+            [TopicPartition(topic, p, since_ms) for p in partitions], timeout=15
+        )
     finally:
         consumer.close()
-    first = found.offset if found.offset >= 0 else high
-    count = high - max(first, low)
+    log_starts = {p: int(low) for p, (low, _) in marks.items()}
+    count = 0
+    for tp in found:
+        low, high = marks[tp.partition]
+        first = tp.offset if tp.offset >= 0 else high
+        count += high - max(first, low)
     if count <= 0:
-        return None, int(low)
+        return None, log_starts
+    # Record sizes sampled from partition 0: producers spread a stream's records evenly.
+    low, high = marks[partitions[0]]
     sample = list(
         read_committed(settings, topic, max(low, high - 200), idle_timeout_s=5.0, max_records=200)
     )
     # Key, value and about 70 bytes of record and batch overhead per record.
     size = sum(len(r.raw) + len(r.key or "") + 70 for r in sample) / max(1, len(sample))
-    return count * size / window_s, int(low)
+    return count * size / window_s, log_starts
 
 
 def gather(
@@ -358,7 +394,7 @@ def gather(
 ) -> Facts:
     from twinstream import snapshot
 
-    rate, log_start = measure_inbound(settings)
+    rate, log_starts = measure_inbound(settings)
     # The newest that verifies: checksums are read only down to the first valid snapshot.
     try:
         newest: snapshot.Manifest | None = snapshot.choose(
@@ -376,9 +412,12 @@ def gather(
         inbound_bytes_per_s=rate,
         single_broker_dev=settings.single_broker_dev,
         bootstrap_servers=settings.bootstrap_servers,
-        inbound_log_start=log_start,
+        inbound_log_start=log_starts.get(0, 0),
         newest_snapshot=newest.snapshot_id if newest else None,
         newest_snapshot_next_offset=newest.next_offset if newest else None,
+        inbound_log_starts=log_starts,
+        newest_snapshot_next_offsets=newest.positions() if newest else {},
+        partitions=settings.partitions,
     )
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from twinstream.core.checkpoint import end_offset, numbered
+from twinstream.core.checkpoint import end_offsets, numbered
 from twinstream.core.rows import Output
 
 log = logging.getLogger(__name__)
@@ -45,15 +45,21 @@ class Manifest(BaseModel):
     pipeline: str
     engine_id: str
     pipeline_version: str
-    # The inbound offset the restored query reads first (end offset of the last committed
-    # batch): Kafka must still hold it.
+    # The inbound offset the restored query reads first in partition 0 (end offset of the
+    # last committed batch): Kafka must still hold it. `next_offsets`: every partition's;
+    # absent from snapshots taken before partitions were, which had partition 0 only.
     next_offset: int
+    next_offsets: dict[int, int] = {}
     batch_id: int
     created_at: str
     size_bytes: int
     buffer_rows: int
     buffer_last_msg_id: int | None
     files: dict[str, str]
+
+    def positions(self) -> dict[int, int]:
+        """The inbound offset the restored query reads first, per partition."""
+        return dict(self.next_offsets) or {0: self.next_offset}
 
 
 @dataclass(frozen=True)
@@ -74,17 +80,23 @@ class SnapshotInfo:
 @dataclass(frozen=True)
 class CheckpointPosition:
     batch_id: int
-    next_offset: int
+    # Partition -> the inbound offset a restarted query reads first.
+    next_offsets: dict[int, int]
+
+    @property
+    def next_offset(self) -> int:
+        """Partition 0's (the only one of a one-partition topic)."""
+        return self.next_offsets.get(0, 0)
 
 
-def _batch_offsets(checkpoint: Path, batch_id: int, topic: str) -> int:
-    """The end offset of partition 0 of `topic` in offsets/<batch_id> (Spark's v1 log:
+def _batch_offsets(checkpoint: Path, batch_id: int, topic: str) -> dict[int, int]:
+    """The end offset of each partition of `topic` in offsets/<batch_id> (Spark's v1 log:
     a version line, the batch metadata, then one JSON line per source)."""
     path = checkpoint / "offsets" / str(batch_id)
     lines = path.read_text().splitlines()
     if not lines or lines[0] != "v1":
         raise SnapshotError(f"{path}: not a Spark offset log (first line {lines[:1]})")
-    end = end_offset(path, topic)
+    end = end_offsets(path, topic)
     if end is None:
         raise SnapshotError(f"{path}: no offsets for topic {topic}")
     return end
@@ -160,7 +172,10 @@ def write_buffer(path: Path, rows: Iterable[Output]) -> int:
     count = 0
     with path.open("w") as f:
         for row in rows:
-            f.write(json.dumps([row.msg_id, row.kind, row.key, row.value]) + "\n")
+            fields: list[object] = [row.msg_id, row.kind, row.key, row.value]
+            if row.partition:
+                fields.append(row.partition)
+            f.write(json.dumps(fields) + "\n")
             count += 1
     return count
 
@@ -169,8 +184,11 @@ def read_buffer(path: Path) -> list[Output]:
     rows = []
     with path.open() as f:
         for line in f:
-            msg_id, kind, key, value = json.loads(line)
-            rows.append(Output(int(msg_id), kind, key, value))
+            # [msg_id, kind, key, value], and the partition unless it is 0.
+            msg_id, kind, key, value, *partition = json.loads(line)
+            rows.append(
+                Output(int(msg_id), kind, key, value, int(partition[0] if partition else 0))
+            )
     return rows
 
 
@@ -204,6 +222,7 @@ def write_snapshot(
             engine_id=engine_id,
             pipeline_version=pipeline_version,
             next_offset=position.next_offset,
+            next_offsets=position.next_offsets,
             batch_id=position.batch_id,
             created_at=created.astimezone(UTC).isoformat(),
             size_bytes=sum((tmp / name).stat().st_size for name in files),

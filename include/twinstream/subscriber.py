@@ -26,6 +26,7 @@ class Record:
     timestamp_ms: int
     # A record without a value (a tombstone), which `raw` shows as empty bytes.
     tombstone: bool = False
+    partition: int = 0
 
     @property
     def value(self) -> str:
@@ -39,9 +40,12 @@ def read_committed(
     idle_timeout_s: float = 5.0,
     max_records: int | None = None,
     follow: bool = False,
+    partition: int | None = 0,
 ) -> Iterator[Record]:
-    """Committed records of a one-partition topic from `start_offset`. Stops at the end of
-    the partition (or, with `follow`, after `idle_timeout_s` without a record)."""
+    """Committed records of one partition of a topic from `start_offset` (`partition`
+    None: of every partition, each from `start_offset`, in no order across partitions).
+    Stops at the end of the partitions (or, with `follow`, after `idle_timeout_s` without a
+    record)."""
     consumer = Consumer(
         consumer_config(
             settings, f"twinstream-subscribe-{uuid.uuid4()}", **{"enable.partition.eof": True}
@@ -49,7 +53,15 @@ def read_committed(
     )
     seen = 0
     try:
-        consumer.assign([TopicPartition(topic, 0, start_offset)])
+        if partition is None:
+            meta = consumer.list_topics(topic, timeout=15).topics[topic]
+            if meta.error is not None:
+                raise KafkaException(meta.error)
+            partitions = sorted(meta.partitions)
+        else:
+            partitions = [partition]
+        consumer.assign([TopicPartition(topic, p, start_offset) for p in partitions])
+        open_ = set(partitions)
         idle_since = time.monotonic()
         while max_records is None or seen < max_records:
             msg = consumer.poll(0.5)
@@ -60,7 +72,8 @@ def read_committed(
             error = msg.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
-                    if not follow:
+                    open_.discard(msg.partition() or 0)
+                    if not follow and not open_:
                         return
                     continue
                 raise KafkaException(error)
@@ -82,6 +95,7 @@ def read_committed(
                 epoch=int(epoch) if epoch is not None else None,
                 timestamp_ms=msg.timestamp()[1],
                 tombstone=value is None,
+                partition=msg.partition() or 0,
             )
     finally:
         consumer.close()

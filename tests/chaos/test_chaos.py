@@ -8,7 +8,6 @@ about 40 s each: the suite has a 30-minute budget); `make chaos` runs 100.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import signal
@@ -29,7 +28,14 @@ from twinstream.stack import health, render
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
 from twinstream.subscriber import read_committed
-from twinstream.testing.chaos import SteadyLoad, SupervisedEngines, audit_range, failover_round
+from twinstream.testing.chaos import (
+    SteadyLoad,
+    SupervisedEngines,
+    audit_load,
+    audit_summary,
+    failover_round,
+    inbound_ends,
+)
 from twinstream.testing.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -52,41 +58,28 @@ def engines(stack_engines, settings: Settings) -> Iterator[SupervisedEngines]:
     engines = SupervisedEngines(settings)
     # A standby is in sync only once it has processed something: give both engines input
     # (other modules stop them; stack_engines has started them again).
-    publish(settings, synthetic(500, max_record_bytes=settings.max_record_bytes))
+    publish(
+        settings,
+        synthetic(500, max_record_bytes=settings.max_record_bytes),
+        key_field="host" if settings.partitions > 1 else None,
+    )
     engines.wait_pair(timeout_s=300)
     yield engines
     engines.close()
 
 
-def inbound_end(settings: Settings) -> int:
-    return watermarks(settings, settings.inbound_topic)[1]
-
-
-def wait_all_published(engines: SupervisedEngines, last_msg_id: int) -> None:
-    def published() -> bool:
-        for client in engines.clients.values():
-            with contextlib.suppress(Exception):
-                info = client.pipeline()
-                if (info.last_msg_id_published or -1) >= last_msg_id:
-                    return True
-        return False
-
-    wait_for(published, 300, f"msg_id {last_msg_id} published", every_s=1.0)
-
-
-def assert_exactly_once(engines: SupervisedEngines, first: int, sent: int) -> None:
-    end = inbound_end(engines.settings)
-    # Nothing acknowledged went missing on the way in, and nothing else was written.
-    assert end - first == sent, f"inbound grew by {end - first}, the load sent {sent}"
-    wait_all_published(engines, end - 1)
-    findings = audit_range(engines.settings, first, end)
-    assert findings.ok, findings.summary()
+def assert_exactly_once(engines: SupervisedEngines, firsts: dict[int, int], sent: int) -> None:
+    """Each inbound partition's offsets from `firsts` to its end each in exactly one
+    published transaction, with their outputs; nothing acknowledged went missing on the
+    way in, and nothing else was written."""
+    audited = audit_load(engines, firsts, sent, timeout_s=300)
+    assert all(f.ok for f in audited.values()), audit_summary(audited)
 
 
 # Each round: takeover, supervisord's restart, Spark's start and catch-up (about a minute).
 @pytest.mark.timeout(600 + 240 * FAILOVERS)
 def test_kill9_failovers_alternate_between_the_engines_and_lose_nothing(engines, settings):
-    first = inbound_end(settings)
+    firsts = inbound_ends(settings)
     load = SteadyLoad(settings, RATE).start()
     rounds = []
     try:
@@ -111,7 +104,7 @@ def test_kill9_failovers_alternate_between_the_engines_and_lose_nothing(engines,
         assert r.takeover.role_s is not None
         assert r.takeover.role_s < 10, r.takeover.describe()
         assert r.takeover.first_output_s is not None, r.takeover.describe()
-    assert_exactly_once(engines, first, sent)
+    assert_exactly_once(engines, firsts, sent)
 
 
 @pytest.mark.skipif(not FULL, reason="make chaos only (its short version is in tests/integration)")
@@ -121,7 +114,7 @@ def test_both_engines_killed_at_once_under_load_supervisord_restarts_them(engine
     (the standby's checkpoint past what the active had published) is repaired, never
     reported lost. tests/integration/test_engines.py forces such a range every time."""
     engines.wait_pair()
-    first = inbound_end(settings)
+    firsts = inbound_ends(settings)
     load = SteadyLoad(settings, RATE).start()
     try:
         wait_for(lambda: load.sent > 2000, 60, "the load running")
@@ -135,7 +128,7 @@ def test_both_engines_killed_at_once_under_load_supervisord_restarts_them(engine
         paired_s = time.monotonic() - killed
     finally:
         sent = load.stop()
-    assert_exactly_once(engines, first, sent)
+    assert_exactly_once(engines, firsts, sent)
     repairs = []
     for client in engines.clients.values():
         info = client.pipeline()
@@ -157,7 +150,7 @@ def test_a_broker_killed_under_load_loses_nothing(engines, settings):
     )
     # The inbound partition's leader: the broker whose loss matters most.
     name = f"kafka-{partition.leader}"
-    first = inbound_end(settings)
+    firsts = inbound_ends(settings)
     load = SteadyLoad(settings, RATE).start()
     try:
         wait_for(lambda: load.sent > 1000, 60, "the load running")
@@ -169,9 +162,10 @@ def test_a_broker_killed_under_load_loses_nothing(engines, settings):
 
         def writes_continue() -> bool:
             try:
-                return inbound_end(settings) > first + killed_at + 5000
-            except KafkaException:
+                ends = inbound_ends(settings, timeout_s=5)
+            except (KafkaException, RuntimeError):
                 return False  # the controller has not moved the leadership yet
+            return sum(ends.values()) > sum(firsts.values()) + killed_at + 5000
 
         # acks=all with min.insync.replicas=2: the two others keep taking writes.
         wait_for(writes_continue, 120, f"inbound writes continuing with {name} down")
@@ -185,7 +179,7 @@ def test_a_broker_killed_under_load_loses_nothing(engines, settings):
     finally:
         engines.supervisor.start(name)
         sent = load.stop()
-    assert_exactly_once(engines, first, sent)
+    assert_exactly_once(engines, firsts, sent)
 
 
 class OutputTimes(threading.Thread):
@@ -231,7 +225,7 @@ class ServingSince(threading.Thread):
 def test_zookeeper_down_for_30s_holds_the_output_and_resumes_within_5s(engines, settings):
     down_s = 30.0
     engines.wait_pair()
-    first = inbound_end(settings)
+    firsts = inbound_ends(settings)
     load = SteadyLoad(settings, RATE).start()
     times = OutputTimes(settings)
     try:
@@ -268,7 +262,7 @@ def test_zookeeper_down_for_30s_holds_the_output_and_resumes_within_5s(engines, 
     # Negative when an engine was back before the probe.
     assert resumed - back < 5, f"output resumed {resumed - back:.1f} s after ZooKeeper"
     print(f"ZooKeeper serving again: output resumed {resumed - back:+.2f} s from then", flush=True)
-    assert_exactly_once(engines, first, sent)
+    assert_exactly_once(engines, firsts, sent)
     # An ex-active whose session expired meanwhile hears LOST when it reconnects and
     # steps down: one active and one in-sync standby again.
     engines.wait_pair(timeout_s=120)

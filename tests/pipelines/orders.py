@@ -49,6 +49,7 @@ pipeline = Pipeline(
     checks={"out_of_range: a line's qty is not positive": "forall(lines, l -> l.qty > 0)"},
     transform=transform,
     key="order_id",
+    partition_by="order_id",
     value=["order_id", "line", "sku", "qty"],
     sample=sample,
 )

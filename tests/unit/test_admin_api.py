@@ -10,6 +10,7 @@ from twinstream.admin_api import (
     PipelineInfo,
     RestoreReport,
     ServerInfo,
+    UncoveredRange,
     create_app,
 )
 from twinstream.snapshot import Manifest, SnapshotError
@@ -52,7 +53,7 @@ class FakeControl:
             buffer_fill=11,
             buffer_size=100,
             in_sync=True,
-            uncovered_ranges=[(3, 4)],
+            uncovered_ranges=[UncoveredRange(partition=0, first=3, last=4)],
         )
 
     def start_pipeline(self):
@@ -134,7 +135,9 @@ def test_every_other_endpoint_rejects_a_missing_or_wrong_token(
 
 def test_the_right_token_gets_status_and_control(client):
     assert client.get("/server", headers=AUTH).json()["role"] == "standby"
-    assert client.get("/pipeline", headers=AUTH).json()["uncovered_ranges"] == [[3, 4]]
+    assert client.get("/pipeline", headers=AUTH).json()["uncovered_ranges"] == [
+        {"partition": 0, "first": 3, "last": 4}
+    ]
     assert client.get("/metrics", headers=AUTH).text == "twinstream_role 1\n"
     assert client.post("/pipeline/stop", headers=AUTH).json()["state"] == "stopped"
     again = client.post("/pipeline/stop", headers=AUTH)

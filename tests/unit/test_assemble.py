@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from twinstream.core.rows import DLQ, NONE, OUT, Output, covered, dead_letter
+from twinstream.core.rows import DLQ, NONE, OUT, Output, covered, dead_letter, record_id
 from twinstream.pipeline import QUARANTINED, assemble
 
 Row = tuple[int, str, str | None, str | None, bytes | None]
@@ -61,3 +61,23 @@ def test_a_record_whose_outputs_would_not_fit_one_message_becomes_its_dead_lette
     )
     assert [r.kind for r in rows] == [DLQ]
     assert "oversize" in rows[0].value
+
+
+def test_record_ids_of_several_partitions_become_rows_of_their_partition_in_order() -> None:
+    """In the plan a record's msg_id holds its partition above its offset; a row's msg_id
+    is the offset, with the partition beside it."""
+    batch: list[Row] = [
+        (record_id(2, 5), OUT, "k", "late", None),
+        (record_id(0, 7), NONE, None, None, None),
+        (record_id(1, 7), DLQ, None, "not_json: x", b"{"),
+        (record_id(0, 6), OUT, "k", "early", None),
+    ]
+    rows = assemble(*columns(batch), {}, 1_000_000)
+    assert [(r.partition, r.msg_id, r.kind) for r in rows] == [
+        (0, 6, OUT),
+        (0, 7, NONE),
+        (1, 7, DLQ),
+        (2, 5, OUT),
+    ]
+    assert rows[2] == dead_letter(7, "not_json: x", b"{", 1_000_000, partition=1)
+    assert record_id(0, 12345) == 12345  # one partition: the msg_id is the offset

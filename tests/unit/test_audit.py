@@ -9,14 +9,18 @@ import pytest
 
 from twinstream.audit import (
     REPORT,
+    Audited,
     AuditFailed,
     Cursor,
+    Findings,
+    Position,
     Span,
     cursor_file,
     find_id_problems,
     find_problems,
     format_ranges,
     from_records,
+    id_expectations,
     merge_ranges,
     verdict,
 )
@@ -104,6 +108,45 @@ def test_the_cursor_round_trips_and_starts_at_zero(tmp_path):
     Cursor(next_msg_id=10, out_offset=12, dlq_offset=1, audits=1).save(path)
     assert Cursor.load(path) == Cursor(10, 12, 1, 1)
     assert not path.with_name("cursor.json.tmp").exists()
+
+
+def test_a_cursor_keeps_a_position_per_partition_and_reads_an_old_one_as_partition_0(tmp_path):
+    path = tmp_path / "cursor.json"
+    path.write_text(json.dumps({"next_msg_id": 10, "out_offset": 12, "dlq_offset": 1, "audits": 1}))
+    old = Cursor.load(path)
+    assert old.at(0) == Position(10, 12, 1, 0)
+    assert old.at(2) == Position()  # a partition never audited starts at zero
+    moved = old.moved({0: Position(20, 30, 2, 4), 2: Position(5, 6, 0, 3)})
+    moved.save(path)
+    again = Cursor.load(path)
+    assert (again.next_msg_id, again.out_offset, again.audits) == (20, 30, 2)
+    assert again.at(2) == Position(5, 6, 0, 3)
+
+
+def test_findings_of_several_partitions_name_the_partition_and_fail_together():
+    spans = {0: [Span(0, 9, 10, 0)], 1: [Span(0, 4, 5, 0), Span(7, 9, 3, 0)]}
+    rows = {
+        0: [(i, "out", 1) for i in range(10)],
+        1: [(i, "out", 1) for i in (0, 1, 2, 3, 4, 7, 8, 9)],
+    }
+    audited = Audited({p: find_problems(spans[p], rows[p], 0, 10) for p in (0, 1)})
+    assert not audited.ok
+    assert audited.summary().startswith("partition 0: msg_id 0..9: 10 records; every msg_id")
+    assert "partition 1: msg_id 0..9: 8 records; missing: 5..6" in audited.summary()
+    report = audited.report()
+    assert (report["first_msg_id"], report["end_msg_id"], report["records"]) == (0, 10, 18)
+    assert report["partitions"]["1"]["missing"] == [(5, 6)]
+    one = Audited({0: Findings(0, 10, 10)})
+    assert one.summary() == Findings(0, 10, 10).summary()
+
+
+def test_the_coverage_suite_counts_every_partitions_range():
+    [_, unique, total, low, high] = id_expectations({0: (5, 10)})
+    assert unique.column == "start"
+    assert (total.min_value, low.min_value, high.max_value) == (5, 5, 9)
+    several = id_expectations({0: (5, 10), 1: (0, 3)})
+    assert len(several) == 3  # min and max mean nothing across partitions
+    assert several[2].min_value == several[2].max_value == 8
 
 
 def _report(path, **fields):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -140,3 +141,26 @@ def test_the_plain_pipe_computes_the_pairs_outputs_for_valid_records():
             compared += 1
     assert compared > 2000
     assert transform(windows, 9, b'{"host": "h"}')[0] is None  # a dead letter, no output
+
+
+def test_scale_out_reads_the_timings_of_the_drains_largest_batches(tmp_path):
+    from bench.scale_out import batch_timings
+
+    def line(total: int, rows: str, job: int, gate: int) -> str:
+        return (
+            f"2026-11-26 INFO engine=a twinstream.engine: engine a pipeline p: 2 batches "
+            f"sampled, medians: {total} ms (latestOffset 3, stateCommit 4), {rows} input rows; "
+            f"in addBatch, of 2 batches: job {job} ms, gate {gate} ms"
+        )
+
+    log = tmp_path / "engine-a-1.log"
+    log.write_text("\n".join([line(900, "5,000", 700, 90), line(4086, "40,000", 3227, 261)]))
+    log.write_text(log.read_text() + "\n" + line(700, "16", 300, 50) + "\nnoise\n")
+    engine = SimpleNamespace(log_path=log)
+    assert batch_timings(engine) == {  # type: ignore[arg-type]
+        "total": 4086,
+        "rows": 40000,
+        "batches": 2,
+        "job": 3227,
+        "gate": 261,
+    }

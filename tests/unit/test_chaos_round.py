@@ -4,11 +4,14 @@ victim came back in. Fakes for the engines, the kill and the takeover measuremen
 import contextlib
 import os
 import signal
+from functools import partial
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
 
 from tests.unit.fakes import pipeline_info, server_info
+from twinstream.audit import Findings
 from twinstream.testing import chaos
 
 
@@ -98,3 +101,43 @@ def test_the_rejoin_wait_is_the_callers_to_choose(monkeypatch):
     monkeypatch.setattr(chaos, "wait_for", record)
     chaos.failover_round(engines(("b", "a")), "kill", rejoin_timeout_s=900.0)
     assert ("engine a back, with an active and an in-sync standby", 900.0) in waits
+
+
+def test_a_load_is_audited_in_every_partition_once_each_is_published(monkeypatch):
+    """audit_load: the inbound grew by what the load sent, every partition's end is
+    published, then each partition's window is audited from where the load began."""
+    positions = iter([{0: 5, 1: 3, 2: 7}, {0: 10, 1: 9, 2: 9}])
+
+    class ThreeClient(Client):
+        def pipeline(self):
+            return pipeline_info(last_msg_id_published=None, published=next(positions))
+
+    engines = SimpleNamespace(clients={"a": ThreeClient()}, settings=None)
+    fake = cast(chaos.SupervisedEngines, engines)
+    fake.wait_published = partial(chaos.SupervisedEngines.wait_published, fake)  # type: ignore[method-assign]
+    monkeypatch.setattr(chaos, "inbound_ends", lambda settings: {0: 11, 1: 10, 2: 10})
+    audited_from: dict[str, dict[int, int]] = {}
+
+    def audit_ranges(settings, firsts, ends):
+        audited_from.update(firsts=dict(firsts), ends=dict(ends))
+        return {
+            p: Findings(first=firsts.get(p, 0), end=e, rows=e - firsts.get(p, 0))
+            for p, e in ends.items()
+        }
+
+    monkeypatch.setattr(chaos, "audit_ranges", audit_ranges)
+    monkeypatch.setattr(chaos, "wait_for", lambda check, *_a, **_k: check() or check())
+    audited = chaos.audit_load(fake, {0: 1, 1: 0, 2: 5}, sent=25)
+    assert audited_from == {"firsts": {0: 1, 1: 0, 2: 5}, "ends": {0: 11, 1: 10, 2: 10}}
+    assert sorted(audited) == [0, 1, 2]
+    with pytest.raises(AssertionError, match="inbound grew by 25, the load sent 24"):
+        chaos.audit_load(fake, {0: 1, 1: 0, 2: 5}, sent=24)
+
+
+def test_findings_of_several_partitions_are_named_by_record_id():
+    audited = {
+        0: Findings(first=0, end=10, rows=10, missing=[(3, 4)]),
+        2: Findings(first=0, end=10, rows=10, missing=[(7, 7)]),
+    }
+    assert chaos.flagged(audited, "missing") == [(3, 4), ((2 << 48) | 7, (2 << 48) | 7)]
+    assert chaos.flagged(audited, "duplicated") == []

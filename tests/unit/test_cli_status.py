@@ -11,6 +11,7 @@ from tests.unit.fakes import pipeline_info, server_info
 from twinstream import cli
 from twinstream.admin_api import PipelineInfo, ServerInfo
 from twinstream.config import load_settings
+from twinstream.core.rows import record_id, record_text
 from twinstream.engine_client import EngineClient
 
 PIPELINES: dict[str, dict[str, Any]] = {
@@ -43,7 +44,15 @@ PIPELINES: dict[str, dict[str, Any]] = {
 }
 
 
-PIPELINES["c"] = PIPELINES["a"] | {"quarantined": [], "repairs": []}
+PIPELINES["c"] = PIPELINES["a"] | {
+    # Three partitions: no scalar position; each partition's instead.
+    "quarantined": [],
+    "repairs": [],
+    "last_msg_id_processed": None,
+    "last_msg_id_published": None,
+    "processed": {0: 120, 1: 98, 2: 130},
+    "published": {0: 110, 1: 98, 2: 125},
+}
 PIPELINES["d"] = PIPELINES["b"] | {"quarantined": [], "paused": None}
 
 
@@ -69,6 +78,9 @@ def test_status_shows_quarantine_pause_and_repairs(monkeypatch: pytest.MonkeyPat
     assert "QUARANTINED 1 (twinstream quarantine list)" in a_line
     assert "REPAIRED 10..14 in 2.5 s" in a_line
     assert "PAUSED" in b_line
+    assert a_line.split()[-5:-1] == ["10/10000", "99", "99", "no"]
+    c_line = next(line for line in lines if line.startswith("payments     c "))
+    assert "0:120, 1:98, 2:130  0:110, 1:98, 2:125" in c_line
 
 
 def test_status_covers_every_pipeline_and_names_one_without_a_single_active(
@@ -91,3 +103,17 @@ def test_status_covers_every_pipeline_and_names_one_without_a_single_active(
     monkeypatch.setenv("TWINSTREAM_ADMIN_TOKEN", "t")
     assert cli.main(["status", "--pipeline", "hostmetrics"]) == 0
     assert [line.split()[1] for line in capsys.readouterr().out.splitlines()[1:]] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("text", "record"), [("1234", 1234), ("0:1234", 1234), ("2:7", record_id(2, 7))]
+)
+def test_a_msg_id_to_release_is_read_as_logs_write_it(text, record):
+    assert cli.parse_record(text) == record
+    assert record_text(record) == text.removeprefix("0:")
+
+
+@pytest.mark.parametrize("text", ["x", "2:", "-1:5", "1:-5", "1:2:3", str(1 << 48)])
+def test_a_msg_id_that_is_none_is_refused_with_the_forms_it_takes(text):
+    with pytest.raises(ValueError, match="PARTITION:OFFSET"):
+        cli.parse_record(text)

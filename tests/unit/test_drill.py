@@ -196,7 +196,7 @@ def test_the_handover_audit_waits_for_new_output_with_progress(monkeypatch, capl
     b.published = [1500, 1500, 1502]
     monkeypatch.setattr(
         "twinstream.operate.committed_since",
-        lambda _settings, first: (
+        lambda _settings, first, partition=0: (
             [("out", type("R", (), {"msg_id": i, "value": "{}"})()) for i in range(first, 1503)]
             + [
                 (
@@ -238,3 +238,45 @@ def test_the_figures_line_has_everything_operators_compare():
     assert "first output of the new epoch 1.900 s" in line
     assert "msg_id 0..99: 100 records, 0 missing, 0 duplicated" in line
     assert line.endswith("engine a: in sync, role standby")
+
+
+def test_the_handover_is_audited_in_every_partition_that_got_input(monkeypatch, tmp_path):
+    """Three partitions: each gets its own window from its own last published msg_id;
+    one without input after the handover is named, not audited."""
+    clock = FakeClock(100.0)
+    before = {0: 1500, 1: 700, 2: 40}
+    now = {0: 1502, 1: 705, 2: 40}
+
+    class ThreePartitions(Engine):
+        def pipeline(self) -> PipelineInfo:
+            return pipeline_info(last_msg_id_published=None, published=now)
+
+    asked: list[tuple[int, int]] = []
+
+    def committed_since(_settings, first, partition=0):
+        asked.append((partition, first))
+        end = now[partition] + 1
+        record = type("R", (), {"value": "{}"})
+        outputs = [("out", type("R", (record,), {"msg_id": i})()) for i in range(first, end)]
+        value = json.dumps(span(first, end - 1, end - first))
+        progress = type("R", (), {"msg_id": end - 1, "value": value})()
+        return [*outputs, ("progress", progress)]
+
+    monkeypatch.setattr("twinstream.operate.committed_since", committed_since)
+    takeover = drill.as_dict(Takeover("a", 7, None, "b", 8, 1.0, 1.5, published_before=before))
+    takeover = json.loads(json.dumps(takeover))  # as the audit task gets it: an XCom
+    report = drill.audit_handover(
+        load_settings(state_dir=tmp_path),
+        ThreePartitions("b", clock, "active"),
+        takeover,
+        timeout_s=10,
+        clock=clock,
+        sleep=lambda s: setattr(clock, "now", clock.now + s),
+    )
+    assert asked == [(0, 1500 - drill.AUDIT_BEFORE + 1), (1, 0)]  # 1: from its first msg_id
+    assert sorted(report["partitions"]) == ["0", "1"]
+    assert report["not_audited"] == [2]
+    line = drill.figures(takeover, report, "rejoined")
+    assert "last published msg_id 0:1500, 1:700, 2:40" in line
+    assert f"audit of msg_id {1500 - drill.AUDIT_BEFORE + 1}..1502, 1:" in line
+    assert "(partitions [2] had no input after it)" in line

@@ -32,10 +32,10 @@ def test_close_goes_on_when_the_jvm_already_stopped_the_spark_context(engine, ca
 
 def test_a_standby_tells_its_gate_how_far_the_active_has_published(engine):
     engine.gate.joined()
-    engine._active_position.return_value = 41
+    engine._active_position.return_value = {0: 41, 1: 7}
     engine.track_active_position(every_s=2.0)
-    assert engine.gate._published_elsewhere == 41
-    engine._active_position.return_value = 50
+    assert {p: part.published_elsewhere for p, part in engine.gate._parts.items()} == {0: 41, 1: 7}
+    engine._active_position.return_value = {0: 50, 1: 7}
     engine.track_active_position(every_s=2.0)  # too soon: no second read
     assert engine._active_position.call_count == 1
 
@@ -51,4 +51,4 @@ def test_a_failed_read_is_logged_and_retried_later(engine, caplog):
     engine._active_position.side_effect = RuntimeError("broker down")
     engine.track_active_position(every_s=0.0)
     assert "could not read the active's last published msg_id: broker down" in caplog.text
-    assert engine.gate._published_elsewhere is None
+    assert engine.gate._parts == {}

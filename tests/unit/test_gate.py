@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from tests.unit.fakes import FakeClock
-from twinstream.core.gate import Fenced, Gate, TransientPublishError, merge
+from twinstream.core.gate import Fenced, Gate, TransientPublishError, Uncovered, merge
 from twinstream.core.rows import Output, covered
 
 
@@ -34,7 +34,7 @@ def active_gate(buffer=100, last=-1, publisher=None):
     gate = Gate("a", "p", buffer, max_buffer_size=1000)
     gate.joined()
     publisher = publisher or FakePublisher()
-    gate.take_over(7, fence=lambda: publisher, last_committed=lambda: last)
+    gate.take_over(7, fence=lambda: publisher, last_committed=lambda: {0: last})
     return gate, publisher
 
 
@@ -83,7 +83,7 @@ def test_takeover_publishes_what_the_buffer_holds_after_the_last_committed(
     gate.joined()
     gate.on_batch(0, rows(*buffered))
     publisher = FakePublisher()
-    gate.take_over(8, fence=lambda: publisher, last_committed=lambda: last_committed)
+    gate.take_over(8, fence=lambda: publisher, last_committed=lambda: {0: last_committed})
     assert [ids for ids, _ in publisher.transactions] == ([published] if published else [])
     assert gate.status().uncovered_ranges == []
 
@@ -93,7 +93,7 @@ def test_a_standby_behind_publishes_only_past_the_last_committed():
     gate.joined()
     gate.on_batch(0, rows(0, 1))
     publisher = FakePublisher()
-    gate.take_over(8, fence=lambda: publisher, last_committed=lambda: 4)
+    gate.take_over(8, fence=lambda: publisher, last_committed=lambda: {0: 4})
     gate.on_batch(1, rows(2, 3, 4, 5, 6))
     assert publisher.transactions == [([5, 6], 8)]
 
@@ -104,8 +104,8 @@ def test_a_range_no_buffer_covers_is_reported_exactly(caplog):
     gate.joined()
     publisher = FakePublisher()
     with caplog.at_level(logging.ERROR):
-        gate.take_over(9, fence=lambda: publisher, last_committed=lambda: 12)
-    assert gate.status().uncovered_ranges == [(13, 16)]
+        gate.take_over(9, fence=lambda: publisher, last_committed=lambda: {0: 12})
+    assert gate.status().uncovered_ranges == [Uncovered(0, 13, 16)]
     assert publisher.transactions == [([17, 18, 19], 9)]
     assert "UNCOVERED msg_id 13..16 (4 messages)" in caplog.text
 
@@ -136,7 +136,7 @@ def test_a_producer_that_failed_for_good_resigns_and_its_rows_survive_to_the_nex
     gate = Gate("a", "p", 2, max_buffer_size=1000, on_fenced=lambda: resigned.append(True))
     gate.joined()
     broken = FakePublisher(fail=TransientPublishError("outage"))
-    gate.take_over(7, fence=lambda: broken, last_committed=lambda: -1)
+    gate.take_over(7, fence=lambda: broken, last_committed=lambda: {0: -1})
     gate.on_batch(0, rows(0, 1, 2))
     gate.on_batch(1, rows(3, 4))
     broken.fail = Fenced("the producer failed for good: INVALID_TXN_STATE")
@@ -145,7 +145,7 @@ def test_a_producer_that_failed_for_good_resigns_and_its_rows_survive_to_the_nex
     assert gate.status().role == "standby"
     assert [r.msg_id for r in gate.buffered()] == [0, 1, 2, 3, 4, 5]
     fresh = FakePublisher()
-    gate.take_over(8, fence=lambda: fresh, last_committed=lambda: -1)
+    gate.take_over(8, fence=lambda: fresh, last_committed=lambda: {0: -1})
     assert fresh.transactions == [([0, 1, 2, 3, 4, 5], 8)]
 
 
@@ -187,13 +187,13 @@ def test_rows_held_by_a_failed_commit_survive_the_ring_until_published():
 def test_a_standby_keeps_what_the_active_has_not_published_beyond_n():
     gate = Gate("b", "p", 3, max_buffer_size=100)
     gate.joined()
-    gate.note_published(4)
+    gate.note_published({0: 4})
     gate.on_batch(0, rows(*range(0, 20)))
     # 5..19 are unpublished: all kept, though N is 3.
     assert [r.msg_id for r in gate.buffered()] == list(range(5, 20))
-    gate.note_published(15)
+    gate.note_published({0: 15})
     assert [r.msg_id for r in gate.buffered()] == [16, 17, 18, 19]
-    gate.note_published(30)
+    gate.note_published({0: 30})
     assert [r.msg_id for r in gate.buffered()] == [17, 18, 19]  # never below N
 
 
@@ -201,11 +201,11 @@ def test_a_standby_far_ahead_of_a_lagging_active_still_covers_the_takeover(caplo
     # The loss the kill benchmark found: the active 3N behind its standby.
     gate = Gate("b", "p", 10, max_buffer_size=1000)
     gate.joined()
-    gate.note_published(99)
+    gate.note_published({0: 99})
     gate.on_batch(0, rows(*range(0, 130)))
     publisher = FakePublisher()
     with caplog.at_level(logging.ERROR):
-        gate.take_over(9, fence=lambda: publisher, last_committed=lambda: 99)
+        gate.take_over(9, fence=lambda: publisher, last_committed=lambda: {0: 99})
     assert gate.status().uncovered_ranges == []
     assert publisher.transactions == [(list(range(100, 130)), 9)]
     assert "UNCOVERED" not in caplog.text
@@ -220,11 +220,11 @@ def test_past_the_cap_a_standby_pauses_its_query_until_the_active_catches_up(cap
         status = gate.status()
         seen.append((status.buffer_fill, status.paused))
         if len(seen) == 4:
-            gate.note_published(6)  # what the engine's main loop reads from the outbound topic
+            gate.note_published({0: 6})  # what the engine's main loop reads from the outbound topic
 
     gate = Gate("b", "p", 3, max_buffer_size=5, sleep=sleep, clock=clock)
     gate.joined()
-    gate.note_published(-1)
+    gate.note_published({0: -1})
     with caplog.at_level(logging.WARNING):
         gate.on_batch(0, rows(*range(0, 8)))  # returns only once the active is past 6
     # Paused with every row kept (nothing dropped above the active's position), then resumed.
@@ -247,7 +247,7 @@ def test_an_active_that_cannot_publish_pauses_at_the_bound_and_retries_with_back
 
     gate = Gate("a", "p", 3, max_buffer_size=5, sleep=sleep)
     gate.joined()
-    gate.take_over(7, fence=lambda: publisher, last_committed=lambda: -1)
+    gate.take_over(7, fence=lambda: publisher, last_committed=lambda: {0: -1})
     gate.on_batch(0, rows(0, 1, 2))  # 3 unpublished: under the bound, the query goes on
     assert (waits, gate.status().unpublished) == ([], 3)
     gate.on_batch(1, rows(3, 4, 5, 6))  # 7: paused until published
@@ -285,7 +285,7 @@ def test_without_the_actives_position_a_standby_keeps_every_row():
 
 def test_an_active_keeps_only_the_last_n():
     gate, _ = active_gate(buffer=3)
-    gate.note_published(-1)  # a stale position from its standby days does not count
+    gate.note_published({0: -1})  # a stale position from its standby days does not count
     gate.on_batch(0, rows(*range(0, 10)))
     assert [r.msg_id for r in gate.buffered()] == [7, 8, 9]
 
@@ -297,20 +297,21 @@ def test_a_gap_no_buffer_covers_is_recomputed_not_skipped(caplog):
     clock = FakeClock()
     gaps = []
 
-    def on_gap(first, last):
+    def on_gap(partition, first, last):
+        assert partition == 0
         gaps.append((first, last))
         return True
 
     gate = Gate("b", "p", 100, max_buffer_size=1000, clock=clock, on_gap=on_gap)
     gate.joined()
     publisher = FakePublisher()
-    gate.take_over(9, fence=lambda: publisher, last_committed=lambda: 9)
+    gate.take_over(9, fence=lambda: publisher, last_committed=lambda: {0: 9})
     with caplog.at_level(logging.WARNING):
         gate.on_batch(5, rows(15, 16, 17))  # the checkpoint was ahead: 10..14 are in no buffer
         gate.on_batch(6, rows(18, 19))
         assert (gaps, publisher.transactions) == ([(10, 14)], [])
         assert gate.status().repairs[0].seconds is None  # in progress
-        gate.rewind(8)  # the engine rewound its checkpoint to the batch ending at msg_id 7
+        gate.rewind({0: 8})  # the engine rewound its checkpoint to the batch ending at msg_id 7
         clock.sleep(2.5)
         gate.on_batch(3, rows(8, 9, 10, 11, 12, 13, 14, 15))
         gate.on_batch(4, rows(16, 17, 18, 19))
@@ -323,24 +324,26 @@ def test_a_gap_no_buffer_covers_is_recomputed_not_skipped(caplog):
 
 def active_after_a_gap(can_repair: bool) -> tuple[Gate, FakePublisher]:
     """An active whose first batch starts at msg_id 15, the last published being 9."""
-    gate = Gate("b", "p", 100, max_buffer_size=1000, on_gap=lambda first, last: can_repair)
+    gate = Gate(
+        "b", "p", 100, max_buffer_size=1000, on_gap=lambda partition, first, last: can_repair
+    )
     gate.joined()
     publisher = FakePublisher()
-    gate.take_over(9, fence=lambda: publisher, last_committed=lambda: 9)
+    gate.take_over(9, fence=lambda: publisher, last_committed=lambda: {0: 9})
     gate.on_batch(5, rows(15, 16))
     return gate, publisher
 
 
 def test_a_gap_that_cannot_be_recomputed_is_reported_and_the_rest_published():
     gate, publisher = active_after_a_gap(can_repair=False)
-    assert gate.status().uncovered_ranges == [(10, 14)]
+    assert gate.status().uncovered_ranges == [Uncovered(0, 10, 14)]
     assert publisher.transactions == [([15, 16], 9)]
 
 
 def test_a_repair_that_fails_is_reported_and_the_rest_published():
     gate, publisher = active_after_a_gap(can_repair=True)
     gate.repair_failed("the rewind raised")
-    assert gate.status().uncovered_ranges == [(10, 14)]
+    assert gate.status().uncovered_ranges == [Uncovered(0, 10, 14)]
     assert gate.status().repairs == []
     assert publisher.transactions == [([15, 16], 9)]
     gate.on_batch(6, rows(17))
@@ -363,14 +366,15 @@ def test_a_takeover_publishes_every_row_of_each_msg_id_after_the_last_committed(
     gate = Gate("b", "p", 100, max_buffer_size=1000)
     gate.joined()
     gate.on_batch(0, [*fan_out(0, 2), *fan_out(1, 2), covered(2), *fan_out(3, 3)])
-    gate.take_over(8, fence=lambda: publisher, last_committed=lambda: 1)
+    gate.take_over(8, fence=lambda: publisher, last_committed=lambda: {0: 1})
     assert publisher.transactions == [([2, 3, 3, 3], 8)]
 
 
 def test_coverage_rows_keep_a_filtered_range_from_looking_like_a_gap():
     gaps = []
 
-    def on_gap(first, last):
+    def on_gap(partition, first, last):
+        assert partition == 0
         gaps.append((first, last))
         return False
 
@@ -403,3 +407,104 @@ def test_merge_takes_each_msg_id_whole_from_the_first_source_that_has_it():
         (1, "v1.1"),
         (2, "v2"),
     ]
+
+
+# -- several inbound partitions: (partition, msg_id) is a record's identity ------------------
+
+
+def prows(partition, *ids):
+    return [Output(i, "out", "k", f"v{partition}.{i}", partition) for i in ids]
+
+
+class PartitionPublisher(FakePublisher):
+    def publish(self, batch, epoch):
+        if self.fail is not None:
+            raise self.fail
+        self.transactions.append(([r.position for r in batch], epoch))
+
+
+def test_one_transaction_carries_every_partitions_rows_each_in_offset_order():
+    publisher = PartitionPublisher()
+    gate, _ = active_gate(publisher=publisher)
+    gate.take_over(7, fence=lambda: publisher, last_committed=lambda: {0: -1, 1: -1, 2: -1})
+    gate.on_batch(0, [*prows(2, 1, 0), *prows(0, 5, 4, 3, 2, 1, 0), *prows(1, 0)])
+    assert publisher.transactions == [
+        ([(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (1, 0), (2, 0), (2, 1)], 7)
+    ]
+    status = gate.status()
+    assert status.published == {0: 5, 1: 0, 2: 1}
+    # One number means nothing with several partitions.
+    assert (status.last_msg_id_published, status.last_msg_id_processed) == (None, None)
+
+
+def test_a_replay_is_told_per_partition_a_low_offset_of_another_partition_is_new():
+    publisher = PartitionPublisher()
+    gate = Gate("a", "p", 100, max_buffer_size=1000)
+    gate.joined()
+    gate.take_over(7, fence=lambda: publisher, last_committed=lambda: {0: -1, 1: -1})
+    gate.on_batch(0, prows(0, 10, 11))  # partition 0 begins at 10 (retention)
+    gate.on_batch(1, [*prows(0, 11), *prows(1, 0, 1)])  # 0:11 replayed, 1:0.. new
+    assert [t for t, _ in publisher.transactions][1] == [(1, 0), (1, 1)]
+
+
+def test_a_takeover_publishes_each_partition_after_its_own_last_committed():
+    gate = Gate("b", "p", 100)
+    gate.joined()
+    gate.on_batch(0, [*prows(0, 0, 1, 2, 3, 4), *prows(1, 0, 1, 2, 3, 4, 5, 6, 7)])
+    publisher = PartitionPublisher()
+    gate.take_over(8, fence=lambda: publisher, last_committed=lambda: {0: 2, 1: 5})
+    assert publisher.transactions == [([(0, 3), (0, 4), (1, 6), (1, 7)], 8)]
+    assert gate.status().uncovered_ranges == []
+
+
+def test_a_standby_keeps_each_partitions_rows_above_the_actives_position_there():
+    gate = Gate("b", "p", 2, max_buffer_size=100)
+    gate.joined()
+    gate.note_published({0: 5, 1: 1})
+    gate.on_batch(0, [*prows(0, *range(8)), *prows(1, *range(8))])
+    kept = [r.position for r in gate.buffered()]
+    assert kept == [(0, 6), (0, 7), *((1, i) for i in range(2, 8))]
+
+
+def test_a_gap_in_one_partition_is_recomputed_there_and_holds_every_partition():
+    gaps = []
+
+    def on_gap(partition, first, last):
+        gaps.append((partition, first, last))
+        return True
+
+    publisher = PartitionPublisher()
+    gate = Gate("b", "p", 100, max_buffer_size=1000, on_gap=on_gap)
+    gate.joined()
+    gate.take_over(9, fence=lambda: publisher, last_committed=lambda: {0: 4, 1: 9})
+    gate.on_batch(5, [*prows(0, 5, 6), *prows(1, 15, 16)])  # 1:10..1:14 in no buffer
+    assert (gaps, publisher.transactions) == ([(1, 10, 14)], [])
+    # The engine rewound its checkpoint to a batch that ended at 0:5 and 1:9.
+    gate.rewind({0: 5, 1: 10})
+    gate.on_batch(3, [*prows(0, 5, 6, 7), *prows(1, *range(10, 17))])
+    published = [p for t, _ in publisher.transactions for p in t]
+    assert published == [(0, 5), (0, 6), (0, 7), *((1, i) for i in range(10, 17))]
+    [repair] = gate.status().repairs
+    assert (repair.partition, repair.first, repair.last) == (1, 10, 14)
+    assert repair.seconds is not None
+
+
+def test_a_gap_that_cannot_be_recomputed_is_reported_with_its_partition(caplog):
+    publisher = PartitionPublisher()
+    gate = Gate("b", "p", 100, max_buffer_size=1000)
+    gate.joined()
+    gate.take_over(9, fence=lambda: publisher, last_committed=lambda: {0: 4, 2: 9})
+    with caplog.at_level(logging.ERROR):
+        gate.on_batch(5, [*prows(0, 5), *prows(2, 12)])
+    assert gate.status().uncovered_ranges == [Uncovered(2, 10, 11)]
+    assert publisher.transactions == [([(0, 5), (2, 12)], 9)]
+    assert "UNCOVERED msg_id 2:10..2:11 (2 messages)" in caplog.text
+
+
+def test_a_restored_buffer_of_several_partitions_continues_each_after_its_last_row():
+    gate = Gate("b", "p", 100)
+    gate.restore([*prows(1, 3, 4), *prows(0, 7)])
+    gate.joined()
+    gate.on_batch(0, [*prows(0, 7, 8), *prows(1, 4, 5)])
+    assert [r.position for r in gate.buffered()] == [(0, 7), (0, 8), (1, 3), (1, 4), (1, 5)]
+    assert gate.status().processed == {0: 8, 1: 5}

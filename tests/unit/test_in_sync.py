@@ -3,7 +3,7 @@ restore sensor rely on."""
 
 import pytest
 
-from twinstream.positions import events_per_s, is_in_sync, query_position
+from twinstream.positions import events_per_s, is_in_sync, lag, query_position
 
 
 @pytest.mark.parametrize(
@@ -31,12 +31,12 @@ def test_in_sync(state, lag, reported, expected):
 
 def test_the_query_position_from_pyspark_4s_progress_where_end_offsets_are_json_text():
     progress = {"sources": [{"endOffset": '{"hostmetrics.in":{"0":1234}}'}]}
-    assert query_position(progress, "hostmetrics.in") == 1234
+    assert query_position(progress, "hostmetrics.in") == {0: 1234}
 
 
 def test_the_query_position_from_an_older_progress_where_end_offsets_are_a_dict():
     progress = {"sources": [{"endOffset": {"hostmetrics.in": {"0": 77}}}]}
-    assert query_position(progress, "hostmetrics.in") == 77
+    assert query_position(progress, "hostmetrics.in") == {0: 77}
 
 
 def test_no_query_position_before_the_first_report_or_for_another_topic():
@@ -60,3 +60,19 @@ def test_the_rate_counts_inbound_offsets_not_spark_s_rows_read_twice():
     }
     assert events_per_s(progress, "hostmetrics.in") == 2000.0
     assert events_per_s({}, "hostmetrics.in") is None
+
+
+def test_positions_rate_and_lag_over_several_partitions():
+    progress = {
+        "durationMs": {"triggerExecution": 1000},
+        "sources": [
+            {
+                "startOffset": '{"p.in":{"0":10,"1":0}}',
+                "endOffset": '{"p.in":{"0":110,"1":50,"2":5}}',
+            }
+        ],
+    }
+    assert query_position(progress, "p.in") == {0: 110, 1: 50, 2: 5}
+    assert events_per_s(progress, "p.in") == 155.0
+    # A partition the query has not read yet counts whole.
+    assert lag({0: 120, 1: 50, 2: 5, 3: 9}, {0: 110, 1: 50, 2: 5}) == 10 + 9

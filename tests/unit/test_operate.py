@@ -105,7 +105,8 @@ def test_no_in_sync_standby_fails_with_what_each_engine_is(b):
 
 def test_a_persisted_snapshot_is_verified_on_shared_storage(settings, tmp_path):
     manifest = write(settings.snapshot_dir, fake_checkpoint(tmp_path / "e"), Clock())
-    reply = manifest.model_dump()
+    # As the verify task gets it: through an XCom, JSON (partition keys become strings).
+    reply = json.loads(manifest.model_dump_json())
     assert operate.verify_persisted(settings, reply) == manifest.snapshot_id
     with pytest.raises(OperateError, match="differs from the reply"):
         operate.verify_persisted(settings, {**reply, "next_offset": 1})
@@ -134,15 +135,27 @@ def test_choose_snapshot_checks_checksums_and_kafkas_log_start(settings, tmp_pat
     cp = fake_checkpoint(tmp_path / "e")
     old = write(settings.snapshot_dir, cp, clock)
     new = write(settings.snapshot_dir, cp, clock)
-    assert operate.choose_snapshot(settings, "latest", log_start=0) == new.snapshot_id
-    assert operate.choose_snapshot(settings, old.snapshot_id, log_start=66) == old.snapshot_id
-    with pytest.raises(OperateError, match=r"continues at inbound offset 66.*starts at 67"):
-        operate.choose_snapshot(settings, "latest", log_start=67)
-    assert operate.choose_snapshot(settings, "cold", log_start=10**9) == "cold"
+    assert operate.choose_snapshot(settings, "latest", {0: 0}) == new.snapshot_id
+    assert operate.choose_snapshot(settings, old.snapshot_id, {0: 66}) == old.snapshot_id
+    with pytest.raises(OperateError, match=r"continues at inbound offset 66 where it starts at 67"):
+        operate.choose_snapshot(settings, "latest", {0: 67})
+    assert operate.choose_snapshot(settings, "cold", {0: 10**9}) == "cold"
     (settings.snapshot_dir / new.snapshot_id / "buffer.jsonl").write_text("")
     with pytest.raises(OperateError, match="damaged or truncated"):
-        operate.choose_snapshot(settings, new.snapshot_id, log_start=0)
-    assert operate.choose_snapshot(settings, "latest", log_start=0) == old.snapshot_id
+        operate.choose_snapshot(settings, new.snapshot_id, {0: 0})
+    assert operate.choose_snapshot(settings, "latest", {0: 0}) == old.snapshot_id
+
+
+def test_choose_snapshot_checks_kafkas_log_start_in_every_partition(settings, tmp_path):
+    manifest = write(settings.snapshot_dir, fake_checkpoint(tmp_path / "e"), Clock())
+    positions = {0: 66, 1: 40, 2: 12}
+    path = settings.snapshot_dir / manifest.snapshot_id / "manifest.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "next_offsets": {str(p): o for p, o in positions.items()}}))
+    starts = {0: 0, 1: 40, 2: 0}
+    assert operate.choose_snapshot(settings, "latest", starts) == manifest.snapshot_id
+    with pytest.raises(OperateError, match=r"offset 2:12 where it starts at 13"):
+        operate.choose_snapshot(settings, "latest", {**starts, 2: 13})
 
 
 def test_a_restore_stops_a_running_engine_only_when_forced():
@@ -223,7 +236,7 @@ def test_published_records_are_grouped_by_msg_id_without_the_progress_records(
     monkeypatch.setattr(
         operate,
         "committed_since",
-        lambda _s, _first, _t, kinds: [
+        lambda _s, _first, _t, kinds, partition=0: [
             (kind, r)
             for kind, r in [
                 ("out", record(3, "a")),
@@ -248,19 +261,47 @@ def test_check_buffer_fails_on_a_mismatch_and_on_nothing_to_compare(settings, mo
     monkeypatch.setattr(
         operate,
         "published_since",
-        lambda _s, first: {i: [("out", "h", f"v{i}")] for i in range(first, 18)},
+        lambda _s, first, partition=0: {i: [("out", "h", f"v{i}")] for i in range(first, 18)},
     )
     result = operate.check_buffer(engine, settings, 10)
     assert (result.compared, result.last_msg_id) == (8, 17)
-    monkeypatch.setattr(operate, "published_since", lambda _s, first: {5: [("out", "h", "v5")]})
+    monkeypatch.setattr(
+        operate, "published_since", lambda _s, first, partition=0: {5: [("out", "h", "v5")]}
+    )
     with pytest.raises(OperateError, match="none of its 10 buffered outputs"):
         operate.check_buffer(engine, settings, 10)
     monkeypatch.setattr(
         operate,
         "published_since",
-        lambda _s, first: {i: [("out", "h", "x")] for i in range(10, 20)},
+        lambda _s, first, partition=0: {i: [("out", "h", "x")] for i in range(10, 20)},
     )
     with pytest.raises(OperateError, match="10 of 10 buffered outputs differ"):
+        operate.check_buffer(engine, settings, 10)
+
+
+def test_check_buffer_compares_each_partition_with_its_own_published_records(settings, monkeypatch):
+    engine = FakeEngine()
+    engine.buffered = [
+        BufferedRow(msg_id=i, kind="out", key="h", value=f"p{p}v{i}", partition=p)
+        for p in (0, 2)
+        for i in range(10 * (p + 1), 10 * (p + 1) + 5)
+    ]
+    asked = []
+
+    def published(_s, first, partition=0):
+        asked.append((partition, first))
+        return {i: [("out", "h", f"p{partition}v{i}")] for i in range(first, first + 5)}
+
+    monkeypatch.setattr(operate, "published_since", published)
+    result = operate.check_buffer(engine, settings, 10)
+    assert asked == [(0, 10), (2, 30)]
+    assert (result.compared, result.ranges) == (10, ["10..14", "2:30..2:34"])
+
+    def wrong(_s, first, partition=0):
+        return {i: [("out", "h", f"p0v{i}")] for i in range(first, first + 5)}
+
+    monkeypatch.setattr(operate, "published_since", wrong)
+    with pytest.raises(OperateError, match=r"5 of 10 buffered outputs differ.*\n.*msg_id 2:30"):
         operate.check_buffer(engine, settings, 10)
 
 

@@ -25,6 +25,8 @@ class FakeProducer:
         self.down = down
         self.pending: list[tuple[str, bytes]] = []
         self.committed: list[list[tuple[str, bytes]]] = []
+        # (topic, partition, msg_id header) of every record produced, in order.
+        self.placed: list[tuple[str, int, str]] = []
         self.aborted = 0
         # Errors the next commit_transaction / abort_transaction calls raise, in order.
         self.commit_errors: list[KafkaError] = []
@@ -42,10 +44,12 @@ class FakeProducer:
     def begin_transaction(self) -> None:
         self.pending = []
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, **_: Any) -> None:
+    def produce(self, topic: str, key: bytes | None, value: bytes, **record: Any) -> None:
         if len(value) > self.limit:
             raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
         self.pending.append((topic, value))
+        msg_id = dict(record["headers"])["msg_id"].decode()
+        self.placed.append((topic, record["partition"], msg_id))
 
     def poll(self, timeout: float) -> int:
         return 0
@@ -214,3 +218,42 @@ def test_a_fence_that_cannot_succeed_is_a_transient_error(publisher):
     producer.init_errors = [KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "no")]
     with pytest.raises(TransientPublishError, match="init_transactions failed"):
         pub.fence()
+
+
+def test_each_row_goes_to_its_inbound_partition_with_a_progress_record_per_partition(publisher):
+    pub, producer = publisher
+    rows = [
+        Output(4, "out", "k", "a", partition=0),
+        covered(5, partition=0),
+        Output(2, "dlq", None, "letter", partition=2),
+        Output(9, "out", "k", "b", partition=1),
+        Output(10, "out", "k", "c", partition=1),
+    ]
+    pub.publish(rows, epoch=1)
+    [committed] = producer.committed  # one transaction across the partitions
+    assert producer.placed == [
+        ("hostmetrics.out", 0, "4"),
+        ("hostmetrics.dlq", 2, "2"),
+        ("hostmetrics.out", 1, "9"),
+        ("hostmetrics.out", 1, "10"),
+        ("hostmetrics.progress", 0, "5"),
+        ("hostmetrics.progress", 1, "10"),
+        ("hostmetrics.progress", 2, "2"),
+    ]
+    progress = [json.loads(v) for t, v in committed if t == "hostmetrics.progress"]
+    assert progress == [
+        {"first": 4, "last": 5, "outputs": 1, "dead_letters": 0},
+        {"first": 9, "last": 10, "outputs": 2, "dead_letters": 0},
+        {"first": 2, "last": 2, "outputs": 0, "dead_letters": 1},
+    ]
+
+
+def test_a_refused_row_of_one_partition_is_replaced_there_not_in_another(publisher):
+    pub, producer = publisher
+    rows = [
+        Output(3, "out", "h", "x" * 20_000, partition=1),  # over the limit
+        Output(3, "out", "h", "fine", partition=0),  # the same offset, another record
+    ]
+    pub.publish(sorted(rows, key=lambda r: r.position), epoch=1)
+    placed = [p for p in producer.placed if p[0] != "hostmetrics.progress"]
+    assert placed[-2:] == [("hostmetrics.out", 0, "3"), ("hostmetrics.dlq", 1, "3")]

@@ -28,37 +28,45 @@ def test_the_high_watermark_is_cached_and_a_failure_brings_a_new_consumer() -> N
     def make(_config: dict[str, Any]) -> Any:
         consumer = mock.MagicMock(name=f"consumer{len(consumers)}")
         consumer.get_watermark_offsets.return_value = (5, 40 + len(consumers))
+        consumer.list_topics.return_value.topics = {
+            "hostmetrics.in": mock.MagicMock(error=None, partitions={0: None})
+        }
         consumers.append(consumer)
         return consumer
 
     clock = Clock()
     marks = InboundWatermarks(load_settings(), "a", consumer=make, clock=clock)
-    assert marks.high() == 40
-    assert marks.high() == 40  # cached: one question to Kafka
+    assert marks.highs() == {0: 40}
+    assert marks.highs() == {0: 40}  # cached: one question to Kafka
     assert consumers[0].get_watermark_offsets.call_count == 1
     clock.now += 1.0
     consumers[0].get_watermark_offsets.side_effect = KafkaException("Local: Unknown partition")
-    assert marks.high() is None  # unknown, never guessed
+    assert marks.highs() is None  # unknown, never guessed
     consumers[0].close.assert_called_once()
-    assert marks.high() is None  # within the cache period: no new question
+    assert marks.highs() is None  # within the cache period: no new question
     clock.now += 1.0
-    assert marks.high() == 41  # the new consumer answers
-    assert marks.log_start() == 5
+    assert marks.highs() == {0: 41}  # the new consumer answers
+    assert marks.log_starts() == {0: 5}
     marks.close()
     consumers[1].close.assert_called_once()
 
 
-def test_the_offset_at_a_time_past_the_log_is_its_end() -> None:
+def test_the_offset_at_a_time_past_a_partitions_log_is_its_end() -> None:
     consumer = mock.MagicMock()
-    consumer.offsets_for_times.return_value = [mock.MagicMock(offset=-1)]
+    consumer.list_topics.return_value.topics = {
+        "hostmetrics.in": mock.MagicMock(error=None, partitions={0: None, 1: None})
+    }
+    consumer.offsets_for_times.return_value = [
+        mock.MagicMock(partition=0, offset=-1),
+        mock.MagicMock(partition=1, offset=12),
+    ]
     consumer.get_watermark_offsets.return_value = (0, 77)
     marks = InboundWatermarks(load_settings(), "a", consumer=lambda _c: consumer)
-    assert marks.offset_at(123) == 77
-    consumer.offsets_for_times.return_value = [mock.MagicMock(offset=12)]
-    assert marks.offset_at(123) == 12
+    assert marks.offsets_at(123) == {0: 77, 1: 12}
+    assert marks.log_starts() == {0: 0, 1: 0}
     consumer.get_watermark_offsets.side_effect = KafkaException("down")
     with pytest.raises(KafkaException):
-        marks.log_start()  # a caller decides what an unanswered log start means
+        marks.log_starts()  # a caller decides what an unanswered log start means
 
 
 def progress(batch: int, total: int, add: int, commit: int) -> dict[str, Any]:

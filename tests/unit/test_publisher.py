@@ -58,8 +58,10 @@ class _FakeProducer:
     def __init__(self, config: dict[str, object]) -> None:
         self.config = config
         self.pending: list[Any] = []
+        self.keys: list[bytes | None] = []
 
-    def produce(self, topic: str, value: bytes, on_delivery: Any) -> None:
+    def produce(self, topic: str, key: bytes | None, value: bytes, on_delivery: Any) -> None:
+        self.keys.append(key)
         self.pending.append(on_delivery)
 
     def poll(self, _timeout: float) -> int:
@@ -97,3 +99,20 @@ def test_the_paced_feeder_batches_its_sends_instead_of_a_request_per_record(monk
     assert config["linger.ms"] >= 20
     assert config["acks"] == "all"
     assert clock.now == pytest.approx(0.1)  # paced: 100 records at 1,000/s
+
+
+def test_records_are_keyed_by_the_pipelines_partition_member_so_a_key_keeps_one_partition(
+    monkeypatch,
+):
+    made: list[_FakeProducer] = []
+
+    def producer(config: dict[str, object]) -> _FakeProducer:
+        made.append(_FakeProducer(config))
+        return made[-1]
+
+    monkeypatch.setattr(publisher, "Producer", producer)
+    records = [b'{"card": "c-1", "amount": 3}', b'{"card": 42}', b"not json", b'{"x": 1}', None]
+    publisher.publish(load_settings(zk_password="unit-test"), records, key_field="card")
+    assert made[0].keys == [b"c-1", b"42", None, None, None]
+    publisher.publish(load_settings(zk_password="unit-test"), records[:1])
+    assert made[1].keys == [None]  # no partition member: unkeyed, as before

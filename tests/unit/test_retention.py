@@ -151,3 +151,31 @@ def test_everything_good_passes_and_fixes_cover_only_retention():
         "hm.in": {"retention.ms": str(REQUIRED + 1), "retention.bytes": "-1"},
         "hm.out": {"retention.ms": str(20 * 60_000)},
     }
+
+
+def test_the_topics_must_have_the_configured_partitions():
+    three = dataclasses.replace(
+        facts(),
+        inbound=TopicFacts("hm.in", dict(GOOD), 3, 3),
+        outbound=TopicFacts("hm.out", dict(GOOD), 3, 3),
+    )
+    assert status(evaluate(dataclasses.replace(three, partitions=3)), "inbound partitions") == OK
+    # The settings say one partition, the topics have three: every output would go astray.
+    assert status(evaluate(three), "inbound partitions") == FAIL
+    # The outbound topic with fewer partitions than the inbound one.
+    lopsided = dataclasses.replace(three, partitions=3, outbound=TopicFacts("hm.out", GOOD, 1, 3))
+    assert status(evaluate(lopsided), "inbound partitions") == FAIL
+
+
+def test_with_partitions_the_snapshot_must_be_restorable_in_each_of_them():
+    three = facts(
+        newest_snapshot_next_offsets={0: 500, 1: 90, 2: 700},
+        inbound_log_starts={0: 100, 1: 100, 2: 100},
+        partitions=3,
+    )
+    (check,) = [c for c in evaluate(three).checks if c.name == "newest snapshot restorable"]
+    assert check.status == FAIL
+    assert "(partition 1)" in check.message
+    assert check.current == "0:500, 1:90, 2:700"
+    fine = dataclasses.replace(three, newest_snapshot_next_offsets={0: 500, 1: 100, 2: 700})
+    assert status(evaluate(fine), "newest snapshot restorable") == OK

@@ -197,7 +197,7 @@ def test_install_replaces_the_checkpoint_and_returns_the_buffer(tmp_path, clock)
     assert buffer == rows(0, 65)
     assert not (target / "junk").exists()
     position = snapshot.checkpoint_position(target, TOPIC)
-    assert position == snapshot.CheckpointPosition(1, 66)
+    assert position == snapshot.CheckpointPosition(1, {0: 66})
     assert snapshot.checkpoint_problem(target, TOPIC) is None
 
 
@@ -239,3 +239,9 @@ def test_snapshot_ids_lists_finished_snapshots_without_reading_them(tmp_path, cl
     (snaps / made[1] / snapshot.BUFFER).write_text("")  # damaged still counts as history
     (snaps / "20991231T000000.000000Z-a-b1.tmp").mkdir()
     assert snapshot.snapshot_ids(snaps) == made[::-1]
+
+
+def test_the_buffer_keeps_each_rows_partition(tmp_path):
+    rows_in = [Output(3, "out", "k", "v", 0), Output(3, "dlq", None, "x", 2)]
+    snapshot.write_buffer(tmp_path / "b.jsonl", rows_in)
+    assert snapshot.read_buffer(tmp_path / "b.jsonl") == rows_in

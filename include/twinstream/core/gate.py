@@ -28,6 +28,12 @@ A msg_id may have several rows (a fan-out): they arrive in one batch, stay toget
 buffer and are published in one transaction, in the order the batch gave them. A record
 without output has a coverage row (`twinstream.core.rows.NONE`), so that every msg_id a
 batch consumed is in the buffer and a takeover tells a filtered record from a gap.
+
+Partitions: a record's identity is (partition, msg_id), msg_id being its offset in that
+inbound partition. Everything above holds per partition: each has its own buffer (of at
+least `num_buffered_msgs` rows), its own last published msg_id, its own gaps and repairs;
+one transaction still covers a batch's rows of every partition. `max_buffered_msgs` bounds
+the rows of all partitions together (raised to partitions x `num_buffered_msgs` if lower).
 """
 
 from __future__ import annotations
@@ -36,28 +42,39 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import takewhile
 from typing import Protocol
 
-from twinstream.core.rows import Output
+from twinstream.core.rows import Output, range_text, span
 
 log = logging.getLogger(__name__)
 
+# Partition -> msg_id: how far something has got in each inbound partition.
+Positions = Mapping[int, int]
+
 
 def merge(*sources: Iterable[Output]) -> list[Output]:
-    """The rows of every msg_id in any source, in msg_id order, each msg_id's rows taken
-    whole from the first source that has it (sources hold the same rows for a msg_id:
-    engines compute deterministically)."""
-    groups: dict[int, list[Output]] = {}
+    """The rows of every (partition, msg_id) in any source, in that order, each msg_id's
+    rows taken whole from the first source that has it (sources hold the same rows for a
+    msg_id: engines compute deterministically)."""
+    groups: dict[tuple[int, int], list[Output]] = {}
     for source in sources:
-        mine: dict[int, list[Output]] = {}
+        mine: dict[tuple[int, int], list[Output]] = {}
         for row in source:
-            if row.msg_id not in groups:
-                mine.setdefault(row.msg_id, []).append(row)
+            if row.position not in groups:
+                mine.setdefault(row.position, []).append(row)
         groups.update(mine)
-    return [row for msg_id in sorted(groups) for row in groups[msg_id]]
+    return [row for position in sorted(groups) for row in groups[position]]
+
+
+def by_partition(rows: Iterable[Output]) -> dict[int, list[Output]]:
+    """Rows grouped by partition, each group in the order given."""
+    groups: dict[int, list[Output]] = {}
+    for row in rows:
+        groups.setdefault(row.partition, []).append(row)
+    return groups
 
 
 class Fenced(Exception):
@@ -100,12 +117,22 @@ class NoMetrics:
 
 @dataclass
 class Repair:
-    """A range no buffer covered at a takeover, recomputed: msg_id first..last, and how
-    long it took (None while in progress)."""
+    """A range no buffer covered at a takeover, recomputed: msg_id first..last of a
+    partition, and how long it took (None while in progress)."""
 
     first: int
     last: int
     seconds: float | None = None
+    partition: int = 0
+
+
+@dataclass(frozen=True)
+class Uncovered:
+    """msg_id first..last of a partition: in no buffer, missing from the output."""
+
+    partition: int
+    first: int
+    last: int
 
 
 @dataclass
@@ -113,16 +140,40 @@ class GateStatus:
     role: str
     epoch: int
     zk_connected: bool
+    # With one partition (0), its msg_ids; with several, None: see `processed`/`published`.
     last_msg_id_processed: int | None
     last_msg_id_published: int | None
     buffer_fill: int
     buffer_size: int
-    uncovered_ranges: list[tuple[int, int]] = field(default_factory=list)
+    uncovered_ranges: list[Uncovered] = field(default_factory=list)
     # Rows the active holds that it could not publish yet.
     unpublished: int = 0
     # Why the query is paused (backpressure), if it is.
     paused: str | None = None
     repairs: list[Repair] = field(default_factory=list)
+    # Per partition: the last msg_id buffered, and the last published as this engine knows it.
+    processed: dict[int, int] = field(default_factory=dict)
+    published: dict[int, int] = field(default_factory=dict)
+
+
+class _Partition:
+    """One inbound partition's rows and positions (the gate's lock guards it)."""
+
+    def __init__(self) -> None:
+        # In msg_id order. At least the last `buffer_size` rows; more while they are above
+        # the active's last published msg_id (see Gate._trim).
+        self.buffer: deque[Output] = deque()
+        # The active's last published msg_id as this standby last read it; None: unknown.
+        self.published_elsewhere: int | None = None
+        self.last_processed: int | None = None
+        self.last_published: int | None = None
+        # A gap given up on (reported): rows after it are then published as they are.
+        self.given_up_gap: tuple[int, int] | None = None
+
+    def floor_blocks(self) -> bool:
+        """Whether the oldest row is one the active has not published (or may not have)."""
+        floor = self.published_elsewhere
+        return bool(self.buffer) and (floor is None or self.buffer[0].msg_id > floor)
 
 
 class Gate:
@@ -135,18 +186,14 @@ class Gate:
         max_buffer_size: int | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
-        on_gap: Callable[[int, int], bool] | None = None,
+        on_gap: Callable[[int, int, int], bool] | None = None,
         on_fenced: Callable[[], None] | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.pipeline = pipeline
-        # In msg_id order. At least the last `buffer_size` rows; more while they are above
-        # the active's last published msg_id, up to `max_buffer_size` (see _trim).
-        self._buffer: deque[Output] = deque()
+        self._parts: dict[int, _Partition] = {}
         self._buffer_size = buffer_size
         self._max_buffer_size = max(buffer_size, max_buffer_size or buffer_size)
-        # The active's last published msg_id as this standby last read it; None: unknown.
-        self._published_elsewhere: int | None = None
         self._sleep = sleep
         self._clock = clock
         self._paused: str | None = None
@@ -154,27 +201,30 @@ class Gate:
         # no batch pauses until the next query starts.
         self._generation = 0
         self._stopping = False
-        # Asked to recompute a range no buffer covers; True: it will (see `rewind`).
+        # Asked to recompute (partition, first, last), a range no buffer covers; True: it
+        # will (see `rewind`).
         self._on_gap = on_gap
         # The active's producer can publish no more (fenced, or failed for good): leave the
         # leadership, so that the next active (this engine again, perhaps) fences anew.
         self._on_fenced = on_fenced
         self._repairs: list[Repair] = []
         self._repair_started = 0.0
-        # A gap given up on (reported): rows after it are then published as they are.
-        self._last_published_gap: tuple[int, int] | None = None
         self._lock = threading.RLock()
         self._metrics = metrics or NoMetrics()
         self._role = "none"
         self._epoch = 0
         self._zk_connected = False
         self._publisher: Publisher | None = None
-        self._last_processed: int | None = None
-        self._last_published: int | None = None
-        self._uncovered: list[tuple[int, int]] = []
-        # While active: rows whose commit failed or was held (SUSPENDED), kept even if the
-        # ring has dropped them, until they are published.
+        self._uncovered: list[Uncovered] = []
+        # While active: rows whose commit failed or was held (SUSPENDED), in (partition,
+        # msg_id) order, kept even if the ring has dropped them, until they are published.
         self._held: list[Output] = []
+
+    def _part(self, partition: int) -> _Partition:
+        part = self._parts.get(partition)
+        if part is None:
+            part = self._parts[partition] = _Partition()
+        return part
 
     # -- what the streaming query calls -------------------------------------------------
 
@@ -186,8 +236,12 @@ class Gate:
 
     def _take(self, batch_id: int, rows: Sequence[Output]) -> int:
         with self._lock:
-            newest = self._buffer[-1].msg_id if self._buffer else -1
-            fresh = sorted((r for r in rows if r.msg_id > newest), key=lambda r: r.msg_id)
+            fresh: list[Output] = []
+            for partition, group in sorted(by_partition(rows).items()):
+                part = self._part(partition)
+                newest = part.buffer[-1].msg_id if part.buffer else -1
+                mine = sorted((r for r in group if r.msg_id > newest), key=lambda r: r.msg_id)
+                fresh += mine
             if len(fresh) < len(rows):
                 log.info(
                     "engine %s pipeline %s: batch %s repeats %s rows already buffered "
@@ -201,10 +255,11 @@ class Gate:
             # before the ring drops anything.
             # A standby never publishes from here: it skips the work on every batch.
             pending = self._pending(fresh) if self._role == "active" else []
-            self._buffer.extend(fresh)
+            for partition, group in by_partition(fresh).items():
+                part = self._parts[partition]
+                part.buffer.extend(group)
+                part.last_processed = group[-1].msg_id
             self._trim()
-            if fresh:
-                self._last_processed = fresh[-1].msg_id
             self._metrics.processed(len(fresh))
             return self._publish(pending, batch_id)
 
@@ -221,14 +276,16 @@ class Gate:
         with self._lock:
             self._stopping = False
 
+    def _bound(self) -> int:
+        return max(self._max_buffer_size, len(self._parts) * self._buffer_size)
+
+    def _fill(self) -> int:
+        return sum(len(p.buffer) for p in self._parts.values())
+
     def _over_bound(self) -> bool:
         if self._role == "active":
-            return len(self._held) >= self._max_buffer_size
-        return len(self._buffer) >= self._max_buffer_size and self._trim_floor_blocks()
-
-    def _trim_floor_blocks(self) -> bool:
-        floor = self._published_elsewhere
-        return bool(self._buffer) and (floor is None or self._buffer[0].msg_id > floor)
+            return len(self._held) >= self._bound()
+        return self._fill() >= self._bound() and any(p.floor_blocks() for p in self._parts.values())
 
     def _wait_for_room(self, batch_id: int) -> int:
         """Hold the query (this call does not return) while over the bound: an active
@@ -277,20 +334,24 @@ class Gate:
         if self._role == "active":
             return (
                 f"{len(self._held)} unpublished rows (max_buffered_msgs "
-                f"{self._max_buffer_size}); retrying the publish until Kafka takes them"
+                f"{self._bound()}); retrying the publish until Kafka takes them"
             )
+        elsewhere = {p: part.published_elsewhere for p, part in sorted(self._parts.items())}
+        position = elsewhere.get(0) if list(elsewhere) == [0] else elsewhere
         return (
-            f"{len(self._buffer)} buffered rows above the active's last published msg_id "
-            f"{self._published_elsewhere} (max_buffered_msgs {self._max_buffer_size}); "
-            "waiting for the active to publish"
+            f"{self._fill()} buffered rows above the active's last published msg_id "
+            f"{position} (max_buffered_msgs {self._bound()}); waiting for the active to publish"
         )
 
-    def note_published(self, msg_id: int) -> None:
-        """A standby learns the active's last published msg_id: rows above it are kept
-        beyond `buffer_size` until it has passed them (the query pauses at the bound)."""
+    def note_published(self, positions: Positions) -> None:
+        """A standby learns the active's last published msg_id of each partition: rows above
+        it are kept beyond `buffer_size` until it has passed them (the query pauses at the
+        bound)."""
         with self._lock:
-            if self._published_elsewhere is None or msg_id > self._published_elsewhere:
-                self._published_elsewhere = msg_id
+            for partition, msg_id in positions.items():
+                part = self._part(partition)
+                if part.published_elsewhere is None or msg_id > part.published_elsewhere:
+                    part.published_elsewhere = msg_id
             self._trim()
 
     # -- what the election and ZooKeeper state listener call ----------------------------
@@ -305,16 +366,17 @@ class Gate:
         self,
         epoch: int,
         fence: Callable[[], Publisher],
-        last_committed: Callable[[], int | None],
+        last_committed: Callable[[], Positions],
     ) -> int:
-        """Become the active: fence, find the last published msg_id, publish what the
-        buffer holds after it. Returns the number of rows published at takeover."""
+        """Become the active: fence, find the last published msg_id of each partition,
+        publish what the buffer holds after it. Returns the number of rows published at
+        takeover. A partition `last_committed` does not name starts at msg_id 0."""
         with self._lock:
             started = time.monotonic()
             publisher = fence()
             fenced = time.monotonic()
             try:
-                last = last_committed()
+                last = dict(last_committed())
             except Exception:
                 publisher.close()
                 raise
@@ -325,24 +387,34 @@ class Gate:
                 fenced - started,
                 time.monotonic() - fenced,
             )
+            for partition in last:
+                self._part(partition)
+            for partition, part in self._parts.items():
+                part.last_published = last.get(partition)
             self._publisher = publisher
             self._epoch = epoch
-            self._last_published = last
             self._zk_connected = True
             self._set_role("active")
             self._metrics.takeover()
             log.warning(
                 "engine %s pipeline %s: ACTIVE at epoch %s; last published msg_id %s, "
-                "processed up to msg_id %s, buffer holds %s..%s",
+                "processed up to msg_id %s, buffer holds %s",
                 self.engine_id,
                 self.pipeline,
                 epoch,
-                last,
-                self._last_processed,
-                self._buffer[0].msg_id if self._buffer else None,
-                self._buffer[-1].msg_id if self._buffer else None,
+                self._positions("last_published"),
+                self._positions("last_processed"),
+                "; ".join(
+                    f"{span([p.buffer[0], p.buffer[-1]])}" for p in self._parts.values() if p.buffer
+                )
+                or "nothing",
             )
             return self._publish(self._pending([]), None)
+
+    def _positions(self, name: str) -> object:
+        """A position of every partition, for logs: the value alone for partition 0 only."""
+        values = {p: getattr(part, name) for p, part in sorted(self._parts.items())}
+        return values.get(0) if list(values) in ([0], []) else values
 
     def step_down(self, reason: str, rejoin: bool = True) -> None:
         with self._lock:
@@ -353,8 +425,11 @@ class Gate:
             if self._held:
                 # What it could not publish stays, as on any standby a row the active has
                 # not published does: a takeover (by this engine, re-elected) needs it.
-                self._buffer = deque(merge(self._buffer, self._held))
-                self._published_elsewhere = self._last_published
+                for partition, held in by_partition(self._held).items():
+                    part = self._part(partition)
+                    part.buffer = deque(merge(part.buffer, held))
+                for part in self._parts.values():
+                    part.published_elsewhere = part.last_published
             self._held = []
             self._set_role("standby" if rejoin else "none")
             if was == "active":
@@ -364,7 +439,7 @@ class Gate:
                     self.engine_id,
                     self.pipeline,
                     reason,
-                    self._last_published,
+                    self._positions("last_published"),
                 )
 
     def zk_connected(self, connected: bool) -> None:
@@ -380,32 +455,46 @@ class Gate:
         # Without the lock: a publish holds it for as long as Kafka takes to answer (up to
         # message.timeout.ms in an outage), and status reads must not wait for that. Each
         # field is read atomically; together they may straddle one batch.
+        parts = dict(self._parts)
+        processed = {p: v.last_processed for p, v in parts.items() if v.last_processed is not None}
+        published = {p: v.last_published for p, v in parts.items() if v.last_published is not None}
+        single = set(parts) <= {0}
         return GateStatus(
             role=self._role,
             epoch=self._epoch,
             zk_connected=self._zk_connected,
-            last_msg_id_processed=self._last_processed,
-            last_msg_id_published=self._last_published,
-            buffer_fill=len(self._buffer),
+            last_msg_id_processed=processed.get(0) if single else None,
+            last_msg_id_published=published.get(0) if single else None,
+            buffer_fill=sum(len(p.buffer) for p in parts.values()),
             buffer_size=self._buffer_size,
             uncovered_ranges=list(self._uncovered),
             unpublished=len(self._held),
             paused=self._paused,
             repairs=list(self._repairs),
+            processed=processed,
+            published=published,
         )
 
     def buffered(self) -> list[Output]:
+        """Every buffered row, in (partition, msg_id) order."""
         with self._lock:
-            return list(self._buffer)
+            return [r for _, part in sorted(self._parts.items()) for r in part.buffer]
 
-    def rewind(self, next_msg_id: int) -> None:
-        """The query has been rewound to recompute from `next_msg_id`: forget the rows it
-        will bring again, so they are taken as new (not dropped as a replay)."""
+    def rewind(self, next_msg_ids: Positions) -> None:
+        """The query has been rewound to recompute from `next_msg_ids` (per partition):
+        forget the rows it will bring again, so they are taken as new (not dropped as a
+        replay)."""
         with self._lock:
-            while self._buffer and self._buffer[-1].msg_id >= next_msg_id:
-                self._buffer.pop()
-            self._held = [r for r in self._held if r.msg_id < next_msg_id]
-            self._last_processed = self._buffer[-1].msg_id if self._buffer else None
+            for partition, next_msg_id in next_msg_ids.items():
+                part = self._part(partition)
+                while part.buffer and part.buffer[-1].msg_id >= next_msg_id:
+                    part.buffer.pop()
+                part.last_processed = part.buffer[-1].msg_id if part.buffer else None
+            self._held = [
+                r
+                for r in self._held
+                if r.partition not in next_msg_ids or r.msg_id < next_msg_ids[r.partition]
+            ]
 
     def repair_failed(self, why: str) -> None:
         """The engine could not recompute the range: report it as missing, and publish
@@ -416,30 +505,28 @@ class Gate:
                 return
             self._repairs.remove(repair)
             log.error(
-                "engine %s pipeline %s: repair of msg_id %s..%s failed: %s",
+                "engine %s pipeline %s: repair of msg_id %s failed: %s",
                 self.engine_id,
                 self.pipeline,
-                repair.first,
-                repair.last,
+                range_text(repair.partition, repair.first, repair.last),
                 why,
             )
-            self._report_uncovered(repair.first, repair.last)
-            self._last_published_gap = (repair.first, repair.last)
+            self._report_uncovered(repair.partition, repair.first, repair.last)
+            self._part(repair.partition).given_up_gap = (repair.first, repair.last)
             self._publish(self._pending([]), None)
 
-    def _start_repair(self, first: int, last: int) -> bool:
+    def _start_repair(self, partition: int, first: int, last: int) -> bool:
         """Ask the engine to recompute first..last; True: it will, hold everything later."""
-        if self._on_gap is None or not self._on_gap(first, last):
+        if self._on_gap is None or not self._on_gap(partition, first, last):
             return False
-        self._repairs.append(Repair(first, last))
+        self._repairs.append(Repair(first, last, partition=partition))
         self._repair_started = self._clock()
         log.warning(
-            "engine %s pipeline %s: GAP msg_id %s..%s (%s messages): no buffer holds them; "
+            "engine %s pipeline %s: GAP msg_id %s (%s messages): no buffer holds them; "
             "recomputing them before publishing anything later",
             self.engine_id,
             self.pipeline,
-            first,
-            last,
+            range_text(partition, first, last),
             last - first + 1,
         )
         return True
@@ -449,15 +536,16 @@ class Gate:
 
     def restore(self, rows: Sequence[Output]) -> None:
         """Load a snapshot's buffer (or none, for a cold rebuild) into a standby whose query
-        is stopped; the restarted query continues after the last row."""
+        is stopped; the restarted query continues after the last row of each partition."""
         with self._lock:
             if self._role == "active":
                 raise RuntimeError("an active engine's buffer cannot be replaced")
-            self._buffer.clear()
-            self._buffer.extend(sorted(rows, key=lambda r: r.msg_id))
-            self._last_processed = self._buffer[-1].msg_id if self._buffer else None
+            self._parts = {}
+            for partition, group in by_partition(merge(rows)).items():
+                part = self._part(partition)
+                part.buffer.extend(group)
+                part.last_processed = group[-1].msg_id
             self._held = []
-            self._published_elsewhere = None
             self._trim()
 
     @property
@@ -467,32 +555,37 @@ class Gate:
     # -- internals ----------------------------------------------------------------------
 
     def _trim(self) -> None:
-        """Drop the oldest rows beyond `buffer_size` that nobody needs any more: on a
-        standby those the active has published (none while its position is unknown), on
-        the active all of them (it keeps its unpublished ones in `_held`), outside the
+        """Drop each partition's oldest rows beyond `buffer_size` that nobody needs any more:
+        on a standby those the active has published (none while its position is unknown),
+        on the active all of them (it keeps its unpublished ones in `_held`), outside the
         election all of them. Never a row a takeover may need: past `max_buffered_msgs`
         the query pauses instead."""
-        floor = self._published_elsewhere
-        while len(self._buffer) > self._buffer_size:
-            if self._role == "standby" and (floor is None or self._buffer[0].msg_id > floor):
-                break
-            self._buffer.popleft()
+        for part in self._parts.values():
+            while len(part.buffer) > self._buffer_size:
+                if self._role == "standby" and part.floor_blocks():
+                    break
+                part.buffer.popleft()
 
     def _set_role(self, role: str) -> None:
         self._role = role
         self._metrics.role(role)
 
     def _pending(self, fresh: list[Output]) -> list[Output]:
-        """Rows above the last published msg_id, in order: those held back by a failed or
-        suspended commit, the buffered ones, and the new batch's."""
-        last = self._last_published
+        """Rows above each partition's last published msg_id, in (partition, msg_id)
+        order: those held back by a failed or suspended commit, the buffered ones, and the
+        new batch's."""
 
         def unpublished(row: Output) -> bool:
+            last = self._parts[row.partition].last_published
             return last is None or row.msg_id > last
 
         # The ring is in msg_id order: read back from its end only as far as it is
         # unpublished, instead of scanning all num_buffered_msgs rows every batch.
-        buffered = list(takewhile(unpublished, reversed(self._buffer)))[::-1]
+        buffered = [
+            row
+            for _, part in sorted(self._parts.items())
+            for row in list(takewhile(unpublished, reversed(part.buffer)))[::-1]
+        ]
         return merge(
             *([r for r in rows if unpublished(r)] for rows in (self._held, buffered, fresh))
         )
@@ -505,34 +598,34 @@ class Gate:
         if not self._zk_connected:
             self._held = rows
             log.warning(
-                "engine %s pipeline %s: ZooKeeper session suspended; holding msg_id %s..%s",
+                "engine %s pipeline %s: ZooKeeper session suspended; holding msg_id %s",
                 self.engine_id,
                 self.pipeline,
-                rows[0].msg_id,
-                rows[-1].msg_id,
+                span(rows),
             )
             return 0
-        last = self._last_published
-        expected = 0 if last is None else last + 1
-        if rows[0].msg_id > expected:
+        for partition, group in sorted(by_partition(rows).items()):
+            part = self._parts[partition]
+            expected = 0 if part.last_published is None else part.last_published + 1
+            if group[0].msg_id <= expected:
+                continue
             if self._repairing() is not None:
                 return 0  # the rewound query brings the missing rows first
-            gap = (expected, rows[0].msg_id - 1)
+            gap = (expected, group[0].msg_id - 1)
             # A gap a failed repair gave up on is reported already: publish what follows.
-            if gap != self._last_published_gap:
-                if self._start_repair(*gap):
+            if gap != part.given_up_gap:
+                if self._start_repair(partition, *gap):
                     return 0
-                self._report_uncovered(*gap)
+                self._report_uncovered(partition, *gap)
         try:
             self._publisher.publish(rows, self._epoch)
         except Fenced as exc:
             log.error(
-                "engine %s pipeline %s: cannot publish msg_id %s..%s (%s); nothing of it was "
+                "engine %s pipeline %s: cannot publish msg_id %s (%s); nothing of it was "
                 "committed; stepping down, keeping the rows",
                 self.engine_id,
                 self.pipeline,
-                rows[0].msg_id,
-                rows[-1].msg_id,
+                span(rows),
                 exc,
             )
             self.step_down("fenced, or its producer failed")
@@ -541,53 +634,56 @@ class Gate:
             return 0
         except TransientPublishError as exc:
             log.warning(
-                "engine %s pipeline %s: transaction for msg_id %s..%s aborted (%s); "
+                "engine %s pipeline %s: transaction for msg_id %s aborted (%s); "
                 "retrying with the next batch",
                 self.engine_id,
                 self.pipeline,
-                rows[0].msg_id,
-                rows[-1].msg_id,
+                span(rows),
                 exc,
             )
             self._held = rows
             return 0
         self._held = []
-        self._last_published = rows[-1].msg_id
+        for partition, group in by_partition(rows).items():
+            self._parts[partition].last_published = group[-1].msg_id
         self._metrics.published(len(rows))
         repair = self._repairing()
-        if repair is not None and self._last_published >= repair.last:
+        published = self._parts.get(repair.partition) if repair is not None else None
+        if (
+            repair is not None
+            and published is not None
+            and published.last_published is not None
+            and published.last_published >= repair.last
+        ):
             repair.seconds = round(self._clock() - self._repair_started, 3)
             self._metrics.repaired(repair.last - repair.first + 1)
             log.warning(
-                "engine %s pipeline %s: REPAIRED msg_id %s..%s (%s messages) in %.1f s",
+                "engine %s pipeline %s: REPAIRED msg_id %s (%s messages) in %.1f s",
                 self.engine_id,
                 self.pipeline,
-                repair.first,
-                repair.last,
+                range_text(repair.partition, repair.first, repair.last),
                 repair.last - repair.first + 1,
                 repair.seconds,
             )
         log.info(
-            "engine %s pipeline %s: batch %s: published msg_id %s..%s (%s rows) at epoch %s",
+            "engine %s pipeline %s: batch %s: published msg_id %s (%s rows) at epoch %s",
             self.engine_id,
             self.pipeline,
             batch_id,
-            rows[0].msg_id,
-            rows[-1].msg_id,
+            span(rows),
             len(rows),
             self._epoch,
         )
         return len(rows)
 
-    def _report_uncovered(self, first: int, last: int) -> None:
-        self._uncovered.append((first, last))
+    def _report_uncovered(self, partition: int, first: int, last: int) -> None:
+        self._uncovered.append(Uncovered(partition, first, last))
         self._metrics.uncovered(first, last)
         log.error(
-            "engine %s pipeline %s: UNCOVERED msg_id %s..%s (%s messages): no engine's "
+            "engine %s pipeline %s: UNCOVERED msg_id %s (%s messages): no engine's "
             "buffer holds them; they are missing from the outbound topics",
             self.engine_id,
             self.pipeline,
-            first,
-            last,
+            range_text(partition, first, last),
             last - first + 1,
         )

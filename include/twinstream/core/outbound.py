@@ -1,5 +1,11 @@
 """Kafka side of the gate: the fencing transactional publisher and the reader of the last
-committed msg_id."""
+committed msg_id of each partition.
+
+Guarantee: a row of inbound partition p goes to partition p of the outbound or dead-letter
+topic, and each transaction writes, to partition p of the progress topic, one progress
+record per partition it has rows of; so the tail of partition p of the three topics says
+how far partition p has been published (the topics have as many partitions as the inbound
+one: `twinstream.kafka.topic_specs`)."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from twinstream.config import Settings
-from twinstream.core.gate import Fenced, TransientPublishError
+from twinstream.core.gate import Fenced, TransientPublishError, by_partition
 from twinstream.core.rows import DLQ, NONE, OUT, Output, dead_letter, encode
 from twinstream.kafka import consumer_config, producer_config
 
@@ -101,7 +107,7 @@ class KafkaPublisher:
         large, invalid) rather than for the cluster's state is replaced by its dead letter
         and the transaction retried once: one record never stalls the others."""
         rows = list(rows)
-        refused: dict[int, KafkaError] = {}
+        refused: dict[tuple[int, int], KafkaError] = {}
         try:
             self._transaction(rows, epoch, refused)
         except TransientPublishError:
@@ -113,20 +119,22 @@ class KafkaPublisher:
                 "letters instead",
                 self._engine_id.decode(),
                 self._settings.pipeline,
-                sorted(refused),
+                ", ".join(f"{p}:{o}" if p else str(o) for p, o in sorted(refused)),
                 "; ".join(sorted({e.name() for e in refused.values()})),
             )
             self._transaction(rows, epoch, {})
 
-    def _replace_refused(self, rows: list[Output], refused: dict[int, KafkaError]) -> list[Output]:
+    def _replace_refused(
+        self, rows: list[Output], refused: dict[tuple[int, int], KafkaError]
+    ) -> list[Output]:
         """Each msg_id with a refused row gets one dead letter instead of all its rows (a
         fan-out is published whole or not at all)."""
         replaced: list[Output] = []
         for row in rows:
-            if row.msg_id not in refused:
+            if row.position not in refused:
                 replaced.append(row)
-            elif not replaced or replaced[-1].msg_id != row.msg_id:
-                replaced.append(self._dead_letter(row, refused[row.msg_id]))
+            elif not replaced or replaced[-1].position != row.position:
+                replaced.append(self._dead_letter(row, refused[row.position]))
         return replaced
 
     def _dead_letter(self, row: Output, error: KafkaError) -> Output:
@@ -136,9 +144,12 @@ class KafkaPublisher:
             row.value.encode("utf-8", "backslashreplace"),
             # Half the limit: a dead letter of a refused row must not be refused in turn.
             self._settings.max_message_bytes // 2,
+            row.partition,
         )
 
-    def _transaction(self, rows: list[Output], epoch: int, refused: dict[int, KafkaError]) -> None:
+    def _transaction(
+        self, rows: list[Output], epoch: int, refused: dict[tuple[int, int], KafkaError]
+    ) -> None:
         topics = {OUT: self._settings.outbound_topic, DLQ: self._settings.dlq_topic}
         epoch_header = str(epoch).encode()
         if not rows:
@@ -151,10 +162,10 @@ class KafkaPublisher:
                 ("epoch", epoch_header),
             ]
 
-        def delivered(msg_id: int) -> Callable[[KafkaError | None, object], None]:
+        def delivered(position: tuple[int, int]) -> Callable[[KafkaError | None, object], None]:
             def report(error: KafkaError | None, _msg: object) -> None:
                 if error is not None and is_refusal(error):
-                    refused[msg_id] = error
+                    refused[position] = error
 
             return report
 
@@ -170,29 +181,32 @@ class KafkaPublisher:
                 try:
                     self._produce(
                         topics[row.kind],
+                        partition=row.partition,
                         key=row.key.encode() if row.key is not None else None,
                         value=row.value.encode(),
                         headers=headers(row.msg_id),
-                        on_delivery=delivered(row.msg_id),
+                        on_delivery=delivered(row.position),
                     )
                 except KafkaException as exc:
                     # librdkafka refuses some records before sending (too large): the
                     # transaction cannot hold every row, so it is abandoned below.
                     if not is_refusal(exc.args[0]):
                         raise
-                    refused[row.msg_id] = exc.args[0]
+                    refused[row.position] = exc.args[0]
                 except UnicodeEncodeError as exc:
-                    refused[row.msg_id] = KafkaError(KafkaError.INVALID_RECORD, str(exc))
+                    refused[row.position] = KafkaError(KafkaError.INVALID_RECORD, str(exc))
                 # Serve delivery reports so the local queue never fills on large batches.
                 self._producer.poll(0)
             if refused:
                 raise TransientPublishError(f"{len(refused)} record(s) refused")
-            self._produce(
-                self._settings.progress_topic,
-                key=None,
-                value=progress_record(rows).encode(),
-                headers=headers(rows[-1].msg_id),
-            )
+            for partition, group in sorted(by_partition(rows).items()):
+                self._produce(
+                    self._settings.progress_topic,
+                    partition=partition,
+                    key=None,
+                    value=progress_record(group).encode(),
+                    headers=headers(group[-1].msg_id),
+                )
             self._commit()
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
@@ -275,9 +289,10 @@ class KafkaPublisher:
 
 
 def progress_record(rows: Sequence[Output]) -> str:
-    """What one transaction covers: every msg_id from `first` to `last` has its rows in
-    this transaction (outputs, dead letters) or had none; with the counts, for the audit.
-    The progress topics' records tile the inbound offsets, each exactly once."""
+    """What one transaction covers in one partition (`rows` are that partition's): every
+    msg_id from `first` to `last` has its rows in this transaction (outputs, dead letters)
+    or had none; with the counts, for the audit. The records of partition p of the progress
+    topic tile the offsets of inbound partition p, each exactly once."""
     return encode(
         {
             "first": rows[0].msg_id,
@@ -298,9 +313,9 @@ def header(headers: HeadersType | None, name: str) -> str | None:
 
 
 class LastPublishedReader:
-    """Finds the last msg_id committed to the progress, outbound or dead-letter topic
-    (read_committed)
-    from the records' headers: offsets cannot be counted, transaction markers leave holes.
+    """Finds each inbound partition's last msg_id committed to the progress, outbound or
+    dead-letter topic (read_committed), from the records' headers in that partition of
+    each: offsets cannot be counted, transaction markers leave holes.
 
     One consumer, created ahead of time and reused: a standby keeps it connected so that a
     takeover does not pay for a new client's bootstrap and metadata round trips.
@@ -309,6 +324,9 @@ class LastPublishedReader:
     def __init__(self, settings: Settings, timeout_s: float = 10.0) -> None:
         self._settings = settings
         self._timeout_s = timeout_s
+        # The inbound topic's partitions, read once: msg_ids are offsets of these, and a
+        # partition added later would need every engine restarted anyway.
+        self._partitions: list[int] | None = None
         self._consumer = Consumer(
             consumer_config(
                 settings,
@@ -322,43 +340,61 @@ class LastPublishedReader:
             )
         )
 
-    def __call__(self) -> int:
-        """The last committed msg_id; when both topics are empty, the offset before the
-        inbound topic's first retained record (-1 for a new topic)."""
+    def __call__(self) -> dict[int, int]:
+        """Each inbound partition's last committed msg_id; for a partition with nothing
+        published, the offset before its first retained record (-1 for a new topic)."""
         s = self._settings
+        partitions = self.partitions()
         # The progress record closes every transaction; the outputs are read too for the
         # transactions published before progress records existed.
         topics = [s.progress_topic, s.outbound_topic, s.dlq_topic]
-        found = self.last_msg_ids(topics)
-        known = [f for f in found.values() if f is not None]
-        if known:
-            return max(known)
-        low, _ = self._consumer.get_watermark_offsets(
-            TopicPartition(s.inbound_topic, 0), timeout=self._timeout_s
-        )
-        return int(low) - 1
+        found = self.last_msg_ids(topics, partitions)
+        last: dict[int, int] = {}
+        for partition in partitions:
+            known = [v for (_, p), v in found.items() if p == partition and v is not None]
+            if known:
+                last[partition] = max(known)
+                continue
+            low, _ = self._consumer.get_watermark_offsets(
+                TopicPartition(s.inbound_topic, partition), timeout=self._timeout_s
+            )
+            last[partition] = int(low) - 1
+        return last
 
-    def last_msg_ids(self, topics: list[str]) -> dict[str, int | None]:
-        """Each one-partition topic's last committed msg_id, the topics read together."""
+    def partitions(self) -> list[int]:
+        """The inbound topic's partitions."""
+        if self._partitions is None:
+            topic = self._settings.inbound_topic
+            meta = self._consumer.list_topics(topic, timeout=self._timeout_s).topics[topic]
+            if meta.error is not None:
+                raise KafkaException(meta.error)
+            self._partitions = sorted(meta.partitions)
+        return self._partitions
+
+    def last_msg_ids(
+        self, topics: list[str], partitions: list[int]
+    ) -> dict[tuple[str, int], int | None]:
+        """The last committed msg_id of each of `partitions` of each topic, read together."""
+        keys = [(t, p) for t in topics for p in partitions]
         marks = {
-            t: self._consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=self._timeout_s)
-            for t in topics
+            k: self._consumer.get_watermark_offsets(TopicPartition(*k), timeout=self._timeout_s)
+            for k in keys
         }
-        found: dict[str, int | None] = dict.fromkeys(topics)
+        found: dict[tuple[str, int], int | None] = dict.fromkeys(keys)
         span = 64
-        todo = list(topics)
+        todo = list(keys)
         while todo:
-            starts = {t: max(marks[t][0], marks[t][1] - span) for t in todo}
+            starts = {k: max(marks[k][0], marks[k][1] - span) for k in todo}
             scanned = self._scan(starts)
             found.update(scanned)
             # Only transaction markers or aborted records there: look further back.
-            todo = [t for t in todo if scanned[t] is None and starts[t] > marks[t][0]]
+            todo = [k for k in todo if scanned[k] is None and starts[k] > marks[k][0]]
             span *= 8
         return found
 
-    def _scan(self, starts: dict[str, int]) -> dict[str, int | None]:
-        self._consumer.assign([TopicPartition(t, 0, o) for t, o in starts.items()])
-        found: dict[str, int | None] = dict.fromkeys(starts)
+    def _scan(self, starts: dict[tuple[str, int], int]) -> dict[tuple[str, int], int | None]:
+        self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in starts.items()])
+        found: dict[tuple[str, int], int | None] = dict.fromkeys(starts)
         open_ = set(starts)
         deadline = time.monotonic() + self._timeout_s
         try:
@@ -371,16 +407,16 @@ class LastPublishedReader:
                 msg = self._consumer.poll(0.1)
                 if msg is None:
                     continue
-                topic = msg.topic()
+                key = (msg.topic() or "", msg.partition() or 0)
                 error = msg.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        open_.discard(topic or "")
+                        open_.discard(key)
                         continue
                     raise KafkaException(error)
                 value = header(msg.headers(), MSG_ID_HEADER)
-                if value is not None and topic is not None:
-                    found[topic] = int(value)
+                if value is not None and key in found:
+                    found[key] = int(value)
         finally:
             self._consumer.unassign()
         return found

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,23 @@ MAX_REASON_CHARS = 500
 _DEAD_LETTER_OVERHEAD = 6 * MAX_REASON_CHARS + 1024
 
 
+# Inside a pipeline's plan one long column, msg_id, identifies a record: its offset, with
+# its partition in the bits above the 48 an offset may use (2.8e14 records a partition;
+# 32,767 partitions). On partition 0 it is the offset itself. A key's records share a
+# partition, so ordering a key's records by it orders them by offset.
+PARTITION_SHIFT = 48
+_OFFSET_MASK = (1 << PARTITION_SHIFT) - 1
+
+
+def record_id(partition: int, offset: int) -> int:
+    return (partition << PARTITION_SHIFT) | offset
+
+
+def split_record_id(value: int) -> tuple[int, int]:
+    """(partition, offset) of a plan's msg_id."""
+    return value >> PARTITION_SHIFT, value & _OFFSET_MASK
+
+
 OUT = "out"
 DLQ = "dlq"
 NONE = "none"
@@ -34,15 +52,60 @@ NONE = "none"
 
 @dataclass(frozen=True)
 class Output:
+    """One row. Its record's identity is (partition, msg_id): msg_id is the record's offset
+    in that partition of the inbound topic, and the row goes to the same partition of the
+    outbound or dead-letter topic."""
+
     msg_id: int
     kind: str  # OUT, DLQ or NONE
     key: str | None
     value: str
+    partition: int = 0
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(partition, msg_id): the order rows are kept and published in."""
+        return (self.partition, self.msg_id)
 
 
-def covered(msg_id: int) -> Output:
+def range_text(partition: int, first: int, last: int) -> str:
+    """msg_id first..last of a partition, for logs: `13..16` on partition 0, `2:13..2:16`
+    on another (as `span` writes them)."""
+    return f"{first}..{last}" if partition == 0 else f"{partition}:{first}..{partition}:{last}"
+
+
+def positions_text(positions: Mapping[int, int]) -> str:
+    """`1234` for partition 0 alone, `0:1234, 1:1200` for several (logs and reasons)."""
+    if list(positions) == [0]:
+        return str(positions[0])
+    return ", ".join(f"{p}:{o}" for p, o in sorted(positions.items()))
+
+
+def record_text(record: int | None) -> str:
+    """A record id as logs write a msg_id: `1234` on partition 0, `2:1234` on another."""
+    if record is None:
+        return "none"
+    partition, offset = split_record_id(record)
+    return str(offset) if partition == 0 else f"{partition}:{offset}"
+
+
+def span(rows: Sequence[Output]) -> str:
+    """The msg_ids of rows in msg_id order, for logs: `3..7` on partition 0 alone,
+    `0:3..0:7, 2:10..2:12` across partitions."""
+    ranges: list[tuple[int, int, int]] = []
+    for row in rows:
+        if ranges and ranges[-1][0] == row.partition:
+            ranges[-1] = (row.partition, ranges[-1][1], row.msg_id)
+        else:
+            ranges.append((row.partition, row.msg_id, row.msg_id))
+    if len(ranges) == 1 and ranges[0][0] == 0:
+        return f"{ranges[0][1]}..{ranges[0][2]}"
+    return ", ".join(f"{p}:{first}..{p}:{last}" for p, first, last in ranges)
+
+
+def covered(msg_id: int, partition: int = 0) -> Output:
     """The coverage row of a record that produced no output."""
-    return Output(msg_id, NONE, None, "")
+    return Output(msg_id, NONE, None, "", partition)
 
 
 def encode(value: dict[str, Any]) -> str:
@@ -56,7 +119,9 @@ def clean_reason(reason: str) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-def dead_letter(msg_id: int, reason: str, raw: bytes, max_message_bytes: int) -> Output:
+def dead_letter(
+    msg_id: int, reason: str, raw: bytes, max_message_bytes: int, partition: int = 0
+) -> Output:
     """The dead letter of one inbound record: `{"msg_id", "reason", "raw"}` with the raw
     bytes base64-encoded; when they would make it larger than `max_message_bytes`, a prefix
     of them and `"truncated": true, "raw_bytes": <full length>, "raw_sha256": <hex>`."""
@@ -70,7 +135,7 @@ def dead_letter(msg_id: int, reason: str, raw: bytes, max_message_bytes: int) ->
         value["truncated"] = True
         value["raw_bytes"] = len(raw)
         value["raw_sha256"] = hashlib.sha256(raw).hexdigest()
-    return Output(msg_id, "dlq", None, encode(value))
+    return Output(msg_id, DLQ, None, encode(value), partition)
 
 
 def fits(output: Output, max_message_bytes: int) -> bool:

@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import psutil
@@ -21,7 +22,8 @@ from examples.hostmetrics.generate import synthetic
 from twinstream.admin_api import PipelineInfo, ServerInfo
 from twinstream.audit import Findings, window
 from twinstream.config import Settings
-from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
+from twinstream.core.rows import positions_text, record_id
+from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover, published_positions
 from twinstream.engine_client import EngineClient, EngineError
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
@@ -93,18 +95,22 @@ class SupervisedEngines:
         )
         return result
 
-    def wait_published(self, end: int, timeout_s: float = 600.0) -> None:
-        """Until an engine reports msg_id `end` - 1 published (one that is down or does not
-        answer counts as not yet)."""
+    def wait_published(self, ends: int | Mapping[int, int], timeout_s: float = 600.0) -> None:
+        """Until an engine reports every msg_id below `ends` published (partition ->
+        offset; an int: partition 0's); one that is down or does not answer counts as not
+        yet."""
+        wanted = {0: ends} if isinstance(ends, int) else {p: e for p, e in ends.items() if e}
 
         def published() -> bool:
             for client in self.clients.values():
                 with contextlib.suppress(EngineError):
-                    if (client.pipeline().last_msg_id_published or -1) >= end - 1:
+                    now = published_positions(client.pipeline())
+                    if all(now.get(p, -1) >= end - 1 for p, end in wanted.items()):
                         return True
             return False
 
-        wait_for(published, timeout_s, f"msg_id {end - 1} published", every_s=1.0)
+        what = f"msg_id {positions_text({p: e - 1 for p, e in wanted.items()})} published"
+        wait_for(published, timeout_s, what, every_s=1.0)
 
     def wait_restarted(self, engine_id: str, old_pid: int, timeout_s: float = 120.0) -> int:
         """The pid supervisord restarted the engine with."""
@@ -129,13 +135,74 @@ def granted_session_s(settings: Settings) -> float:
     return max(settings.zk_session_timeout_s, 2 * settings.zk_tick_ms / 1000)
 
 
-def audit_range(settings: Settings, first: int, end: int) -> Findings:
-    """Every msg_id first..end-1 in exactly one published transaction, with its outputs
-    (the progress, outbound and dead-letter topics)."""
+def audit_range(settings: Settings, first: int, end: int, partition: int = 0) -> Findings:
+    """Every msg_id first..end-1 of a partition in exactly one published transaction, with
+    its outputs (that partition of the progress, outbound and dead-letter topics)."""
     from twinstream.operate import committed_since
 
-    records = committed_since(settings, first)
+    records = committed_since(settings, first, partition=partition)
     return window(((kind, r.msg_id, r.value) for kind, r in records), first, end)
+
+
+def inbound_ends(settings: Settings, timeout_s: float = 60.0) -> dict[int, int]:
+    """Each inbound partition's high watermark (the offset after its last record), asked
+    again until `timeout_s` while Kafka does not answer (a partition whose leader was just
+    killed has none until the controller moves it)."""
+    from twinstream.positions import InboundWatermarks
+
+    deadline = time.monotonic() + timeout_s
+    marks = InboundWatermarks(settings, "chaos")
+    try:
+        while (highs := marks.highs()) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"Kafka did not say where {settings.inbound_topic} ends within "
+                    f"{timeout_s:.0f} s"
+                )
+            time.sleep(0.6)  # highs() asks at most every 0.5 s
+        return highs
+    finally:
+        marks.close()
+
+
+def audit_ranges(
+    settings: Settings, firsts: Mapping[int, int], ends: Mapping[int, int]
+) -> dict[int, Findings]:
+    """audit_range in every partition, from `firsts` (a partition it does not name: from
+    0) to `ends`."""
+    return {
+        p: audit_range(settings, firsts.get(p, 0), end, p)
+        for p, end in sorted(ends.items())
+        if end > firsts.get(p, 0)
+    }
+
+
+def audit_load(
+    engines: SupervisedEngines, firsts: Mapping[int, int], sent: int, timeout_s: float = 600.0
+) -> dict[int, Findings]:
+    """After a load of `sent` records that began when the inbound partitions ended at
+    `firsts` (the only writer meanwhile): every one of them arrived, is published, and is
+    in exactly one transaction with its outputs; the findings per partition."""
+    ends = inbound_ends(engines.settings)
+    grew = sum(ends.values()) - sum(firsts.values())
+    if grew != sent:
+        raise AssertionError(f"inbound grew by {grew}, the load sent {sent}")
+    engines.wait_published(ends, timeout_s)
+    return audit_ranges(engines.settings, firsts, ends)
+
+
+def audit_summary(audited: Mapping[int, Findings]) -> str:
+    return "; ".join(f"partition {p}: {f.summary()}" for p, f in audited.items()) or "nothing"
+
+
+def flagged(audited: Mapping[int, Findings], what: str) -> list[tuple[int, int]]:
+    """The ranges of one kind of finding (`missing`, `duplicated`) over every partition, as
+    record ids (partition 0: the offsets themselves)."""
+    return [
+        (record_id(p, first), record_id(p, last))
+        for p, f in audited.items()
+        for first, last in getattr(f, what)
+    ]
 
 
 @dataclass
@@ -170,7 +237,10 @@ def failover_round(
     active, standby = pair if pair is not None else engines.wait_pair()
     client = engines.clients[active]
     server = client.server()
-    result = Takeover(active, server.epoch, client.pipeline().last_msg_id_published)
+    before = client.pipeline()
+    result = Takeover(
+        active, server.epoch, before.last_msg_id_published, published_before=dict(before.published)
+    )
     pid = engines.pid(active)
     if pid != server.pid:
         raise AssertionError(f"engine {active}: supervisord says pid {pid}, itself {server.pid}")
@@ -249,7 +319,10 @@ class SteadyLoad:
 
     def start(self) -> SteadyLoad:
         records = synthetic(10**10, max_record_bytes=self.settings.max_record_bytes)
-        self._load = Load(self.settings, records, self.rate, "steady-load")
+        # Keyed by host with several partitions, as the hostmetrics contract's partition_by
+        # asks: a host's events stay in one partition, in order.
+        key = "host" if self.settings.partitions > 1 else None
+        self._load = Load(self.settings, records, self.rate, "steady-load", key_field=key)
         return self
 
     def stop(self, timeout_s: float = 120.0) -> int:

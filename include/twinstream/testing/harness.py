@@ -17,13 +17,14 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from twinstream import registry
@@ -32,7 +33,7 @@ from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.contract import Pipeline as Contract
 from twinstream.core.rows import Output
 from twinstream.engine_client import EngineClient, EngineError
-from twinstream.kafka import admin_config, ensure_topics, topic_specs
+from twinstream.kafka import admin_config, consumer_config, ensure_topics, topic_specs
 from twinstream.publisher import publish
 from twinstream.subscriber import Record, read_committed
 from twinstream.testing import reference
@@ -178,10 +179,16 @@ class Load(threading.Thread):
     acknowledged, or the load fails and says so in `errors`)."""
 
     def __init__(
-        self, settings: Settings, records: Iterable[bytes | None], rate: float, name: str
+        self,
+        settings: Settings,
+        records: Iterable[bytes | None],
+        rate: float,
+        name: str,
+        key_field: str | None = None,
     ) -> None:
         super().__init__(name=name, daemon=True)
         self.settings = settings
+        self.key_field = key_field
         self.records = records
         self.rate = rate
         self.sent = 0
@@ -202,7 +209,7 @@ class Load(threading.Thread):
 
     def run(self) -> None:
         try:
-            publish(self.settings, self._until_stopped(), rate=self.rate)
+            publish(self.settings, self._until_stopped(), rate=self.rate, key_field=self.key_field)
         except BaseException as exc:  # reported by Pipeline.join_load
             self.errors.append(exc)
 
@@ -220,9 +227,11 @@ class Pipeline:
         workdir: Path,
         engine_ids: tuple[str, ...] = ("a", "b"),
         module: str = "examples.hostmetrics.pipeline",
+        partitions: int = 1,
     ) -> None:
         """`module`: the contract pipeline the engines run (module[:attribute]), under a
-        name of its own, so that its topics and znodes are this test's alone."""
+        name of its own, so that its topics and znodes are this test's alone; its topics
+        have `partitions` partitions (records keyed by the pipeline's `partition_by`)."""
         self.name = f"t{uuid.uuid4().hex[:8]}"
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -238,6 +247,7 @@ class Pipeline:
             "TWINSTREAM_ADMIN_TOKEN": secrets.token_urlsafe(16),
             "TWINSTREAM_ZK_PASSWORD": secrets.token_urlsafe(16),
             "TWINSTREAM_MAX_RECORD_BYTES": "4096",
+            "TWINSTREAM_PARTITIONS": str(partitions),
             "PYSPARK_PYTHON": sys.executable,
         }
         self.settings = self._settings()
@@ -257,6 +267,14 @@ class Pipeline:
             os.environ.update(saved)
 
     def start(self, engine_id: str, **env: str) -> EngineProcess:
+        earlier = self.engines.get(engine_id)
+        if earlier is not None and earlier.proc.poll() is None:
+            # Two processes under one engine id share a checkpoint and an admin port: the
+            # second fails in ways that look like the engine's fault, the first is orphaned.
+            raise AssertionError(
+                f"engine {engine_id} is still running (pid {earlier.pid}): stop() or kill9() "
+                "it before starting it again"
+            )
         self.started += 1  # a restarted engine writes a new log, next to its earlier ones
         log_path = self.workdir / f"engine-{engine_id}-{self.started}.log"
         environment = {**os.environ, **self.env, **env}
@@ -344,9 +362,11 @@ class Pipeline:
         return self.send(list(records), rate)
 
     def send(self, records: list[bytes | None], rate: float) -> Load:
-        """Publish these records at `rate`/s in the background (None: a tombstone)."""
+        """Publish these records at `rate`/s in the background (None: a tombstone); with
+        several partitions, keyed by the pipeline's `partition_by`."""
         self.produced += len(records)
-        return Load(self.settings, records, rate, f"load-{self.name}")
+        key = self.contract.partition_by if self.settings.partitions > 1 else None
+        return Load(self.settings, records, rate, f"load-{self.name}", key_field=key)
 
     def stop_load(self, load: Load, timeout_s: float = 120) -> None:
         """End a load early, once the scenario no longer needs input: `produced` counts
@@ -363,7 +383,38 @@ class Pipeline:
         first micro-batch with data (JIT, Python workers, RocksDB) takes many seconds on two
         cores, and a test must not mistake that for the behaviour it measures."""
         self.join_load(self.load(count, rate=0))
-        self.wait_processed(self.produced - 1, *engines, timeout_s=timeout_s)
+        if self.settings.partitions > 1:
+            self.wait_caught_up(*engines, timeout_s=timeout_s)
+        else:
+            self.wait_processed(self.produced - 1, *engines, timeout_s=timeout_s)
+
+    def inbound_ends(self) -> dict[int, int]:
+        """Each inbound partition's high watermark (the offset after its last record)."""
+        consumer = Consumer(consumer_config(self.settings, f"ends-{uuid.uuid4()}"))
+        try:
+            topic = self.settings.inbound_topic
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            return {
+                p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+                for p in sorted(partitions)
+            }
+        finally:
+            consumer.close()
+
+    def wait_caught_up(
+        self, *engines: EngineProcess, field: str = "processed", timeout_s: float = 180
+    ) -> None:
+        """Wait until each engine has processed (or, field="published", knows published)
+        every record the inbound partitions hold now."""
+        ends = {p: end for p, end in self.inbound_ends().items() if end > 0}
+        for engine in engines:
+
+            def caught_up(e: EngineProcess = engine) -> bool:
+                info = e.try_get("/pipeline") or {}
+                got = {int(p): v for p, v in (info.get(field) or {}).items()}
+                return all(got.get(p, -1) >= end - 1 for p, end in ends.items())
+
+            wait_for(caught_up, timeout_s, f"engine {engine.engine_id}: {field} {ends}", 0.5)
 
     @staticmethod
     def wait_processed(last: int, *engines: EngineProcess, timeout_s: float = 180) -> None:
@@ -384,14 +435,18 @@ class Pipeline:
             raise AssertionError(f"load failed: {load.errors}")
 
     def outputs(self) -> list[Record]:
+        """The outbound and dead-letter topics, every partition."""
         s = self.settings
-        return [*read_committed(s, s.outbound_topic), *read_committed(s, s.dlq_topic)]
+        return [
+            *read_committed(s, s.outbound_topic, partition=None),
+            *read_committed(s, s.dlq_topic, partition=None),
+        ]
 
     def progress(self) -> list[Record]:
-        return list(read_committed(self.settings, self.settings.progress_topic))
+        return list(read_committed(self.settings, self.settings.progress_topic, partition=None))
 
     def inbound(self) -> list[Record]:
-        return list(read_committed(self.settings, self.settings.inbound_topic))
+        return list(read_committed(self.settings, self.settings.inbound_topic, partition=None))
 
     def wait_published(self, last_msg_id: int, timeout_s: float = 120) -> None:
         def done() -> bool:
@@ -406,14 +461,28 @@ class Pipeline:
     def reference(self) -> dict[int, list[Output]]:
         """msg_id -> the rows a reference run of the same pipeline gives it (none: the
         record had no output), over what the inbound topic holds now."""
-        records = [(r.offset, None if r.tombstone else r.raw) for r in self.inbound()]
-        expected: dict[int, list[Output]] = {offset: [] for offset, _ in records}
+        return {offset: rows for (_, offset), rows in self.reference_by_position().items()}
+
+    def reference_by_position(
+        self, exclude: Collection[tuple[int, int]] = ()
+    ) -> dict[tuple[int, int], list[Output]]:
+        """(partition, msg_id) -> the rows a reference run gives the record, over what
+        every partition of the inbound topic holds now but the (partition, offset)s
+        `exclude` names (quarantined records: they reach no transform)."""
+        inbound = [r for r in self.inbound() if (r.partition, r.offset) not in exclude]
+        records = [(r.offset, None if r.tombstone else r.raw) for r in inbound]
+        expected: dict[tuple[int, int], list[Output]] = {
+            (r.partition, r.offset): [] for r in inbound
+        }
         # One batch: the engines batched the same records their own ways, so a match is
         # still a match across batch boundaries, and a reference batch costs about a
         # second of Spark each (tests/integration/test_contract.py runs several).
-        for row in reference.run(self.contract, records, self.settings, batches=1):
+        partitions = [r.partition for r in inbound] if self.settings.partitions > 1 else None
+        for row in reference.run(
+            self.contract, records, self.settings, batches=1, partitions=partitions
+        ):
             if row.kind != "none":
-                expected[row.msg_id].append(row)
+                expected[row.position].append(row)
         return expected
 
 
@@ -486,24 +555,33 @@ class OutputSampler(threading.Thread):
 
     def __init__(self, settings: Settings, topics: Iterable[str], every_s: float = 0.5) -> None:
         super().__init__(daemon=True, name="output-sampler")
-        from twinstream.kafka import watermarks
-
-        self._watermarks = watermarks
         self.settings = settings
         self.topics = list(topics)
         self.every_s = every_s
+        self._consumer = Consumer(consumer_config(settings, f"sampler-{uuid.uuid4()}"))
+        # Every partition of each topic.
+        self._partitions = [
+            TopicPartition(t, p)
+            for t in self.topics
+            for p in sorted(self._consumer.list_topics(t, timeout=15).topics[t].partitions)
+        ]
         self.base = self._count()
         self.samples: list[tuple[float, int]] = []  # (monotonic time, records since start)
         self._stop_event = threading.Event()
         self.start()
 
     def _count(self) -> int:
-        return sum(self._watermarks(self.settings, t)[1] for t in self.topics)
+        return sum(
+            self._consumer.get_watermark_offsets(tp, timeout=15)[1] for tp in self._partitions
+        )
 
     def run(self) -> None:
-        while not self._stop_event.is_set():
-            self.samples.append((time.monotonic(), self._count() - self.base))
-            self._stop_event.wait(self.every_s)
+        try:
+            while not self._stop_event.is_set():
+                self.samples.append((time.monotonic(), self._count() - self.base))
+                self._stop_event.wait(self.every_s)
+        finally:
+            self._consumer.close()
 
     def stop(self) -> None:
         self._stop_event.set()

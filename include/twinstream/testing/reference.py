@@ -45,9 +45,22 @@ def run(
     records: Iterable[tuple[int, bytes | None]],
     settings: Settings,
     batches: int = 3,
+    partitions: Sequence[int] | None = None,
 ) -> list[Output]:
-    """The rows the gate would get for `records` ((offset, value) pairs), in msg_id order."""
-    ordered: Sequence[tuple[int, bytes | None]] = sorted(records, key=lambda r: r[0])
+    """The rows the gate would get for `records` ((offset, value) pairs; `partitions`, if
+    given, each one's partition), in (partition, msg_id) order."""
+    listed = list(records)
+    parts = list(partitions) if partitions is not None else [0] * len(listed)
+    order = sorted(range(len(listed)), key=lambda i: (parts[i], listed[i][0]))
+    ordered: Sequence[tuple[int, bytes | None]] = [listed[i] for i in order]
     spark = session(settings, pipeline)
     with tempfile.TemporaryDirectory(prefix="twinstream-reference-") as tmp:
-        return run_on_records(spark, settings, pipeline, ordered, Path(tmp), batches)
+        return run_on_records(
+            spark,
+            settings,
+            pipeline,
+            ordered,
+            Path(tmp),
+            batches,
+            partitions=None if partitions is None else [parts[i] for i in order],
+        )
