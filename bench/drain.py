@@ -47,7 +47,7 @@ from bench import idle
 from bench.baseline import FLINK, KAFKA_STREAMS, App, Instance
 from bench.failover import warm_up
 from bench.latency import latency_figures, measure_steps
-from bench.plots import plot_drains
+from bench.plots import plot_drains, write_figures
 from bench.throughput import drain_with_engines, on_backlog, wait_drained
 from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings, load_settings
@@ -59,7 +59,6 @@ from twinstream.testing.chaos import (
     audit_load,
     audit_summary,
     failover_round,
-    inbound_ends,
 )
 from twinstream.testing.harness import (
     EngineProcess,
@@ -68,6 +67,7 @@ from twinstream.testing.harness import (
     Pipeline,
     VisibleTimes,
     bench_pipeline,
+    inbound_ends,
     machine,
     summary,
     wait_for,
@@ -430,8 +430,7 @@ def main() -> int:
         )
     for name, ratio in ratios.items():
         print(f"ratio {name}: {ratio}")
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "drain.json").write_text(json.dumps(figures, indent=2) + "\n")
+    write_figures(args.output, "drain", figures, echo=False)
     if samplers:
         path = plot_drains(
             args.output / "drain.png",

@@ -31,7 +31,6 @@ docs/bench/failover.png (output rate over time, failures marked).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import time
@@ -39,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.plots import plot, rate_series
+from bench.plots import plot, rate_series, write_figures
 from twinstream.config import REPO_ROOT, load_settings
 from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
 from twinstream.testing.chaos import (
@@ -50,9 +49,8 @@ from twinstream.testing.chaos import (
     audit_load,
     failover_round,
     flagged,
-    inbound_ends,
 )
-from twinstream.testing.harness import OutputSampler, machine, summary, wait_for
+from twinstream.testing.harness import OutputSampler, inbound_ends, machine, summary, wait_for
 
 
 def baseline_round(engines: SupervisedEngines) -> float:
@@ -217,9 +215,7 @@ def main() -> int:
         "duplicates": flagged(audited, "duplicated"),
         "machine": machine(),
     }
-    print(json.dumps(figures, indent=2))
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "failover.json").write_text(json.dumps(figures, indent=2) + "\n")
+    write_figures(args.output, "failover", figures)
     path = plot(
         args.output / "failover.png",
         f"Output rate under {args.rate:,.0f} events/s with failures of the active",

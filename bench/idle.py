@@ -12,13 +12,13 @@ used on average, the total, and the load average. Writes docs/bench/idle.json.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from bench.plots import write_figures
 from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
@@ -107,8 +107,7 @@ def main() -> int:
     for part, cores in figures["cores_by_part"].items():
         print(f"{part:28s} {cores:6.3f} cores")
     print(f"idle stack: {figures['cores_total']:.3f} cores over {figures['seconds']:.0f} s")
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "idle.json").write_text(json.dumps(figures, indent=2) + "\n")
+    write_figures(args.output, "idle", figures, echo=False)
     return 0
 
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.plots import plot, rate_series
+from bench.plots import plot, rate_series, write_figures
 from twinstream.config import REPO_ROOT
 from twinstream.testing.harness import (
     OutputSampler,
@@ -136,9 +136,7 @@ def main() -> int:
         "setup": "active + standby engines, synthetic hostmetrics, acks=all",
         "machine": machine(),
     }
-    print(json.dumps(figures, indent=2))
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "latency.json").write_text(json.dumps(figures, indent=2) + "\n")
+    write_figures(args.output, "latency", figures)
     path = plot(
         args.output / "latency.png",
         "Output rate and end-to-end latency at steady input rates (active + standby)",

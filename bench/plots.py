@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 MARK_COLOURS = ("red", "purple", "green", "black")
 
@@ -93,3 +95,14 @@ def plot_drains(path: Path, title: str, samples: Mapping[str, Sequence[tuple[flo
         "output events/s (5 s average)",
         xlabel="seconds since the first output",
     )
+
+
+def write_figures(output: Path, name: str, figures: Mapping[str, Any], echo: bool = True) -> Path:
+    """A run's figures as `<output>/<name>.json` (printed first, unless `echo` is off)."""
+    text = json.dumps(figures, indent=2)
+    if echo:
+        print(text)
+    output.mkdir(parents=True, exist_ok=True)
+    path = output / f"{name}.json"
+    path.write_text(text + "\n")
+    return path

@@ -21,13 +21,12 @@ takes. Prints every figure; writes docs/bench/scale_out.json and docs/bench/scal
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.plots import plot_drains
+from bench.plots import plot_drains, write_figures
 from bench.throughput import wait_drained
 from twinstream.config import REPO_ROOT
 from twinstream.testing.harness import (
@@ -146,9 +145,7 @@ def main() -> int:
         },
         "machine": machine(),
     }
-    print(json.dumps(figures, indent=2))
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "scale_out.json").write_text(json.dumps(figures, indent=2) + "\n")
+    write_figures(args.output, "scale_out", figures)
     path = plot_drains(
         args.output / "scale_out.png",
         f"A pair draining {args.backlog:,} events by partitions and where Spark runs",

@@ -21,13 +21,12 @@ docs/bench/throughput.json and the output rate over time to docs/bench/throughpu
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.plots import plot_drains
+from bench.plots import plot_drains, write_figures
 from twinstream.config import REPO_ROOT, Settings
 from twinstream.kafka import TopicSpec, admin_config, ensure_topics, watermarks
 from twinstream.testing.harness import OutputSampler, Pipeline, bench_pipeline, machine, wait_for
@@ -161,9 +160,7 @@ def main() -> int:
         "ratio_c_to_a": round(results["c"]["events_per_s"] / results["a"]["events_per_s"], 3),
         "machine": machine(),
     }
-    print(json.dumps(figures, indent=2))
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "throughput.json").write_text(json.dumps(figures, indent=2) + "\n")
+    write_figures(args.output, "throughput", figures)
     path = plot_drains(
         args.output / "throughput.png",
         f"Draining a backlog of {total:,} events",

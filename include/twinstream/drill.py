@@ -82,6 +82,13 @@ class Takeover:
     # `last_published_before` is None there, as the engines report it).
     published_before: dict[int, int] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, engine_id: str, epoch: int, info: PipelineInfo) -> Takeover:
+        """A takeover about to be inflicted on the active `engine_id`, as it reports itself."""
+        return cls(
+            engine_id, epoch, info.last_msg_id_published, published_before=dict(info.published)
+        )
+
     def before(self) -> dict[int, int]:
         return positions_before(asdict(self))
 
@@ -113,13 +120,7 @@ def stop_and_measure(
             f"engine {active.engine_id} is no longer the active ({server.role}, ZooKeeper "
             f"{server.zk_state}): the plan is stale; trigger a new drill"
         )
-    before = active.pipeline()
-    result = Takeover(
-        active.engine_id,
-        server.epoch,
-        before.last_msg_id_published,
-        published_before=dict(before.published),
-    )
+    result = Takeover.of(active.engine_id, server.epoch, active.pipeline())
     started = clock()
     active.stop()
     log.info("drill: stop of %s acknowledged after %.3f s", active.engine_id, clock() - started)

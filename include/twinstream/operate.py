@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from twinstream import snapshot
 from twinstream.admin_api import BufferedRow, PipelineInfo, RestoreReport, ServerInfo
 from twinstream.config import Settings
-from twinstream.core.rows import positions_text, range_text, record_id, record_text
+from twinstream.core.rows import positions_text, range_text, record_id, record_text, span
 from twinstream.engine_client import EngineClient, EngineError
 from twinstream.snapshot import Manifest
 from twinstream.subscriber import Record
@@ -428,7 +428,7 @@ def check_buffer(engine: Engine, settings: Settings, last: int) -> Comparison:
     if result.compared == 0:
         raise OperateError(
             f"engine {engine.engine_id}: none of its {len(buffered)} buffered outputs "
-            f"(msg_id {span_text(buffered)}) is published yet"
+            f"(msg_id {span(buffered)}) is published yet"
         )
     log.info(
         "engine %s: %s buffered outputs (msg_id %s) equal the published ones",
@@ -437,16 +437,6 @@ def check_buffer(engine: Engine, settings: Settings, last: int) -> Comparison:
         ", ".join(result.ranges),
     )
     return result
-
-
-def span_text(rows: Sequence[BufferedRow]) -> str:
-    """The msg_ids of buffered rows per partition, as logs write them."""
-    firsts: dict[int, int] = {}
-    lasts: dict[int, int] = {}
-    for row in rows:
-        firsts.setdefault(row.partition, row.msg_id)
-        lasts[row.partition] = row.msg_id
-    return ", ".join(range_text(p, firsts[p], lasts[p]) for p in sorted(firsts))
 
 
 # -- watch_engines ----------------------------------------------------------------------

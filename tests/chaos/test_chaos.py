@@ -34,9 +34,8 @@ from twinstream.testing.chaos import (
     audit_load,
     audit_summary,
     failover_round,
-    inbound_ends,
 )
-from twinstream.testing.harness import wait_for
+from twinstream.testing.harness import inbound_ends, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -164,3 +164,13 @@ def test_scale_out_reads_the_timings_of_the_drains_largest_batches(tmp_path):
         "job": 3227,
         "gate": 261,
     }
+
+
+def test_figures_are_written_as_json_and_printed_unless_asked_not_to(tmp_path, capsys):
+    from bench.plots import write_figures
+
+    path = write_figures(tmp_path / "out", "drain", {"events_per_s": 5159})
+    assert path.read_text() == '{\n  "events_per_s": 5159\n}\n'
+    assert '"events_per_s": 5159' in capsys.readouterr().out
+    write_figures(tmp_path / "out", "idle", {"cores": 0.37}, echo=False)
+    assert capsys.readouterr().out == ""

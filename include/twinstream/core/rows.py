@@ -19,7 +19,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 # Room in a dead letter for everything but the raw bytes: msg_id, the reason (capped at
 # MAX_REASON_CHARS, each character up to 6 bytes once JSON-escaped), the length and hash,
@@ -89,7 +89,17 @@ def record_text(record: int | None) -> str:
     return str(offset) if partition == 0 else f"{partition}:{offset}"
 
 
-def span(rows: Sequence[Output]) -> str:
+class Positioned(Protocol):
+    """A row that names its record: an Output, or the admin API's BufferedRow."""
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def msg_id(self) -> int: ...
+
+
+def span(rows: Sequence[Positioned]) -> str:
     """The msg_ids of rows in msg_id order, for logs: `3..7` on partition 0 alone,
     `0:3..0:7, 2:10..2:12` across partitions."""
     ranges: list[tuple[int, int, int]] = []

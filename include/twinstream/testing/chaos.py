@@ -27,7 +27,7 @@ from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover, publish
 from twinstream.engine_client import EngineClient, EngineError
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
-from twinstream.testing.harness import Load, wait_for, wait_gone
+from twinstream.testing.harness import Load, inbound_ends, wait_for, wait_gone
 
 log = logging.getLogger(__name__)
 
@@ -144,27 +144,6 @@ def audit_range(settings: Settings, first: int, end: int, partition: int = 0) ->
     return window(((kind, r.msg_id, r.value) for kind, r in records), first, end)
 
 
-def inbound_ends(settings: Settings, timeout_s: float = 60.0) -> dict[int, int]:
-    """Each inbound partition's high watermark (the offset after its last record), asked
-    again until `timeout_s` while Kafka does not answer (a partition whose leader was just
-    killed has none until the controller moves it)."""
-    from twinstream.positions import InboundWatermarks
-
-    deadline = time.monotonic() + timeout_s
-    marks = InboundWatermarks(settings, "chaos")
-    try:
-        while (highs := marks.highs()) is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"Kafka did not say where {settings.inbound_topic} ends within "
-                    f"{timeout_s:.0f} s"
-                )
-            time.sleep(0.6)  # highs() asks at most every 0.5 s
-        return highs
-    finally:
-        marks.close()
-
-
 def audit_ranges(
     settings: Settings, firsts: Mapping[int, int], ends: Mapping[int, int]
 ) -> dict[int, Findings]:
@@ -237,10 +216,7 @@ def failover_round(
     active, standby = pair if pair is not None else engines.wait_pair()
     client = engines.clients[active]
     server = client.server()
-    before = client.pipeline()
-    result = Takeover(
-        active, server.epoch, before.last_msg_id_published, published_before=dict(before.published)
-    )
+    result = Takeover.of(active, server.epoch, client.pipeline())
     pid = engines.pid(active)
     if pid != server.pid:
         raise AssertionError(f"engine {active}: supervisord says pid {pid}, itself {server.pid}")

@@ -65,6 +65,27 @@ def wait_gone(pids: set[int], timeout_s: float = 60.0) -> None:
     wait_for(gone, timeout_s, f"processes {sorted(pids)} of a killed engine to exit")
 
 
+def inbound_ends(settings: Settings, timeout_s: float = 60.0) -> dict[int, int]:
+    """Each inbound partition's high watermark (the offset after its last record), asked
+    again until `timeout_s` while Kafka does not answer (a partition whose leader was just
+    killed has none until the controller moves it)."""
+    from twinstream.positions import InboundWatermarks
+
+    deadline = time.monotonic() + timeout_s
+    marks = InboundWatermarks(settings, "chaos")
+    try:
+        while (highs := marks.highs()) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"Kafka did not say where {settings.inbound_topic} ends within "
+                    f"{timeout_s:.0f} s"
+                )
+            time.sleep(0.6)  # highs() asks at most every 0.5 s
+        return highs
+    finally:
+        marks.close()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -390,16 +411,7 @@ class Pipeline:
 
     def inbound_ends(self) -> dict[int, int]:
         """Each inbound partition's high watermark (the offset after its last record)."""
-        consumer = Consumer(consumer_config(self.settings, f"ends-{uuid.uuid4()}"))
-        try:
-            topic = self.settings.inbound_topic
-            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            return {
-                p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
-                for p in sorted(partitions)
-            }
-        finally:
-            consumer.close()
+        return inbound_ends(self.settings)
 
     def wait_caught_up(
         self, *engines: EngineProcess, field: str = "processed", timeout_s: float = 180
