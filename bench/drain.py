@@ -50,7 +50,7 @@ from bench.latency import latency_figures, measure_steps
 from bench.plots import plot_drains, write_figures
 from bench.throughput import drain_with_engines, on_backlog, wait_drained
 from twinstream import registry
-from twinstream.config import REPO_ROOT, Settings, load_settings
+from twinstream.config import REPO_ROOT, Settings
 from twinstream.engine_client import EngineError
 from twinstream.kafka import watermarks
 from twinstream.testing.chaos import (
@@ -254,18 +254,20 @@ def first_minute(settings: Settings, rate: float, seconds: float) -> dict[str, A
     """Latency of the stack's own pipeline as `make up` left it, over the first `seconds`."""
     from examples.hostmetrics.generate import synthetic
 
-    if registry.load(settings).name != "hostmetrics":
+    contract = registry.load(settings)
+    if contract.name != "hostmetrics":
         raise SystemExit("the first-minute part drives the stack's hostmetrics pipeline")
     visible = VisibleTimes(settings)
-    first = watermarks(settings, settings.inbound_topic)[1]
+    firsts = inbound_ends(settings)
     count = int(rate * seconds)
     records = list(synthetic(count, max_record_bytes=settings.max_record_bytes, seed=11))
     try:
-        load = Load(settings, records, rate, "first-minute")
+        # Keyed as the contract says: each host's records in one partition, in order.
+        load = Load(settings, records, rate, "first-minute", key_field=contract.partition_by)
         Pipeline.join_load(load, timeout_s=seconds + 120)
-        last = first + count - 1
-        wait_for(lambda: last in visible.seen, 600, f"msg_id {last} visible", every_s=0.5)
-        latencies = list(visible.latencies(first, count).values())
+        ends = inbound_ends(settings)
+        wait_for(lambda: visible.has(ends), 600, f"the last records {ends} visible", every_s=0.5)
+        latencies = list(visible.latencies(firsts, ends).values())
     finally:
         visible.stop()
     return {
@@ -349,7 +351,8 @@ def main() -> int:
     early: dict[str, Any] = {}
     idle_cpu: dict[str, Any] = {}
     takeover: dict[str, Any] = {}
-    stack = load_settings()
+    # The stack's own pipeline as it runs (three partitions in pipelines.toml).
+    stack = registry.configured()
     if "first" in parts:
         print(f"(first) the stack's own engines, {args.first_rate:,.0f} events/s", flush=True)
         early = first_minute(stack, args.first_rate, args.first_seconds)

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.plots import plot, rate_series, write_figures
-from twinstream.config import REPO_ROOT, load_settings
+from twinstream import registry
+from twinstream.config import REPO_ROOT
 from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
 from twinstream.testing.chaos import (
     KINDS,
@@ -162,7 +163,8 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
     args = parser.parse_args()
 
-    settings = load_settings()
+    # The stack's own pipeline as it runs (three partitions in pipelines.toml).
+    settings = registry.configured()
     engines = SupervisedEngines(settings)
     if not engines.supervisor.is_running():
         raise SystemExit("the local stack is not running: start it with `make up`")

@@ -19,7 +19,8 @@ from typing import Any
 import psutil
 
 from bench.plots import write_figures
-from twinstream.config import REPO_ROOT, Settings, load_settings
+from twinstream import registry
+from twinstream.config import REPO_ROOT, Settings
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
 from twinstream.testing.harness import machine
@@ -103,7 +104,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
     args = parser.parse_args()
-    figures = {**sample(load_settings(), args.seconds), "machine": machine()}
+    figures = {**sample(registry.configured(), args.seconds), "machine": machine()}
     for part, cores in figures["cores_by_part"].items():
         print(f"{part:28s} {cores:6.3f} cores")
     print(f"idle stack: {figures['cores_total']:.3f} cores over {figures['seconds']:.0f} s")

@@ -66,14 +66,14 @@ def measure_steps(
         # workers, RocksDB): without a warm-up the first step measures the start-up.
         print(f"warm-up: {rates[0]:,.0f} events/s for {warm_up_s:.0f} s", flush=True)
         Pipeline.join_load(pipeline.load(int(rates[0] * warm_up_s), rate=rates[0]), timeout_s=600)
-        warm_last = pipeline.produced - 1
-        wait_for(lambda: warm_last in visible.seen, 600, "the warm-up published", every_s=0.5)
+        warm_ends = pipeline.inbound_ends()
+        wait_for(lambda: visible.has(warm_ends), 600, "the warm-up published", every_s=0.5)
         t0, wall_t0 = time.monotonic(), time.time()
         for rate in rates:
-            first = pipeline.produced
+            firsts = pipeline.inbound_ends()
             count = int(rate * seconds)
             print(f"step {rate:,.0f} events/s for {seconds:.0f} s", flush=True)
-            started = time.monotonic()
+            started, wall_started = time.monotonic(), time.time()
             load = pipeline.load(count, rate=rate)
             lags = []
             while load.is_alive():
@@ -82,16 +82,16 @@ def measure_steps(
                 time.sleep(1.0)
             Pipeline.join_load(load, timeout_s=600)
             sent_s = time.monotonic() - started
-            last = pipeline.produced - 1
+            ends = pipeline.inbound_ends()
 
-            def last_visible(last: int = last) -> bool:
-                return last in visible.seen
+            def last_visible(ends: dict[int, int] = ends) -> bool:
+                return visible.has(ends)
 
-            wait_for(last_visible, 600, f"msg_id {last} visible", every_s=0.5)
-            measured = visible.latencies(first, count)
+            wait_for(last_visible, 600, f"the step's last records {ends} visible", every_s=0.5)
+            measured = visible.latencies(firsts, ends)
             # The step's first WARM_UP_S seconds of input are left out.
-            skip = int(rate * WARM_UP_S)
-            latencies = [v for m, v in measured.items() if m >= first + skip]
+            since_ms = int(1000 * (wall_started + WARM_UP_S))
+            latencies = list(visible.latencies(firsts, ends, since_ms).values())
             # Every 10th, for the plot: seconds since the start, latency in ms.
             points.extend(
                 (visible.seen[m] - wall_t0, 1000 * v) for m, v in list(measured.items())[::10]

@@ -39,7 +39,6 @@ from typing import Any
 from bench.plots import plot
 from twinstream.config import REPO_ROOT
 from twinstream.engine_client import EngineClient
-from twinstream.kafka import watermarks
 from twinstream.operate import check_buffer
 from twinstream.testing.chaos import SteadyLoad
 from twinstream.testing.harness import (
@@ -55,10 +54,6 @@ from twinstream.testing.harness import (
 )
 
 
-def inbound_end(pipeline: Pipeline) -> int:
-    return watermarks(pipeline.settings, pipeline.settings.inbound_topic)[1]
-
-
 def persist(b: EngineProcess) -> tuple[float, dict[str, Any]]:
     started = time.monotonic()
     response = b.post("/pipeline/persist", timeout_s=600)
@@ -68,18 +63,18 @@ def persist(b: EngineProcess) -> tuple[float, dict[str, Any]]:
 
 def latency_window(
     pipeline: Pipeline, visible: VisibleTimes, seconds: float, during: Any = None
-) -> tuple[dict[str, int], Any, dict[int, float]]:
+) -> tuple[dict[str, int], Any, dict[tuple[int, int], float]]:
     """Latency figures of the input produced over `seconds`, running `during()` at the
-    start of the window; also each msg_id's latency."""
-    first = inbound_end(pipeline)
+    start of the window; also each (partition, msg_id)'s latency."""
+    firsts = pipeline.inbound_ends()
     result = during() if during else None
-    wait_for(lambda: inbound_end(pipeline) > first, 30, "input flowing")
+    wait_for(lambda: pipeline.inbound_ends() != firsts, 30, "input flowing")
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:  # the window is the measurement, not a wait
         time.sleep(min(5.0, deadline - time.monotonic()))
-    end = inbound_end(pipeline)
-    wait_for(lambda: (end - 1) in visible.seen, 120, "the window's last output", every_s=0.5)
-    latencies = visible.latencies(first, end - first)
+    ends = pipeline.inbound_ends()
+    wait_for(lambda: visible.has(ends), 120, "the window's last output", every_s=0.5)
+    latencies = visible.latencies(firsts, ends)
     values = list(latencies.values())
     figures = {
         "events": len(values),
@@ -91,9 +86,10 @@ def latency_window(
 
 
 def latency_series(
-    visible: VisibleTimes, latencies: dict[int, float], t0: float
+    visible: VisibleTimes, latencies: dict[tuple[int, int], float], t0: float
 ) -> tuple[list[float], list[float]]:
-    """(seconds since t0 the output became visible, its latency), in msg_id order."""
+    """(seconds since t0 the output became visible, its latency), in (partition, msg_id)
+    order."""
     ids = sorted(latencies)
     return [visible.seen[i] - t0 for i in ids], [latencies[i] for i in ids]
 

@@ -127,11 +127,12 @@ def watermarks(
     timeout_s: float = 15.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    partition: int = 0,
 ) -> tuple[int, int]:
-    """(log-start offset, high watermark) of a one-partition topic, with a short-lived
-    consumer (long-lived clients ask their own consumer instead). A transient error (the
-    partition's leader just died, its successor not yet known) is retried until
-    `timeout_s`."""
+    """(log-start offset, high watermark) of one partition of a topic (the first by
+    default), with a short-lived consumer (long-lived clients ask their own consumer
+    instead). A transient error (the partition's leader just died, its successor not yet
+    known) is retried until `timeout_s`."""
     import uuid
 
     from confluent_kafka import Consumer, TopicPartition
@@ -143,7 +144,8 @@ def watermarks(
             try:
                 # Short tries: one spent waiting on a dead leader would use up the budget.
                 low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, 0), timeout=min(5.0, max(1.0, deadline - clock()))
+                    TopicPartition(topic, partition),
+                    timeout=min(5.0, max(1.0, deadline - clock())),
                 )
                 return int(low), int(high)
             except KafkaException as exc:
@@ -153,6 +155,24 @@ def watermarks(
                 sleep(0.5)
     finally:
         consumer.close()
+
+
+def partition_ends(settings: Settings, topic: str, timeout_s: float = 15.0) -> dict[int, int]:
+    """Each partition's high watermark (the offset after its last record) of a topic of
+    any number of partitions: where a reader that wants only what comes next starts."""
+    import uuid
+
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(consumer_config(settings, f"twinstream-marks-{uuid.uuid4()}"))
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+        if meta.error is not None or not meta.partitions:
+            raise RuntimeError(f"Kafka has no partitions of {topic}: {meta.error}")
+        partitions = sorted(meta.partitions)
+    finally:
+        consumer.close()
+    return {p: watermarks(settings, topic, timeout_s, partition=p)[1] for p in partitions}
 
 
 class TopicShapeError(RuntimeError):
@@ -264,8 +284,9 @@ def _ensure_topics_once(
             raise TopicShapeError(
                 f"topic {spec.name} has {partitions} partition(s) x RF {replicas}, "
                 f"configuration wants {spec.partitions} x RF {spec.replication_factor}; "
-                "Kafka cannot change this in place: delete the topic (losing its data) "
-                "or change the configuration"
+                "Kafka cannot change this in place: delete the topic (losing its data; "
+                "`make clean` deletes the local stack's) or configure what it has "
+                "(`partitions` in the pipelines file, TWINSTREAM_REPLICATION_FACTOR)"
             )
         current = describe_topic_configs(admin, spec.name, timeout_s)
         drift = {k: v for k, v in spec.configs.items() if current.get(k) != v}

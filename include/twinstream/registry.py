@@ -177,6 +177,15 @@ def load(settings: Settings) -> Pipeline:
     return load_module(spec, root)
 
 
+def configured() -> Settings:
+    """The environment's own pipeline (TWINSTREAM_PIPELINE) as the stack runs it:
+    TWINSTREAM_* and its entry in the pipelines file (partitions, engines). What a tool
+    that drives the stack's pipeline needs; plain load_settings() knows the environment
+    only."""
+    base = load_settings()
+    return settings_for(base, base.pipeline)
+
+
 def pipeline_settings(name: str) -> Settings:
     """Pipeline `name`'s settings on the stack the environment describes (a DAG task's
     view: TWINSTREAM_* plus the pipelines file)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -36,14 +36,15 @@ class Record:
 def read_committed(
     settings: Settings,
     topic: str,
-    start_offset: int = 0,
+    start_offset: int | Mapping[int, int] = 0,
     idle_timeout_s: float = 5.0,
     max_records: int | None = None,
     follow: bool = False,
     partition: int | None = 0,
 ) -> Iterator[Record]:
     """Committed records of one partition of a topic from `start_offset` (`partition`
-    None: of every partition, each from `start_offset`, in no order across partitions).
+    None: of every partition, each from `start_offset`, in no order across partitions; a
+    mapping partition -> offset: of those partitions, each from its own offset).
     Stops at the end of the partitions (or, with `follow`, after `idle_timeout_s` without a
     record)."""
     consumer = Consumer(
@@ -53,15 +54,17 @@ def read_committed(
     )
     seen = 0
     try:
-        if partition is None:
+        if isinstance(start_offset, Mapping):
+            starts = dict(start_offset)
+        elif partition is None:
             meta = consumer.list_topics(topic, timeout=15).topics[topic]
             if meta.error is not None:
                 raise KafkaException(meta.error)
-            partitions = sorted(meta.partitions)
+            starts = dict.fromkeys(sorted(meta.partitions), start_offset)
         else:
-            partitions = [partition]
-        consumer.assign([TopicPartition(topic, p, start_offset) for p in partitions])
-        open_ = set(partitions)
+            starts = {partition: start_offset}
+        consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+        open_ = set(starts)
         idle_since = time.monotonic()
         while max_records is None or seen < max_records:
             msg = consumer.poll(0.5)

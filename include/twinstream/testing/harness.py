@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -636,17 +636,18 @@ def machine() -> str:
 
 
 class VisibleTimes:
-    """msg_id -> wall-clock time its output became visible to a read_committed consumer of
-    the outbound and dead-letter topics (from their ends when created)."""
+    """(partition, msg_id) -> wall-clock time its output became visible to a
+    read_committed consumer of the outbound and dead-letter topics (from their ends when
+    created). Output partition = inbound partition, so the pair names the inbound record."""
 
     def __init__(self, settings: Settings) -> None:
-        from twinstream.kafka import watermarks
+        from twinstream.kafka import partition_ends
 
         self.settings = settings
-        self.seen: dict[int, float] = {}
+        self.seen: dict[tuple[int, int], float] = {}
         self._done = threading.Event()
         self._starts = {
-            t: watermarks(settings, t)[1] for t in (settings.outbound_topic, settings.dlq_topic)
+            t: partition_ends(settings, t) for t in (settings.outbound_topic, settings.dlq_topic)
         }
         self._threads = [
             threading.Thread(target=self._follow, args=(t,), daemon=True) for t in self._starts
@@ -655,29 +656,43 @@ class VisibleTimes:
             thread.start()
 
     def _follow(self, topic: str) -> None:
-        offset = self._starts[topic]
+        offsets = dict(self._starts[topic])
         while not self._done.is_set():
             # Short idle timeouts: the loop notices stop() even while no output arrives.
-            for record in read_committed(self.settings, topic, offset, 2.0, follow=True):
+            for record in read_committed(self.settings, topic, offsets, 2.0, follow=True):
                 if record.msg_id is not None:
-                    self.seen.setdefault(record.msg_id, time.time())
-                offset = record.offset + 1
+                    self.seen.setdefault((record.partition, record.msg_id), time.time())
+                offsets[record.partition] = record.offset + 1
 
     def stop(self) -> None:
         self._done.set()
         for thread in self._threads:
             thread.join(10)
 
-    def latencies(self, first: int, count: int) -> dict[int, float]:
-        """msg_id -> seconds from the inbound record's timestamp (set by the producer) to
-        its output being visible, for the inbound offsets first..first+count-1 seen."""
+    def has(self, ends: Mapping[int, int]) -> bool:
+        """Whether the output of each partition's last record before `ends` is visible
+        (partitions with nothing yet, end 0, need none)."""
+        return all((p, end - 1) in self.seen for p, end in ends.items() if end > 0)
+
+    def latencies(
+        self, firsts: Mapping[int, int], ends: Mapping[int, int], since_ms: int = 0
+    ) -> dict[tuple[int, int], float]:
+        """(partition, msg_id) -> seconds from the inbound record's timestamp (set by the
+        producer) to its output being visible, for each partition's records from `firsts`
+        to `ends` that were seen, leaving out those produced before `since_ms`."""
         inbound = read_committed(
-            self.settings, self.settings.inbound_topic, first, max_records=count
+            self.settings,
+            self.settings.inbound_topic,
+            {p: firsts.get(p, 0) for p in ends},
+            max_records=sum(end - firsts.get(p, 0) for p, end in ends.items()),
+            partition=None,
         )
         return {
-            r.offset: self.seen[r.offset] - r.timestamp_ms / 1000
+            (r.partition, r.offset): self.seen[(r.partition, r.offset)] - r.timestamp_ms / 1000
             for r in inbound
-            if r.offset in self.seen
+            if r.offset < ends[r.partition]
+            and r.timestamp_ms >= since_ms
+            and (r.partition, r.offset) in self.seen
         }
 
 
