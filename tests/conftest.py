@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from twinstream import registry
-from twinstream.config import REPO_ROOT, Settings, load_settings
+from twinstream.config import REPO_ROOT, Settings
 from twinstream.stack import core
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
@@ -87,7 +87,9 @@ def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 
 @pytest.fixture(scope="session")
 def settings(stack_env: dict[str, str]) -> Settings:
-    return load_settings()
+    """The stack's own pipeline (hostmetrics) as the stack runs it: the environment plus
+    its entry in the pipelines file (three partitions)."""
+    return registry.configured()
 
 
 @pytest.fixture(scope="session")

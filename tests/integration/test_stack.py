@@ -11,15 +11,14 @@ import uuid
 import httpx
 import psutil
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
 from twinstream import cli, registry
 from twinstream.kafka import (
     admin_config,
-    consumer_config,
     describe_topic_configs,
+    partition_ends,
     topic_specs,
 )
 from twinstream.publisher import publish
@@ -32,16 +31,21 @@ from twinstream.testing.harness import wait_for
 pytestmark = pytest.mark.integration
 
 
-def _high_watermark(settings, topic):
-    consumer = Consumer(consumer_config(settings, f"probe-{uuid.uuid4()}"))
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
-    finally:
-        consumer.close()
+def _records_in(settings, topic):
+    """Every partition's high watermark, summed: grows with any record written anywhere."""
+    return sum(partition_ends(settings, topic).values())
 
 
-def _consume(settings, topic, start, count):
-    return [r.raw for r in read_committed(settings, topic, start_offset=start, max_records=count)]
+def _in_order_per_partition(settings, topic, starts, values):
+    """What `publish` of `values` (unkeyed: any partition) left after `starts`: every value
+    back exactly once, and each partition holding its share in the order it was sent."""
+    records = list(read_committed(settings, topic, starts, max_records=len(values)))
+    records.sort(key=lambda r: (r.partition, r.offset))
+    assert sorted(r.raw for r in records) == sorted(values)
+    sent_order = {v: i for i, v in enumerate(values)}
+    for partition in {r.partition for r in records}:
+        mine = [sent_order[r.raw] for r in records if r.partition == partition]
+        assert mine == sorted(mine), f"partition {partition} out of order"
 
 
 def test_up_reports_every_service_started(stack, stack_engines, settings):
@@ -64,17 +68,17 @@ def test_up_runs_every_pipeline_of_the_file_each_with_its_own_engines_and_electi
     payments = registry.settings_for(settings, "payments")
     assert sorted(core.engine_roles(payments).values()) == ["active", "standby"]
     # One record through payments: its own engines answer it, on its own topics.
-    end = _high_watermark(settings, payments.outbound_topic)
-    progress = _high_watermark(settings, payments.progress_topic)
+    end = _records_in(settings, payments.outbound_topic)
+    progress = _records_in(settings, payments.progress_topic)
     sample = registry.load(payments).sample
     assert sample is not None
-    publish(payments, sample(3, 7, 0))
+    publish(payments, sample(3, 7, 0), key_field=registry.load(payments).partition_by)
     wait_for(
-        lambda: _high_watermark(settings, payments.progress_topic) > progress,
+        lambda: _records_in(settings, payments.progress_topic) > progress,
         120,
         "payments' active publishing its first transaction",
     )
-    assert _high_watermark(settings, payments.outbound_topic) >= end
+    assert _records_in(settings, payments.outbound_topic) >= end
     # `twinstream status` shows every pipeline's engines, one active each.
     capsys.readouterr()
     assert cli.main(["status"]) == 0
@@ -114,7 +118,7 @@ def test_topic_configs_are_exactly_as_configured(stack, settings):
     }
     for spec in topic_specs(settings):
         partitions = metadata[spec.name].partitions
-        assert len(partitions) == 1
+        assert len(partitions) == settings.partitions == 3
         assert len(partitions[0].replicas) == 3
         configs = describe_topic_configs(admin, spec.name)
         assert configs["min.insync.replicas"] == "2"
@@ -124,10 +128,10 @@ def test_topic_configs_are_exactly_as_configured(stack, settings):
 
 def test_ten_thousand_records_with_acks_all_all_come_back(stack, settings):
     topic = settings.inbound_topic
-    start = _high_watermark(settings, topic)
+    starts = partition_ends(settings, topic)
     values = [json.dumps({"seq": i, "run": str(uuid.uuid4())}).encode() for i in range(10_000)]
     publish(settings, values)
-    assert _consume(settings, topic, start, len(values)) == values
+    _in_order_per_partition(settings, topic, starts, values)
 
 
 def test_losing_the_partition_leader_keeps_the_inbound_topic_writable(stack, settings):
@@ -141,19 +145,19 @@ def test_losing_the_partition_leader_keeps_the_inbound_topic_writable(stack, set
         wait_for(
             lambda: leader not in health.kafka_brokers(settings), 30, f"{victim} to deregister"
         )
-        start = _high_watermark(settings, settings.inbound_topic)
+        starts = partition_ends(settings, settings.inbound_topic)
         values = [f"while-{victim}-down-{i}".encode() for i in range(1000)]
         publish(settings, values)
-        assert _consume(settings, settings.inbound_topic, start, len(values)) == values
+        _in_order_per_partition(settings, settings.inbound_topic, starts, values)
     finally:
         supervisor.start(victim)
     wait_for(lambda: leader in health.kafka_brokers(settings), 60, f"{victim} to come back")
 
     def in_sync():
-        meta = admin.list_topics(timeout=10).topics[settings.inbound_topic].partitions[0]
-        return len(meta.isrs) == 3
+        partitions = admin.list_topics(timeout=10).topics[settings.inbound_topic].partitions
+        return all(len(p.isrs) == 3 for p in partitions.values())
 
-    wait_for(in_sync, 60, "all three replicas back in sync")
+    wait_for(in_sync, 60, "all three replicas of every inbound partition back in sync")
 
 
 def test_airflow_answers_and_loads_the_dags_without_import_errors(stack, settings):

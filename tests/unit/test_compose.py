@@ -250,7 +250,6 @@ def test_kafka_init_defaults_are_the_settings_defaults(services):
         "min_insync_replicas",
     ]:
         assert env[f"TWINSTREAM_{key.upper()}"] == str(getattr(defaults, key)), key
-    assert env["TWINSTREAM_PARTITIONS"] == "1"
     assert set(env["TWINSTREAM_BOOTSTRAP"].split(",")) == {f"{b}:19092" for b in BROKERS}
 
 
@@ -684,6 +683,9 @@ def test_compose_follows_the_pipelines_file(services, monkeypatch, no_twinstream
     assert {n for n in services if n.startswith("engine-")} == set(ENGINES)
     others = services["kafka-init"]["environment"]["TWINSTREAM_OTHER_PIPELINES"].split(",")
     assert [base.pipeline, *others] == list(pipelines)
+    # Every pipeline's topics with the partitions its entry in the pipelines file names.
+    partitions = int(services["kafka-init"]["environment"]["TWINSTREAM_PARTITIONS"])
+    assert {p.partitions for p in pipelines.values()} == {partitions} == {3}
     airflow = services["airflow-scheduler"]["environment"]
     for pipeline in pipelines.values():
         for engine_id in pipeline.engine_ids:

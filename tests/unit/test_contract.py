@@ -95,8 +95,14 @@ def test_a_bad_pipelines_file_says_what_to_write(tmp_path):
         registry.load(unimportable)
 
 
-def test_the_repositorys_pipelines_file_lists_both_examples():
+def test_the_repositorys_pipelines_file_lists_both_examples_on_three_partitions(monkeypatch):
     assert registry.names(load_settings()) == ["hostmetrics", "payments"]
+    assert {s.partitions for s in registry.stack(load_settings()).values()} == {3}
+    # The environment's own pipeline as the stack runs it: its entry's partitions, not the
+    # environment's default (a tool driving the stack's hostmetrics must see three).
+    monkeypatch.delenv("TWINSTREAM_PARTITIONS", raising=False)
+    assert load_settings().partitions == 1
+    assert registry.configured().partitions == 3
 
 
 def test_each_pipeline_gets_its_topics_engines_and_ports(tmp_path):

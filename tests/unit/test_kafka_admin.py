@@ -167,8 +167,11 @@ def test_a_wrong_request_is_not_retried(settings):
 
 def test_wrong_partition_count_is_refused_not_silently_accepted(settings):
     admin = FakeAdmin({"hostmetrics.in": (3, 3, {})})
-    with pytest.raises(TopicShapeError, match=r"3 partition\(s\) x RF 3.*wants 1 x RF 3"):
+    with pytest.raises(TopicShapeError, match=r"3 partition\(s\) x RF 3.*wants 1 x RF 3") as info:
         ensure_topics(cast(Any, admin), topic_specs(settings))
+    # The message names both fixes: a stack made with another count must know what to do.
+    assert "make clean" in str(info.value)
+    assert "`partitions` in the pipelines file" in str(info.value)
 
 
 def test_client_configs_are_durable_and_transaction_aware(settings):
