@@ -18,7 +18,7 @@ import threading
 
 import uvicorn
 
-from twinstream import registry
+from twinstream import registry, storage
 from twinstream.admin_api import create_app
 from twinstream.config import SettingsError, load_settings
 from twinstream.contract import ContractError
@@ -44,8 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         settings = registry.for_engine(load_settings(), args.engine_id)
         port = settings.engine_admin_port(args.engine_id)
         token = settings.secret("admin_token")
+        # Shared storage the engine's Python cannot reach fails here, named, not at the
+        # first persist or restore.
+        storage.check(settings.checkpoint_dir(args.engine_id))
+        storage.check(settings.snapshot_dir)
         engine = Engine(settings, args.engine_id, registry.load(settings))
-    except (SettingsError, ContractError) as exc:
+    except (SettingsError, ContractError, storage.StorageError) as exc:
         print(f"engine {args.engine_id}: {exc}", file=sys.stderr)
         return 2
 

@@ -13,6 +13,8 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from twinstream.storage import Location, StorageError, location
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DAY_MS = 24 * 60 * 60 * 1000
 # A pipeline's topics when not set: <pipeline>.<suffix>.
@@ -180,9 +182,15 @@ class Settings(BaseSettings):
     # the worker has no memory left for waits too.
     spark_worker_memory: str = Field(default="", pattern=r"^$|^\d+[kmg]$")
 
-    # Persist and restore. The snapshot root is shared storage (compose: a shared volume);
-    # snapshots live in <snapshot_root>/<pipeline>/. Empty: <state_dir>/snapshots.
-    snapshot_root: Path | None = None
+    # Persist and restore. The snapshot root is shared storage (compose: a shared volume):
+    # a folder or a URL Spark and Python both know (twinstream.storage: hdfs://, s3a://,
+    # gs://, abfs://, file://); snapshots live in <snapshot_root>/<pipeline>/. Empty:
+    # <state_dir>/snapshots.
+    snapshot_root: str = ""
+    # Where the engines' checkpoints live, the same kinds of location: <root>/<pipeline>/
+    # <engine>. Empty: <state_dir>/engines/<engine>/checkpoint. On a Spark cluster an
+    # executor writes state there, so it must be storage every worker reaches.
+    checkpoint_root: str = ""
     # How often persist_standby_state runs: that DAG's schedule is built from this number,
     # and check_kafka_retention reads the schedule back rather than this setting.
     persist_interval_s: int = Field(default=900, ge=60)
@@ -215,6 +223,17 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("snapshot_root", "checkpoint_root", mode="before")
+    @classmethod
+    def _a_location(cls, value: Any) -> Any:
+        text = str(value) if isinstance(value, Path) else value
+        if isinstance(text, str) and text.strip():
+            try:
+                location(text)
+            except StorageError as exc:
+                raise ValueError(str(exc)) from None
+        return text
 
     @field_validator("spark_conf", mode="before")
     @classmethod
@@ -395,13 +414,25 @@ class Settings(BaseSettings):
     def engine_dir(self, engine_id: str) -> Path:
         return self.state_dir / "engines" / engine_id
 
-    def checkpoint_dir(self, engine_id: str) -> Path:
-        return self.engine_dir(engine_id) / "checkpoint"
+    def checkpoint_dir(self, engine_id: str) -> Location:
+        """The engine's Spark checkpoint: a local folder, or one on the shared storage
+        `checkpoint_root` names."""
+        if self.checkpoint_root:
+            return location(self.checkpoint_root) / self.pipeline / engine_id
+        return location(self.engine_dir(engine_id) / "checkpoint")
+
+    def checkpoint_uri(self, engine_id: str) -> str:
+        """The same checkpoint as Spark's checkpointLocation names it: the configured URL
+        as written (universal-pathlib's str of an HDFS path drops its namenode)."""
+        if self.checkpoint_root:
+            return f"{self.checkpoint_root.strip().rstrip('/')}/{self.pipeline}/{engine_id}"
+        return str(self.engine_dir(engine_id) / "checkpoint")
 
     @property
-    def snapshot_dir(self) -> Path:
+    def snapshot_dir(self) -> Location:
         """This pipeline's snapshots."""
-        return (self.snapshot_root or self.state_dir / "snapshots") / self.pipeline
+        root = location(self.snapshot_root or self.state_dir / "snapshots")
+        return root / self.pipeline
 
     @property
     def audit_dir(self) -> Path:

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import twinstream
-from twinstream import repair, snapshot
+from twinstream import repair, snapshot, storage
 from twinstream.admin_api import (
     BufferedRow,
     Conflict,
@@ -467,7 +467,7 @@ class Engine:
                 start_ms = int(time.time() * 1000) - self.settings.window_retention_ms
                 at = self.watermarks.offsets_at(start_ms)
                 starting = {p: max(low, at.get(p, low)) for p, low in log_starts.items()}
-                shutil.rmtree(checkpoint, ignore_errors=True)
+                storage.remove_tree(checkpoint)
                 self.gate.restore([])
                 source, next_offsets = "cold", dict(starting)
             else:

@@ -456,12 +456,11 @@ def start_query(
     starting_offsets: Mapping[int, int] | None = None,
     quarantined: Iterable[int] = (),
 ) -> StreamingQuery:
-    checkpoint = settings.checkpoint_dir(engine_id)
     inbound = read_inbound(spark, settings, starting_offsets)
     return (
         plan(validated(inbound, pipeline, settings, quarantined), pipeline)
         .writeStream.queryName(query_name(settings, engine_id))
-        .option("checkpointLocation", str(checkpoint))
+        .option("checkpointLocation", settings.checkpoint_uri(engine_id))
         .outputMode("append")
         .trigger(processingTime=f"{settings.trigger_interval_ms} milliseconds")
         .foreachBatch(process_batch)

@@ -1,9 +1,12 @@
 """Snapshots of a standby's state: the Spark checkpoint (offsets, commits, RocksDB state)
 and the gate's ring buffer, with a manifest of checksums.
 
-Guarantee: a snapshot directory without `.tmp` in its name is complete. It is written under
-`<id>.tmp/`, every file and directory is fsynced, and only then is it renamed into place,
-so a crash mid-persist leaves a `.tmp` folder that no reader ever takes. A reader trusts a
+Guarantee: a snapshot directory without `.tmp` in its name is complete. On a local folder
+it is written under `<id>.tmp/`, every file and directory is fsynced, and only then is it
+renamed into place, so a crash mid-persist leaves a `.tmp` folder that no reader ever takes.
+On shared storage without an atomic rename (twinstream.storage: HDFS, S3, ...) it is written
+in place with its manifest last, so a crash leaves a folder without one, which no reader
+takes either. A reader trusts a
 snapshot only after every file's sha256 matches its manifest: `latest` is the newest
 snapshot that verifies, and a named snapshot that does not verify is refused with the
 reason. Nothing here needs Spark, Kafka or Airflow.
@@ -15,17 +18,16 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
-import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from twinstream import storage
 from twinstream.core.checkpoint import end_offsets, numbered
 from twinstream.core.rows import Output
+from twinstream.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class Manifest(BaseModel):
 @dataclass(frozen=True)
 class SnapshotInfo:
     snapshot_id: str
-    path: Path
+    path: Location
     manifest: Manifest | None
     problem: str | None
 
@@ -89,7 +91,7 @@ class CheckpointPosition:
         return self.next_offsets.get(0, 0)
 
 
-def _batch_offsets(checkpoint: Path, batch_id: int, topic: str) -> dict[int, int]:
+def _batch_offsets(checkpoint: Location, batch_id: int, topic: str) -> dict[int, int]:
     """The end offset of each partition of `topic` in offsets/<batch_id> (Spark's v1 log:
     a version line, the batch metadata, then one JSON line per source)."""
     path = checkpoint / "offsets" / str(batch_id)
@@ -102,7 +104,7 @@ def _batch_offsets(checkpoint: Path, batch_id: int, topic: str) -> dict[int, int
     return end
 
 
-def checkpoint_position(checkpoint: Path, topic: str) -> CheckpointPosition | None:
+def checkpoint_position(checkpoint: Location, topic: str) -> CheckpointPosition | None:
     """Where a query restarted on this checkpoint continues: the last committed batch and
     its end offset. None for a checkpoint that has not committed a batch yet."""
     commits = numbered(checkpoint / "commits")
@@ -112,7 +114,7 @@ def checkpoint_position(checkpoint: Path, topic: str) -> CheckpointPosition | No
     return CheckpointPosition(batch, _batch_offsets(checkpoint, batch, topic))
 
 
-def checkpoint_problem(checkpoint: Path, topic: str) -> str | None:
+def checkpoint_problem(checkpoint: Location, topic: str) -> str | None:
     """Why Spark could not resume from this checkpoint, or None when it looks intact. Catches
     what a lost or half-copied disk leaves: no metadata, unreadable logs, a commit without
     its offsets, a stateful query without its state."""
@@ -143,7 +145,7 @@ def new_snapshot_id(engine_id: str, batch_id: int, now: datetime) -> str:
     return f"{now.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}-{engine_id}-b{batch_id}"
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Location) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -151,24 +153,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync_tree(root: Path) -> None:
-    """Data and directory entries on disk before the rename publishes them."""
-    for folder, _dirs, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(folder, name), "rb") as f:
-                os.fsync(f.fileno())
-        _fsync_dir(Path(folder))
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_buffer(path: Path, rows: Iterable[Output]) -> int:
+def write_buffer(path: Location, rows: Iterable[Output]) -> int:
     count = 0
     with path.open("w") as f:
         for row in rows:
@@ -180,7 +165,7 @@ def write_buffer(path: Path, rows: Iterable[Output]) -> int:
     return count
 
 
-def read_buffer(path: Path) -> list[Output]:
+def read_buffer(path: Location) -> list[Output]:
     rows = []
     with path.open() as f:
         for line in f:
@@ -193,12 +178,12 @@ def read_buffer(path: Path) -> list[Output]:
 
 
 def write_snapshot(
-    snapshot_dir: Path,
+    snapshot_dir: Location,
     *,
     pipeline: str,
     engine_id: str,
     pipeline_version: str,
-    checkpoint: Path,
+    checkpoint: Location,
     topic: str,
     buffer: Sequence[Output],
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -211,11 +196,15 @@ def write_snapshot(
     snapshot_id = new_snapshot_id(engine_id, position.batch_id, created)
     snapshot_dir.mkdir(parents=True, exist_ok=True)
     final = snapshot_dir / snapshot_id
-    tmp = snapshot_dir / f"{snapshot_id}{TMP_SUFFIX}"
+    # A local folder is written under <id>.tmp and renamed into place, atomically. Elsewhere
+    # a folder's rename is a copy: the snapshot is written in place, its manifest last, and
+    # a reader trusts no folder without a manifest that every file matches.
+    staged = storage.is_local(snapshot_dir)
+    tmp = snapshot_dir / f"{snapshot_id}{TMP_SUFFIX}" if staged else final
     try:
-        shutil.copytree(checkpoint, tmp / CHECKPOINT)
+        storage.copy_tree(checkpoint, tmp / CHECKPOINT)
         rows = write_buffer(tmp / BUFFER, buffer)
-        files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        files = {storage.relative(p, tmp): _sha256(p) for p in storage.files(tmp)}
         manifest = Manifest(
             snapshot_id=snapshot_id,
             pipeline=pipeline,
@@ -231,11 +220,12 @@ def write_snapshot(
             files=files,
         )
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2))
-        _fsync_tree(tmp)
-        tmp.rename(final)
-        _fsync_dir(snapshot_dir)
+        storage.sync_tree(tmp)
+        if staged:
+            storage.rename(tmp, final)
+            storage.sync_dir(snapshot_dir)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        storage.remove_tree(tmp)
         raise
     log.info(
         "pipeline %s engine %s: snapshot %s written (next offset %s, %s buffered rows, %s bytes)",
@@ -252,7 +242,7 @@ def write_snapshot(
 # -- reading ----------------------------------------------------------------------------
 
 
-def verify(path: Path, pipeline: str | None = None) -> Manifest:
+def verify(path: Location, pipeline: str | None = None) -> Manifest:
     """The snapshot's manifest, once every file matches it; SnapshotError says what does not."""
     if path.name.endswith(TMP_SUFFIX):
         raise SnapshotError(f"{path.name} is a half-written snapshot (its persist never finished)")
@@ -285,21 +275,21 @@ def verify(path: Path, pipeline: str | None = None) -> Manifest:
     return manifest
 
 
-def snapshot_ids(snapshot_dir: Path) -> list[str]:
+def snapshot_ids(snapshot_dir: Location) -> list[str]:
     """The finished snapshots' ids, newest first, without reading them (no checksums)."""
     if not snapshot_dir.is_dir():
         return []
-    names = (p.name for p in snapshot_dir.iterdir() if p.is_dir())
+    names = (p.name for p in storage.children(snapshot_dir) if p.is_dir())
     return sorted((n for n in names if not n.endswith(TMP_SUFFIX)), reverse=True)
 
 
-def list_snapshots(snapshot_dir: Path, pipeline: str | None = None) -> list[SnapshotInfo]:
+def list_snapshots(snapshot_dir: Location, pipeline: str | None = None) -> list[SnapshotInfo]:
     """Every snapshot folder, newest first, each verified (half-written ones included, as
     invalid, so that an operator sees them)."""
     if not snapshot_dir.is_dir():
         return []
     infos = []
-    for path in sorted(snapshot_dir.iterdir(), key=lambda p: p.name, reverse=True):
+    for path in reversed(storage.children(snapshot_dir)):
         if not path.is_dir():
             continue
         snapshot_id = path.name.removesuffix(TMP_SUFFIX)
@@ -310,7 +300,7 @@ def list_snapshots(snapshot_dir: Path, pipeline: str | None = None) -> list[Snap
     return infos
 
 
-def choose(snapshot_dir: Path, pipeline: str, requested: str) -> Manifest:
+def choose(snapshot_dir: Location, pipeline: str, requested: str) -> Manifest:
     """`latest` (the newest snapshot that verifies, skipping damaged ones with a warning) or
     a snapshot id (refused with the reason when it does not verify)."""
     if requested == "latest":
@@ -326,19 +316,19 @@ def choose(snapshot_dir: Path, pipeline: str, requested: str) -> Manifest:
     return verify(snapshot_dir / requested, pipeline)
 
 
-def install(snapshot_dir: Path, manifest: Manifest, checkpoint: Path) -> list[Output]:
+def install(snapshot_dir: Location, manifest: Manifest, checkpoint: Location) -> list[Output]:
     """Replace `checkpoint` with the snapshot's copy; return the buffered rows. The copy goes
     to a sibling first, so a failure leaves either the old or the new checkpoint whole."""
     source = snapshot_dir / manifest.snapshot_id
     staging = checkpoint.with_name(checkpoint.name + ".restoring")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source / CHECKPOINT, staging)
-    shutil.rmtree(checkpoint, ignore_errors=True)
-    staging.rename(checkpoint)
+    storage.remove_tree(staging)
+    storage.copy_tree(source / CHECKPOINT, staging)
+    storage.remove_tree(checkpoint)
+    storage.rename(staging, checkpoint)
     return read_buffer(source / BUFFER)
 
 
-def prune(snapshot_dir: Path, pipeline: str, keep: int) -> list[str]:
+def prune(snapshot_dir: Location, pipeline: str, keep: int) -> list[str]:
     """Delete all but the newest `keep` snapshots; the newest valid one is never deleted, even
     when newer damaged ones fill the `keep` slots. Half-written `.tmp` folders are left to
     the persist that may still be writing them. Returns the deleted ids."""
@@ -352,10 +342,15 @@ def prune(snapshot_dir: Path, pipeline: str, keep: int) -> list[str]:
     for info in done[keep:]:
         if info is newest_valid:
             continue
-        # Renamed first so that a reader never sees a half-deleted snapshot as a snapshot.
-        doomed = info.path.with_name(info.path.name + ".deleting" + TMP_SUFFIX)
+        # Renamed first (locally) or its manifest deleted first (elsewhere), so that a reader
+        # never sees a half-deleted snapshot as a snapshot.
         with contextlib.suppress(FileNotFoundError):
-            info.path.rename(doomed)
-            shutil.rmtree(doomed)
+            if storage.is_local(info.path):
+                doomed = info.path.with_name(info.path.name + ".deleting" + TMP_SUFFIX)
+                storage.rename(info.path, doomed)
+            else:
+                doomed = info.path
+                (doomed / MANIFEST).unlink(missing_ok=True)
+            storage.remove_tree(doomed)
             deleted.append(info.snapshot_id)
     return deleted

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from unittest import mock
 
@@ -30,3 +31,23 @@ def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> engine_module.Eng
     e._query = mock.MagicMock(name="query")
     e._spark = mock.MagicMock(name="spark")
     return e
+
+
+@pytest.fixture(params=["local", "file-url", "memory"])
+def storage_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """A fresh empty folder: on a local disk by path, by a `file://` URL (through fsspec's
+    local file system, as a remote one is reached), and on fsspec's in-memory file system.
+    Code that passes on the last two calls no local-only API, as checkpoints and snapshots
+    on HDFS or S3 (twinstream.storage) need."""
+    if request.param == "local":
+        yield tmp_path_factory.mktemp("root")
+        return
+    from upath import UPath
+
+    if request.param == "file-url":
+        yield UPath(f"file://{tmp_path_factory.mktemp('root')}")
+        return
+    root = UPath(f"memory://twinstream-{uuid.uuid4().hex}/root")
+    root.mkdir(parents=True)
+    yield root
+    root.fs.rm(root.path, recursive=True)

@@ -6,9 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from twinstream.core.checkpoint import RewindPoint, numbered, rewind, rewind_point, unread
 
 TOPIC = "p.in"
+
+
+@pytest.fixture
+def tmp_path(storage_root):
+    """Every test here on a local folder and on fsspec's memory file system."""
+    return storage_root
 
 
 def _batch(checkpoint: Path, batch: int, end: int | dict[str, int], committed: bool = True) -> None:

@@ -25,6 +25,12 @@ from twinstream.core.rows import record_id
 TOPIC = "p.in"
 
 
+@pytest.fixture
+def tmp_path(storage_root):
+    """Every test here on a local folder and on fsspec's memory file system."""
+    return storage_root
+
+
 def _offsets(checkpoint: Path, batch: int, end: int | dict[int, int]) -> None:
     """An offset log entry as the engines' plans write it: a line per source, and the plan
     reads the inbound topic twice (the transform's branch and the dead letters')."""

@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
+from upath import UPath
 
-from twinstream import snapshot
+from twinstream import snapshot, storage
 from twinstream.core.rows import Output
 from twinstream.snapshot import SnapshotError
+from twinstream.storage import Location
 
 TOPIC = "hostmetrics.in"
 PIPELINE = "hostmetrics"
 
 
-def fake_checkpoint(root: Path, committed: int = 2, end_offsets: int = 100) -> Path:
+@pytest.fixture
+def tmp_path(storage_root):
+    """Every test here on a local folder and on fsspec's memory file system."""
+    return storage_root
+
+
+def fake_checkpoint(root: Location, committed: int = 2, end_offsets: int = 100) -> Location:
     """The layout Spark 4 writes: metadata, offsets/N (v1 log), commits/N, state/0/0."""
     cp = root / "checkpoint"
     (cp / "offsets").mkdir(parents=True)
@@ -49,7 +57,7 @@ class Clock:
         return self.now
 
 
-def write(root: Path, checkpoint: Path, clock: Clock, buffer: list[Output] | None = None):
+def write(root: Location, checkpoint: Location, clock: Clock, buffer: list[Output] | None = None):
     return snapshot.write_snapshot(
         root,
         pipeline=PIPELINE,
@@ -137,12 +145,37 @@ def test_a_half_written_snapshot_is_never_used(tmp_path, clock):
     cp = fake_checkpoint(tmp_path / "engine")
     good = write(snaps, cp, clock)
     newer = write(snaps, cp, clock)
-    (snaps / newer.snapshot_id).rename(snaps / f"{newer.snapshot_id}.tmp")
+    storage.rename(snaps / newer.snapshot_id, snaps / f"{newer.snapshot_id}.tmp")
     assert snapshot.choose(snaps, PIPELINE, "latest") == good
     with pytest.raises(SnapshotError, match="no snapshot"):
         snapshot.choose(snaps, PIPELINE, newer.snapshot_id)
     with pytest.raises(SnapshotError, match="half-written"):
         snapshot.verify(snaps / f"{newer.snapshot_id}.tmp")
+    # What a crash leaves on storage without an atomic rename: the folder in place, every
+    # file but its manifest (written last). Never used either.
+    newest = write(snaps, cp, clock)
+    (snaps / newest.snapshot_id / snapshot.MANIFEST).unlink()
+    assert snapshot.choose(snaps, PIPELINE, "latest") == good
+    with pytest.raises(SnapshotError, match=r"no manifest\.json"):
+        snapshot.choose(snaps, PIPELINE, newest.snapshot_id)
+
+
+def test_a_local_checkpoint_persists_to_and_installs_from_other_storage(tmp_path_factory, clock):
+    """Across two file systems: a local checkpoint, snapshots on fsspec's memory file
+    system (as on S3), installed back to a local folder byte for byte."""
+    local = tmp_path_factory.mktemp("local")
+    snaps = UPath(f"memory://snaps-{uuid.uuid4().hex}/snaps")
+    try:
+        cp = fake_checkpoint(local / "engine")
+        manifest = write(snaps, cp, clock)
+        assert [i.snapshot_id for i in snapshot.list_snapshots(snaps)] == [manifest.snapshot_id]
+        target = local / "restored" / "checkpoint"
+        assert snapshot.install(snaps, manifest, target) == rows(0, 65)
+        assert {storage.relative(p, target): p.read_bytes() for p in storage.files(target)} == {
+            storage.relative(p, cp): p.read_bytes() for p in storage.files(cp)
+        }
+    finally:
+        snaps.fs.rm(snaps.path, recursive=True)
 
 
 def test_a_damaged_manifest_and_another_pipeline_are_refused(tmp_path, clock):
@@ -222,12 +255,7 @@ def test_checkpoint_problems_are_named(tmp_path):
     assert f"no offsets for topic {TOPIC}" in str(snapshot.checkpoint_problem(cp, TOPIC))
 
     cp = fake_checkpoint(tmp_path / "e")
-    for zip_file in (cp / "state").rglob("*"):
-        if zip_file.is_file():
-            zip_file.unlink()
-    for folder in sorted((cp / "state").rglob("*"), reverse=True):
-        folder.rmdir()
-    (cp / "state").rmdir()
+    storage.remove_tree(cp / "state")
     assert "no state store" in str(snapshot.checkpoint_problem(cp, TOPIC))
 
 

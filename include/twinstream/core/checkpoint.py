@@ -16,17 +16,18 @@ import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from twinstream.storage import Location, rename
 
 
-def numbered(folder: Path) -> list[int]:
+def numbered(folder: Location) -> list[int]:
     """The batch ids that have a file in `folder`, in order."""
     if not folder.is_dir():
         return []
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
-def end_offsets(path: Path, topic: str) -> dict[int, int] | None:
+def end_offsets(path: Location, topic: str) -> dict[int, int] | None:
     """Each partition's offset of `topic` in one of Spark's offset files (`offsets/N`: a
     version line, batch metadata, a JSON line per source; `sources/0/0`: a version line,
     then the source's JSON)."""
@@ -38,13 +39,13 @@ def end_offsets(path: Path, topic: str) -> dict[int, int] | None:
     return None
 
 
-def batch_end(checkpoint: Path, batch_id: int, topic: str) -> dict[int, int] | None:
+def batch_end(checkpoint: Location, batch_id: int, topic: str) -> dict[int, int] | None:
     """The next inbound offset of each partition after batch `batch_id`."""
     path = checkpoint / "offsets" / str(batch_id)
     return end_offsets(path, topic) if path.exists() else None
 
 
-def unread(checkpoint: Path, topic: str, high_watermarks: Mapping[int, int]) -> int:
+def unread(checkpoint: Location, topic: str, high_watermarks: Mapping[int, int]) -> int:
     """Inbound records a query restarted on `checkpoint` reads before it is level with
     `high_watermarks`: from the end of its last planned batch (Spark replays a planned
     batch that was not committed, so its records count as read), every partition whole
@@ -54,7 +55,7 @@ def unread(checkpoint: Path, topic: str, high_watermarks: Mapping[int, int]) -> 
     return sum(max(0, hwm - position.get(p, 0)) for p, hwm in high_watermarks.items())
 
 
-def forget_batches(checkpoint: Path, after: int, logs: tuple[str, ...] = ("offsets",)) -> None:
+def forget_batches(checkpoint: Location, after: int, logs: tuple[str, ...] = ("offsets",)) -> None:
     """Remove the entries of every batch after `after` from the named logs."""
     for log in logs:
         folder = checkpoint / log
@@ -64,7 +65,7 @@ def forget_batches(checkpoint: Path, after: int, logs: tuple[str, ...] = ("offse
                     (folder / name).unlink(missing_ok=True)
 
 
-def narrow_batch(checkpoint: Path, batch_id: int, topic: str, ends: Mapping[int, int]) -> None:
+def narrow_batch(checkpoint: Location, batch_id: int, topic: str, ends: Mapping[int, int]) -> None:
     """Make the uncommitted batch `batch_id` end at `ends` (an offset for each partition the
     batch names): its entry is rewritten with them for every source reading `topic`, the
     rest of it (batch metadata, other sources) kept, and its checksum file removed, since
@@ -96,7 +97,10 @@ def narrow_batch(checkpoint: Path, batch_id: int, topic: str, ends: Mapping[int,
     (checkpoint / "offsets" / f".{batch_id}.crc").unlink(missing_ok=True)
     written = path.with_name(f".{batch_id}.narrowing")
     written.write_text("\n".join(lines))
-    written.replace(path)  # atomic: a crash leaves the old entry or the new one
+    # Atomic on a local disk and HDFS: a crash leaves the old entry or the new one. (An
+    # object store's rename is a copy: its file is whole either way; the temporary name is
+    # not a batch id, so Spark ignores a leftover.)
+    rename(written, path)
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,9 @@ class RewindPoint:
     next_offsets: dict[int, int] = field(default_factory=dict)
 
 
-def rewind_point(checkpoint: Path, topic: str, partition: int, first: int) -> RewindPoint | None:
+def rewind_point(
+    checkpoint: Location, topic: str, partition: int, first: int
+) -> RewindPoint | None:
     """The newest committed batch that ends at or before inbound offset `first` of
     `partition`, among those whose state Spark still keeps (not the oldest retained entry,
     whose state version may be purged first); None if the history does not reach back that
@@ -123,7 +129,7 @@ def rewind_point(checkpoint: Path, topic: str, partition: int, first: int) -> Re
     return None
 
 
-def rewind(checkpoint: Path, point: RewindPoint) -> None:
+def rewind(checkpoint: Location, point: RewindPoint) -> None:
     """Make the query continue after `point` on its next start: later batches are planned
     and computed again from the state `point` left."""
     forget_batches(checkpoint, point.batch_id, logs=("commits", "offsets"))

@@ -36,7 +36,6 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
@@ -44,6 +43,7 @@ from kazoo.security import ACL
 
 from twinstream.core.checkpoint import batch_end, end_offsets, forget_batches, numbered
 from twinstream.core.rows import clean_reason, range_text, record_id, split_record_id
+from twinstream.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class FailedBatch:
         return f"msg_id {text or 'none'}"
 
 
-def failed_batch(checkpoint: Path, topic: str) -> FailedBatch | None:
+def failed_batch(checkpoint: Location, topic: str) -> FailedBatch | None:
     """The last planned batch if it was not committed, with its offset ranges."""
     planned = numbered(checkpoint / "offsets")
     committed = numbered(checkpoint / "commits")
@@ -147,7 +147,7 @@ def failed_batch(checkpoint: Path, topic: str) -> FailedBatch | None:
     return failed if failed.size > 0 else None
 
 
-def forget_batch(checkpoint: Path, batch_id: int) -> None:
+def forget_batch(checkpoint: Location, batch_id: int) -> None:
     """Make Spark plan `batch_id` afresh on the next start (it was never committed)."""
     forget_batches(checkpoint, batch_id - 1)
 
