@@ -6,26 +6,27 @@ A pair of engines meets records its transform raises on, in two partitions: the 
 find each by halving the failed batch over every partition, quarantine it by its record id,
 dead-letter it, and publish everything else exactly once.
 
-Another pair meets both failures the issue names: kill -9 of the active under load
-(the standby takes over each partition after its own last published offset), and an
-engine whose disk is lost, restored from a snapshot its standby days took with three
-partitions, that then takes over by a second kill -9. Every (partition, offset) is then in
-exactly one transaction, the rows those of a reference run, each key in one partition and
-its outputs in offset order.
+Another pair, its checkpoints and snapshots on storage named by URL (as on HDFS or S3),
+meets both failures the issue names: kill -9 of the active under load (the standby takes
+over each partition after its own last published offset), and an engine whose machine is
+lost, restored through Airflow (restore_and_resync) from the snapshot the scheduled persist
+took of its standby days with three partitions, that then takes over by a second kill -9.
+Every (partition, offset) is then in exactly one transaction, the rows those of a
+reference run, each key in one partition and its outputs in offset order, and the audit
+DAG passes every partition.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import shutil
 from typing import Any
 
 import pytest
 
 from examples.hostmetrics.generate import synthetic
 from tests.integration.engines import load_dag, task_states
-from twinstream import cli, snapshot
+from twinstream import cli, snapshot, storage
 from twinstream.config import load_settings
 from twinstream.subscriber import Record
 from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
@@ -111,10 +112,25 @@ def assert_per_key_order(pipeline: Pipeline, outputs: list[Record]) -> None:
     assert len({p for ps in partitions_of.values() for p in ps}) == PARTITIONS
 
 
-def test_three_partitions_kill_9_and_a_restore_from_a_three_partition_snapshot(
+def test_three_partitions_on_shared_storage_kill_9_and_a_lost_engine_restored_through_airflow(
     stack_env, tmp_path, dag_run_env, monkeypatch
 ):
-    pipeline = Pipeline(stack_env, tmp_path / "three", partitions=PARTITIONS)
+    # Checkpoints and snapshots by `file://` URLs, as on HDFS or S3 (twinstream.storage):
+    # Spark writes the checkpoints through Hadoop's file system for the scheme; the engines
+    # copy and install them, and Airflow's tasks read the snapshots, through fsspec's.
+    shared = tmp_path / "shared-storage"
+    pipeline = Pipeline(
+        stack_env,
+        tmp_path / "three",
+        partitions=PARTITIONS,
+        env={
+            "TWINSTREAM_CHECKPOINT_ROOT": f"file://{shared}/checkpoints",
+            "TWINSTREAM_SNAPSHOT_ROOT": f"file://{shared}/snapshots",
+        },
+    )
+    assert not storage.is_local(pipeline.settings.checkpoint_dir("a"))
+    assert not storage.is_local(pipeline.settings.snapshot_dir)
+    dag_run_env(pipeline)
     try:
         # (active, standby): either engine id.
         first, second = pipeline.start_pair(active_env=SHARED, standby_env=SHARED)
@@ -122,34 +138,49 @@ def test_three_partitions_kill_9_and_a_restore_from_a_three_partition_snapshot(
         load = pipeline.load(10**6, rate=RATE, hosts=12)
         wait_for(lambda: published_total(first) >= 1_500, 120, "the active publishing")
 
-        # A snapshot from the standby: every partition's position and buffered rows.
+        # The scheduled persist: a snapshot from the standby, with every partition's
+        # position and buffered rows.
         wait_for(lambda: in_sync(second), 120, "the standby in sync")
-        response = second.post("/pipeline/persist")
-        assert response.status_code == 200, response.text
+        persisted = load_dag("persist_standby_state").test()
+        assert persisted.state == "success", task_states(persisted)
         manifest = snapshot.choose(pipeline.settings.snapshot_dir, pipeline.name, "latest")
+        assert manifest.engine_id == second.engine_id
         assert sorted(manifest.positions()) == list(range(PARTITIONS))
         buffered = snapshot.read_buffer(
             pipeline.settings.snapshot_dir / manifest.snapshot_id / snapshot.BUFFER
         )
         assert {r.partition for r in buffered} == set(range(PARTITIONS))
+        assert (shared / "snapshots" / pipeline.name / manifest.snapshot_id).is_dir()
 
         # kill -9 of the active under load: the standby takes over every partition.
         take_over(pipeline, first, second)
 
-        # The killed engine's machine is lost; it comes back from the three-partition
-        # snapshot, catches up as the new active's standby, and takes over in turn.
+        # The killed engine's machine is lost, its checkpoint with it; it comes back with
+        # nothing, says so, and restore_and_resync brings it back from the three-partition
+        # snapshot, in sync, its buffer checked against what was published.
         lost = first.engine_id
-        shutil.rmtree(pipeline.settings.engine_dir(lost))
+        # (Its own folder holds only logs here: its checkpoint is on the shared storage.)
+        storage.remove_tree(pipeline.settings.engine_dir(lost))
+        storage.remove_tree(pipeline.settings.checkpoint_dir(lost))
+        assert not pipeline.settings.checkpoint_dir(lost).exists()
         back = pipeline.start(lost, **SHARED)
         wait_for(
             lambda: (back.try_get("/pipeline") or {}).get("state") == "stopped", 120, f"{lost} up"
         )
-        restored = back.post("/pipeline/restore", {"snapshot": manifest.snapshot_id})
-        assert restored.status_code == 200, restored.text
-        assert restored.json()["next_offsets"] == {
-            str(p): o for p, o in manifest.positions().items()
-        }
+        reason = back.get("/pipeline")["reason"]
+        assert "no checkpoint" in reason, reason
         back.remember_tree()
+        restore = load_dag("restore_and_resync").test(
+            run_conf={
+                "engine": lost,
+                "snapshot": "latest",
+                "wait_minutes": 10,
+                "compare_last": 1000,
+            }
+        )
+        assert restore.state == "success", task_states(restore)
+        assert back.get("/pipeline")["restored_from"] == manifest.snapshot_id
+        # The restored engine, caught up as the new active's standby, takes over in turn.
         take_over(pipeline, second, back)
 
         pipeline.stop_load(load)
@@ -160,7 +191,6 @@ def test_three_partitions_kill_9_and_a_restore_from_a_three_partition_snapshot(
 
         # The audit DAG proves each partition contiguous on its own.
         monkeypatch.setenv("TWINSTREAM_AUDIT_INFLIGHT_MSGS", "0")
-        dag_run_env(pipeline)
         run = load_dag("audit_output_topic").test()
         assert run.state == "success", task_states(run)
         report = json.loads((load_settings().audit_dir / "last-audit.json").read_text())
@@ -187,7 +217,12 @@ def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactl
     # after a half passes, the next batch Spark plans fails whole again; a catch-up batch of
     # thousands costs several halvings more (each a restart of the query).
     env = {"TWINSTREAM_FAULT_MARKER": marker, "TWINSTREAM_MAX_OFFSETS_PER_TRIGGER": "250"}
-    pipeline = Pipeline(stack_env, tmp_path / "poison", partitions=PARTITIONS)
+    # The checkpoints by a `file://` URL, as on HDFS or S3: Spark writes them through
+    # Hadoop's file system for the scheme, the engines narrow each failed batch's offsets
+    # entry through fsspec's (twinstream.storage), and Spark must then run the narrowed one.
+    shared = {"TWINSTREAM_CHECKPOINT_ROOT": f"file://{tmp_path / 'shared'}/checkpoints"}
+    pipeline = Pipeline(stack_env, tmp_path / "poison", partitions=PARTITIONS, env=shared)
+    assert not storage.is_local(pipeline.settings.checkpoint_dir("a"))
     try:
         a, b = pipeline.start_pair(env, env)
         pids = {a.pid, b.pid}
@@ -213,6 +248,11 @@ def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactl
         active = pipeline.active()
         assert active is not None
         pipeline.wait_caught_up(active, field="published", timeout_s=180)
+        # Spark's checkpoints are where the URL says, none in the engines' own folders.
+        for engine_id in ("a", "b"):
+            on_shared = tmp_path / "shared" / "checkpoints" / pipeline.name / engine_id
+            assert (on_shared / "commits").is_dir(), on_shared
+            assert not (pipeline.settings.engine_dir(engine_id) / "checkpoint").exists()
 
         s = pipeline.settings
         expected = pipeline.reference_by_position(exclude=poisoned)

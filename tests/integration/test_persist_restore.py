@@ -6,7 +6,6 @@ Each test runs a pipeline of its own with engine processes it starts and stops b
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -18,14 +17,10 @@ from confluent_kafka.admin import AdminClient
 
 from tests.integration.engines import (
     assert_exactly_once_and_as_reference,
-    load_dag,
     processed,
-    task_states,
 )
 from twinstream import snapshot
-from twinstream.engine_client import EngineClient
 from twinstream.kafka import admin_config
-from twinstream.operate import check_buffer
 from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
@@ -161,60 +156,6 @@ def test_persisting_the_standby_never_pauses_the_output_and_survives_a_takeover(
     assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     latest = snapshot.choose(pipeline.settings.snapshot_dir, pipeline.settings.pipeline, "latest")
     assert latest.snapshot_id == result["r"].json()["snapshot_id"]
-
-
-def test_a_lost_engine_comes_back_from_the_latest_snapshot_through_airflow(
-    pipeline: Pipeline, dag_run_env
-):
-    dag_run_env(pipeline)
-    a, b = pipeline.start_pair()
-    lost = b.engine_id  # the standby, which loses its machine below
-    pipeline.join_load(pipeline.load(4_000, rate=1000))
-    wait_for(lambda: _in_sync(b), 120, "the standby in sync")
-
-    persist_run = load_dag("persist_standby_state").test()
-    assert persist_run.state == "success", task_states(persist_run)
-    (latest,) = [i for i in snapshot.list_snapshots(pipeline.settings.snapshot_dir) if i.valid]
-    assert latest.manifest is not None
-    assert latest.manifest.engine_id == lost
-
-    # A restart with its checkpoint intact resumes from it: the chaos failovers show that
-    # every round. Here the machine is lost: the process dies, its disk comes back empty.
-    pipeline.join_load(pipeline.load(2_000, rate=1000))
-    b.kill9()
-    shutil.rmtree(pipeline.settings.engine_dir(lost))
-    b = pipeline.start(lost)
-    wait_for(
-        lambda: (b.try_get("/pipeline") or {}).get("state") == "stopped", 120, f"engine {lost} up"
-    )
-    reason = b.get("/pipeline")["reason"]
-    assert "no checkpoint" in reason, reason
-    assert "has run before" in reason, reason
-    b.remember_tree()
-
-    load = pipeline.load(6_000, rate=500)
-    started = time.monotonic()
-    restore_run = load_dag("restore_and_resync").test(
-        run_conf={"engine": lost, "snapshot": "latest", "wait_minutes": 10, "compare_last": 2000}
-    )
-    assert restore_run.state == "success", task_states(restore_run)
-    restored_in = time.monotonic() - started
-    info = b.get("/pipeline")
-    assert info["restored_from"] == latest.snapshot_id
-    assert info["state"] == "running"
-    # The DAG's own check passed; check again from here, independently of Airflow.
-    with EngineClient(lost, b.url, b.token) as client:
-        check = check_buffer(client, pipeline.settings, 2000)
-    assert check.compared >= 1000, check
-    assert check.mismatches == [], check
-    print(f"restore_and_resync: in sync and checked {restored_in:.1f} s after the trigger")
-
-    pipeline.join_load(load)
-    wait_for(lambda: processed(b) >= pipeline.produced - 1, 120, f"engine {b.engine_id} caught up")
-    a.kill9()
-    wait_for(lambda: b.role() == "active", 15, f"engine {b.engine_id} taking over")
-    pipeline.wait_published(pipeline.produced - 1)
-    assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
 
 
 def test_damaged_and_expired_snapshots_are_refused_and_cold_still_works(pipeline: Pipeline):

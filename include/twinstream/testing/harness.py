@@ -249,10 +249,12 @@ class Pipeline:
         engine_ids: tuple[str, ...] = ("a", "b"),
         module: str = "examples.hostmetrics.pipeline",
         partitions: int = 1,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         """`module`: the contract pipeline the engines run (module[:attribute]), under a
         name of its own, so that its topics and znodes are this test's alone; its topics
-        have `partitions` partitions (records keyed by the pipeline's `partition_by`)."""
+        have `partitions` partitions (records keyed by the pipeline's `partition_by`).
+        `env`: TWINSTREAM_* settings of this pipeline's own, over the rest."""
         self.name = f"t{uuid.uuid4().hex[:8]}"
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -270,6 +272,7 @@ class Pipeline:
             "TWINSTREAM_MAX_RECORD_BYTES": "4096",
             "TWINSTREAM_PARTITIONS": str(partitions),
             "PYSPARK_PYTHON": sys.executable,
+            **(env or {}),
         }
         self.settings = self._settings()
         self.contract: Contract = registry.load(self.settings)
