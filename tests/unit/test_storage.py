@@ -38,6 +38,10 @@ def test_the_settings_place_checkpoints_and_snapshots_under_their_roots(tmp_path
     assert shared.checkpoint_uri("b") == "hdfs://namenode:8020/twinstream/checkpoints/hostmetrics/b"
     assert default.checkpoint_uri("a") == str(tmp_path / "engines" / "a" / "checkpoint")
     assert str(shared.checkpoint_dir("b")).endswith("/twinstream/checkpoints/hostmetrics/b")
+    # Python reaches the same namenode (its str() leaves it out; its options keep it).
+    on_hdfs = shared.checkpoint_dir("b")
+    assert isinstance(on_hdfs, UPath)
+    assert on_hdfs.storage_options == {"host": "namenode", "port": 8020}
     assert str(shared.snapshot_dir) == "s3a://bucket/twinstream/snapshots/hostmetrics"
 
 
