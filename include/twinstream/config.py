@@ -417,9 +417,7 @@ class Settings(BaseSettings):
     def checkpoint_dir(self, engine_id: str) -> Location:
         """The engine's Spark checkpoint: a local folder, or one on the shared storage
         `checkpoint_root` names."""
-        if self.checkpoint_root:
-            return location(self.checkpoint_root) / self.pipeline / engine_id
-        return location(self.engine_dir(engine_id) / "checkpoint")
+        return location(self.checkpoint_uri(engine_id))
 
     def checkpoint_uri(self, engine_id: str) -> str:
         """The same checkpoint as Spark's checkpointLocation names it: the configured URL

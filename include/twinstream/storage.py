@@ -63,8 +63,8 @@ def is_local(path: Location) -> bool:
 def check(path: Location) -> None:
     """Raise StorageError, naming what to install, when Python cannot reach `path`'s file
     system (a missing fsspec package, HDFS without libhdfs)."""
-    if not isinstance(path, UPath) or isinstance(path, Path):
-        return
+    if isinstance(path, Path):
+        return  # local: nothing to load
     try:
         _ = path.fs  # built on first use: a missing package shows here
     except ImportError as exc:
