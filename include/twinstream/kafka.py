@@ -203,6 +203,8 @@ _TRANSIENT = {
     # A partition's leader just died and its successor is not known yet.
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.LEADER_NOT_AVAILABLE,
+    # A topic just created, not yet in the metadata of the broker asked (ensure_topics).
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
 }
 
 
@@ -249,6 +251,7 @@ def _ensure_topics_once(
 
     missing = [s for s in specs if s.name not in existing]
     if missing:
+        earlier = set(requested)  # created by an earlier pass whose reply was lost
         requested.update(s.name for s in missing)
         futures = admin.create_topics(
             [
@@ -268,15 +271,27 @@ def _ensure_topics_once(
                 future.result()
                 changes[name] = TopicChange(name, "created")
             except KafkaException as exc:
-                # Another `up` (or a compose init container) may have won the race.
+                # Another `up` (or a compose init container) may have won the race; or
+                # this run's earlier pass created it, and the broker asked did not list it.
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
-                requested.discard(name)
+                if name not in earlier:
+                    requested.discard(name)
         existing = admin.list_topics(timeout=timeout_s).topics
 
     for spec in specs:
         if spec.name in changes:
             continue
+        if spec.name not in existing:
+            # Created a moment ago (by this pass or a concurrent `up`), but the broker that
+            # answered has not caught up with the controller yet: the next pass finds it.
+            # (A fresh stack's `up` once failed here with a KeyError.)
+            raise KafkaException(
+                KafkaError(
+                    KafkaError.UNKNOWN_TOPIC_OR_PART,
+                    f"topic {spec.name} created but not yet in the brokers' metadata",
+                )
+            )
         meta = existing[spec.name]
         partitions = len(meta.partitions)
         replicas = len(next(iter(meta.partitions.values())).replicas) if partitions else 0

@@ -28,7 +28,7 @@ def _done(value=None, exc=None):
 
 
 class FakeAdmin:
-    def __init__(self, topics=None, race=False, failures=(), lost_replies=0):
+    def __init__(self, topics=None, race=False, failures=(), lost_replies=0, stale_lists=0):
         # name -> (partitions, rf, configs)
         self.topics = dict(topics or {})
         self.race = race
@@ -37,12 +37,21 @@ class FakeAdmin:
         # How many create_topics calls take effect but answer with a timeout, as a
         # controller still electing leaders for RF 3 can do.
         self.lost_replies = lost_replies
+        # How many list_topics calls after a create still answer without the new topics,
+        # as a broker behind the controller's metadata does.
+        self.stale_lists = stale_lists
+        self.stale: set[str] = set()
         self.created = []
         self.altered = []
 
     def list_topics(self, timeout=None):
         meta = {}
+        hidden = set(self.stale) if self.stale_lists > 0 else set()
+        if hidden:
+            self.stale_lists -= 1
         for name, (partitions, rf, _) in self.topics.items():
+            if name in hidden:
+                continue
             parts = {i: SimpleNamespace(replicas=list(range(rf))) for i in range(partitions)}
             meta[name] = SimpleNamespace(partitions=parts)
         return SimpleNamespace(topics=meta)
@@ -55,7 +64,12 @@ class FakeAdmin:
         lost = self.lost_replies > 0
         self.lost_replies -= 1
         for t in new_topics:
+            if t.topic in self.topics:
+                err = KafkaException(KafkaError(KafkaError.TOPIC_ALREADY_EXISTS))
+                result[t.topic] = _done(exc=err)
+                continue
             self.topics[t.topic] = (t.num_partitions, t.replication_factor, dict(t.config))
+            self.stale.add(t.topic)
             if lost:
                 err = KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
                 result[t.topic] = _done(exc=err)
@@ -141,6 +155,16 @@ def test_a_create_that_timed_out_but_took_effect_is_still_reported_created(setti
     assert len(sleeps) == 1
     again = ensure_topics(cast(Any, admin), topic_specs(settings))
     assert [c.action for c in again] == ["unchanged"] * 4
+
+
+def test_a_broker_whose_metadata_lags_the_create_is_asked_again(settings):
+    # What a fresh stack's `up` once met: a create that timed out but took effect, then
+    # listings without the topics (KeyError), and a second create that finds them present.
+    admin = FakeAdmin(lost_replies=1, stale_lists=2)
+    sleeps: list[float] = []
+    changes = ensure_topics(cast(Any, admin), topic_specs(settings), sleep=sleeps.append)
+    assert [c.action for c in changes] == ["created"] * 4
+    assert len(sleeps) == 2
 
 
 def test_a_transient_error_past_the_deadline_is_raised(settings):
