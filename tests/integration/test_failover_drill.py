@@ -31,15 +31,29 @@ def _in_sync_standby(engine: Any) -> bool:
     return bool(server.get("role") == "standby" and info.get("in_sync"))
 
 
-def test_the_drill_hands_over_audits_and_puts_the_stopped_engine_back(
+def test_the_drill_refuses_without_a_standby_then_hands_over_audits_and_puts_the_engine_back(
     pipeline: Pipeline, dag_run_env
 ):
     dag_run_env(pipeline)
-    a, b = pipeline.start_pair()
+    # Before there is a standby the drill refuses, and stops nothing. (Folded in here: a
+    # test of its own cost a pipeline and an engine start, ~30 s of make test.)
+    a = pipeline.start("a")
+    pipeline.wait_running(a)
+    wait_for(lambda: a.role() == "active", 30, "a active")
+    refused = load_dag("failover_drill").test()
+    assert task_states(refused)["plan"] == "failed"
+    assert task_states(refused)["stop_active"] == "upstream_failed"
+    assert a.role() == "active"
+    assert a.get("/pipeline")["state"] == "running"
+
+    b = pipeline.start("b")
+    pipeline.wait_running(b)
+    assert b.role() == "standby", b.role()
+    pipeline.warm_up(a, b)
     wait_for(lambda: _in_sync_standby(b), 120, "b an in-sync standby")
     old_epoch = a.get("/server")["epoch"]
-    # Input must arrive after each handover for the audits to see past it: a load that
-    # runs through both drills (whatever dag.test() takes on two busy cores) and stops then.
+    # Input must arrive after the handover for the audit to see past it: a load that runs
+    # through the drill (whatever dag.test() takes on two busy cores) and stops then.
     load = pipeline.load(200_000, rate=500)
     wait_for(lambda: (a.get("/pipeline")["last_msg_id_published"] or 0) > 2000, 60, "output")
 
@@ -67,26 +81,7 @@ def test_the_drill_hands_over_audits_and_puts_the_stopped_engine_back(
     assert "0 missing, 0 duplicated" in line
     print(line)
 
-    # A second drill hands back the other way: the stopped engine really rejoined.
-    run = load_dag("failover_drill").test()
-    assert run.state == "success", task_states(run)
-    assert _return_value(run, "stop_active")["new_active"] == a.engine_id
-    assert _return_value(run, "audit")["ok"]
-
     pipeline.stop_load(load)
-    assert load.sent < 200_000, "the load ran out before the drills ended: make it longer"
+    assert load.sent < 200_000, "the load ran out before the drill ended: make it longer"
     pipeline.wait_published(pipeline.produced - 1)
     assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
-
-
-def test_the_drill_refuses_without_an_in_sync_standby(pipeline: Pipeline, dag_run_env):
-    dag_run_env(pipeline)
-    a = pipeline.start("a")
-    pipeline.wait_running(a)
-    wait_for(lambda: a.role() == "active", 30, "a active")
-    run = load_dag("failover_drill").test()
-    assert task_states(run)["plan"] == "failed"
-    assert task_states(run)["stop_active"] == "upstream_failed"
-    # The refusal stopped nothing.
-    assert a.role() == "active"
-    assert a.get("/pipeline")["state"] == "running"
