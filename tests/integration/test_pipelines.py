@@ -1,27 +1,22 @@
 """Any pipeline on the contract, two at once on one stack: `orders` (defined only here, in
 tests/pipelines: a fan-out, several outputs per input or none) and the `payments` example
-(zero or one alert per input, per-card state). Each pair fails over by kill -9 under load
-while the other runs on: every inbound offset in exactly one published transaction, the
-outputs those of a reference run of the same pipeline, and the other pipeline untouched
-(no role change, no pause beyond its batch rhythm). Then the audit DAG passes payments."""
+(zero or one alert per input, per-card state). Orders' pair fails over by kill -9 under
+load while payments runs on untouched (no role change, no pause beyond its batch rhythm);
+for both, every inbound offset in exactly one published transaction and the outputs those
+of a reference run of the same pipeline. (A failover of payments' own pair and its audit
+cost a minute of make test and proved nothing this one does not: the takeover knows no
+pipeline, and the audit's own test checks a pipeline's expectations.)"""
 
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.engines import (
-    assert_exactly_once_and_as_reference,
-    load_dag,
-    published,
-    task_states,
-)
-from twinstream.config import load_settings
+from tests.integration.engines import assert_exactly_once_and_as_reference, published
 from twinstream.subscriber import read_committed
 from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
 
@@ -32,7 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engi
 # engines that share a machine.
 SHARED = {"TWINSTREAM_ZK_SESSION_TIMEOUT_S": "4", "TWINSTREAM_TRIGGER_INTERVAL_MS": "1000"}
 RATE = 100.0
-COUNT = 5_000  # 50 s of load per pipeline
+COUNT = 5_000  # 50 s of load per pipeline: more than the scenario needs, stopped after it
 
 
 @pytest.fixture
@@ -77,8 +72,8 @@ def fail_over(pipeline: Pipeline, active: EngineProcess, standby: EngineProcess)
     return takeover_s
 
 
-def test_two_pipelines_fail_over_one_at_a_time_leaving_the_other_untouched(
-    two: tuple[Pipeline, Pipeline], dag_run_env, monkeypatch
+def test_two_pipelines_on_one_stack_one_fails_over_leaving_the_other_untouched(
+    two: tuple[Pipeline, Pipeline],
 ):
     orders, payments = two
     # All four JVMs start at once: pair after pair cost half a minute more.
@@ -117,11 +112,9 @@ def test_two_pipelines_fail_over_one_at_a_time_leaving_the_other_untouched(
     assert max(during) <= limit, (before, during)
     print(f"payments' intervals (ms): before the kill {before}, over the failover {during}")
 
-    # Then payments fail over, orders running on their new active.
-    payments_takeover_s = fail_over(payments, p_active, p_standby)
     assert o_standby.role() == "active"
     for pipeline, load in zip((orders, payments), loads, strict=True):
-        pipeline.join_load(load)
+        pipeline.stop_load(load)
         pipeline.wait_published(pipeline.produced - 1, timeout_s=180)
 
     for pipeline in (orders, payments):
@@ -134,17 +127,4 @@ def test_two_pipelines_fail_over_one_at_a_time_leaving_the_other_untouched(
     assert len(set(order_rows)) < orders.produced
     alerts = [r for r in payments.outputs() if r.topic == payments.settings.outbound_topic]
     assert 0 < len(alerts) < payments.produced // 2
-    print(f"takeovers: orders {orders_takeover_s:.2f} s, payments {payments_takeover_s:.2f} s")
-
-    # The scheduled audit passes payments: coverage from the progress records, the values
-    # by its expectations. (Orders, which declares none, is checked above row by row
-    # against its reference run, a stronger check than the audit's; tests/unit/test_audit.py
-    # covers fan-outs. One Spark audit job less keeps make test in its 30 minutes.)
-    monkeypatch.setenv("TWINSTREAM_AUDIT_INFLIGHT_MSGS", "0")
-    for pipeline in (payments,):
-        dag_run_env(pipeline)
-        run = load_dag("audit_output_topic").test()
-        assert run.state == "success", (pipeline.name, task_states(run))
-        report = json.loads((load_settings().audit_dir / "last-audit.json").read_text())
-        assert (report["first_msg_id"], report["end_msg_id"]) == (0, pipeline.produced)
-        assert report["ok"], report
+    print(f"orders' takeover: {orders_takeover_s:.2f} s")
