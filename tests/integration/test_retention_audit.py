@@ -29,6 +29,7 @@ from twinstream.testing.harness import Pipeline
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
 HOUR_MS = 3_600_000
+PARTITIONS = 3
 
 
 def test_a_short_inbound_retention_fails_the_guard_until_fixed(pipeline: Pipeline, dag_run_env):
@@ -76,13 +77,13 @@ def _last_audit(path: Path) -> dict[str, Any]:
 
 
 def _copy_outbound(pipeline: Pipeline, target: str, drop: range, repeat: range) -> None:
-    """`.out` into `target` with its headers, without the msg_ids in `drop` and with those
-    in `repeat` written twice."""
+    """`.out` into `target`, partition for partition, with its headers, without the msg_ids
+    in `drop` and with those in `repeat` written twice (in every partition)."""
     settings = pipeline.settings
-    ensure_topics(AdminClient(admin_config(settings)), [TopicSpec(target, 1, 3)])
+    ensure_topics(AdminClient(admin_config(settings)), [TopicSpec(target, settings.partitions, 3)])
     producer = Producer(producer_config(settings))
     try:
-        for record in read_committed(settings, settings.outbound_topic):
+        for record in read_committed(settings, settings.outbound_topic, partition=None):
             assert record.msg_id is not None
             if record.msg_id in drop:
                 continue
@@ -92,53 +93,78 @@ def _copy_outbound(pipeline: Pipeline, target: str, drop: range, repeat: range) 
                 ("epoch", str(record.epoch)),
             ]
             for _ in range(2 if record.msg_id in repeat else 1):
-                producer.produce(target, record.raw, record.key, headers=headers)
+                producer.produce(
+                    target, record.raw, record.key, partition=record.partition, headers=headers
+                )
             producer.poll(0)
     finally:
         assert producer.flush(30) == 0
 
 
-def test_the_audit_passes_a_clean_output_and_names_the_ranges_of_a_broken_copy(
-    pipeline: Pipeline, dag_run_env, monkeypatch, tmp_path
+def _windows(report: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """Each partition's audited msg_ids as (first, end)."""
+    return {int(p): (f["first_msg_id"], f["end_msg_id"]) for p, f in report["partitions"].items()}
+
+
+def test_the_audit_passes_each_partition_and_names_the_ranges_of_a_broken_copy(
+    stack_env, dag_run_env, monkeypatch, tmp_path
 ):
+    """Three inbound partitions: the audit proves each one contiguous on its own, the next
+    audit starts where this one ended in each, and a copy of `.out` with the same msg_ids
+    dropped and repeated in every partition fails, naming the ranges of each. (The restore
+    test ran this audit on its three partitions; here it costs no Spark job more.)"""
+    pipeline = Pipeline(stack_env, tmp_path / "audited", partitions=PARTITIONS)
+    try:
+        _audit_three_partitions(pipeline, dag_run_env, monkeypatch, tmp_path)
+    finally:
+        pipeline.stop_all()
+
+
+def _audit_three_partitions(pipeline: Pipeline, dag_run_env, monkeypatch, tmp_path) -> None:
     # One engine: the audit reads the topics, whoever wrote them.
     engine = pipeline.start("a")
     pipeline.wait_running(engine)
     pipeline.join_load(pipeline.load(3_000, rate=0, broken_every=50))
-    pipeline.wait_published(pipeline.produced - 1)
+    pipeline.wait_caught_up(engine, field="published")
     dag_run_env(pipeline)
     # Everything is published: no allowance for messages in flight.
     monkeypatch.setenv("TWINSTREAM_AUDIT_INFLIGHT_MSGS", "0")
     settings = load_settings()
     dag = load_dag("audit_output_topic")
 
+    ends = pipeline.inbound_ends()
+    assert sorted(ends) == list(range(PARTITIONS))
+    # Every partition holds past the broken copy's ranges below (keyed by host).
+    assert min(ends.values()) > 300, ends
     first = dag.test()
     assert first.state == "success", task_states(first)
     report = _last_audit(settings.audit_dir)
-    assert (report["first_msg_id"], report["end_msg_id"]) == (0, pipeline.produced)
-    assert report["missing"] == report["duplicated"] == []
+    assert _windows(report) == {p: (0, end) for p, end in ends.items()}
+    for findings in report["partitions"].values():
+        assert findings["missing"] == findings["duplicated"] == findings["mismatched"] == []
+    assert report["records"] == pipeline.produced
     assert Path(report["data_docs"]).is_file()
     results = json.loads(Path(report["results"]).read_text())
     assert set(results) == {"twinstream_msg_ids", "twinstream_output_values"}
     after_first = Cursor.load(settings.audit_dir / "cursor.json")
-    assert after_first.next_msg_id == pipeline.produced
+    assert {p: after_first.at(p).next_msg_id for p in ends} == ends
 
-    # The next audit starts exactly where this one ended.
+    # The next audit starts exactly where this one ended, in every partition.
     pipeline.join_load(pipeline.load(1_000, rate=0))
-    pipeline.wait_published(pipeline.produced - 1)
+    pipeline.wait_caught_up(engine, field="published")
     second = dag.test()
     assert second.state == "success", task_states(second)
     report = _last_audit(settings.audit_dir)
-    assert (report["first_msg_id"], report["end_msg_id"]) == (
-        after_first.next_msg_id,
-        pipeline.produced,
-    )
+    now = pipeline.inbound_ends()
+    assert _windows(report) == {p: (ends[p], end) for p, end in now.items()}
     assert report["records"] == 1_000
     cursor = Cursor.load(settings.audit_dir / "cursor.json")
-    assert (cursor.next_msg_id, cursor.audits) == (pipeline.produced, 2)
+    assert {p: cursor.at(p).next_msg_id for p in now} == now
+    assert cursor.audits == 2
     assert cursor.out_offset > after_first.out_offset
 
-    # A copy of .out with msg_ids 100..109 deleted and 200..201 duplicated.
+    # A copy of .out with msg_ids 100..109 deleted and 200..201 duplicated, in every
+    # partition.
     copy = f"{settings.outbound_topic}.copy"
     _copy_outbound(pipeline, copy, drop=range(100, 110), repeat=range(200, 202))
     broken = tmp_path / "copy-audit"
@@ -159,10 +185,14 @@ def test_the_audit_passes_a_clean_output_and_names_the_ranges_of_a_broken_copy(
     assert tries["each_pipeline.verdict"] == 1
     report = _last_audit(broken)
     assert report["run_id"] == failed.run_id
+    assert not report["ok"]
     # Every offset is in a published transaction (the progress records are intact), but
-    # the transactions holding 100..109 and 200..201 no longer have their outputs.
-    assert report["missing"] == report["duplicated"] == []
-    mismatched = report["mismatched"]
-    for lost in (100, 109, 200, 201):
-        assert any(a <= lost <= b for a, b in mismatched), (lost, mismatched)
+    # the transactions holding 100..109 and 200..201 no longer have their outputs: named
+    # in each partition.
+    assert sorted(report["partitions"]) == [str(p) for p in range(PARTITIONS)]
+    for findings in report["partitions"].values():
+        assert findings["missing"] == findings["duplicated"] == []
+        mismatched = findings["mismatched"]
+        for lost in (100, 109, 200, 201):
+            assert any(a <= lost <= b for a, b in mismatched), (lost, mismatched)
     assert not (broken / "cursor.json").exists()  # a failed audit does not move on
