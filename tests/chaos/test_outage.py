@@ -8,8 +8,9 @@ The outage is what production meets when replicas go: one broker stopped, and th
 pipelines' outbound and dead-letter topics made to need all three replicas
 (min.insync.replicas=3), so that their writes fail with NOT_ENOUGH_REPLICAS while the
 inbound topics (min.insync.replicas=2) stay writable. TWINSTREAM_CHAOS_OUTAGE_S sets its
-length: 90 s in `make test` (every engine reaches its bound and the kill falls inside the
-outage), 180 s in `make chaos`.
+least length: 180 s in `make chaos`; in `make test` the outage lasts until every engine has
+reached its bound, the kill, and 20 s of the survivor holding its rows after it (80-100 s
+on two cores: an active's failed publish attempts take most of it).
 """
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ from twinstream.testing.harness import EngineProcess, Pipeline, audit, ranges, w
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
-# `make chaos` holds the outage for 3 minutes; `make test` for the short version's 90 s,
-# which still covers every engine reaching its bound (within ~30-70 s) and the kill.
+# `make chaos` holds the outage for 3 minutes. `make test`'s short version holds it until
+# every engine has reached its bound (within ~30-70 s), the kill, and AFTER_KILL_S of the
+# survivor keeping its rows within the bound while it cannot fence: the scenario whole, and
+# no fixed wait after it.
 FULL = os.environ.get("TWINSTREAM_CHAOS_FULL") == "1"
-OUTAGE_S = float(os.environ.get("TWINSTREAM_CHAOS_OUTAGE_S", "180" if FULL else "90"))
+OUTAGE_S = float(os.environ.get("TWINSTREAM_CHAOS_OUTAGE_S", "180" if FULL else "0"))
+AFTER_KILL_S = 20.0
 BOUND = 3_000  # max_buffered_msgs of every engine: reached within seconds of an outage
 RATE = 250.0  # per pipeline: three engines share two cores
 
@@ -114,7 +118,7 @@ def assert_exactly_once(pipeline: Pipeline) -> None:
     assert active.get("/pipeline")["uncovered_ranges"] == []
 
 
-@pytest.mark.timeout(900 + 2 * OUTAGE_S)
+@pytest.mark.timeout(1_000 + 2 * OUTAGE_S)
 @pytest.mark.usefixtures("quiet_stack_engines")
 def test_an_outbound_outage_with_and_without_a_kill_of_the_active_loses_and_repeats_nothing(
     pipeline: Pipeline, stack_env: dict[str, str], settings: Settings, tmp_path
@@ -172,9 +176,8 @@ def test_an_outbound_outage_with_and_without_a_kill_of_the_active_loses_and_repe
             # outbound partition writable again: it keeps everything meanwhile, within its
             # bound.
             survivor = kb if dead is ka else ka
-            most = hold_within_bound(
-                [a, survivor], started + OUTAGE_S, waits.settings.max_offsets_per_trigger
-            )
+            until = max(started + OUTAGE_S, time.monotonic() + AFTER_KILL_S)
+            most = hold_within_bound([a, survivor], until, waits.settings.max_offsets_per_trigger)
         outage_s = time.monotonic() - started
         print(f"outage over after {outage_s:.0f} s; most rows held {sorted(most.values())}")
 

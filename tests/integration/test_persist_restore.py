@@ -26,6 +26,11 @@ from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
 
+# Events per measured load: a persist lasts a few seconds, so three of them fit in 15 s
+# (loads of 20,000 cost make test ~10 s more).
+LOAD = 15_000
+
+
 def _persist(engine: EngineProcess) -> dict[str, Any]:
     response = engine.post("/pipeline/persist")
     assert response.status_code == 200, response.text
@@ -95,8 +100,8 @@ def test_persisting_the_standby_never_pauses_the_output_and_survives_a_takeover(
     pipeline.start_pair()
 
     def longest_pause_of_the_output(during: Callable[[Stalls], None]) -> float:
-        """While 20,000 events arrive at 1,000/s, until the last one is published."""
-        load = pipeline.load(20_000, rate=1000)
+        """While LOAD events arrive at 1,000/s, until the last one is published."""
+        load = pipeline.load(LOAD, rate=1000)
         stalls = Stalls(pipeline, pipeline.produced - 1)
         during(stalls)
         pipeline.join_load(load, timeout_s=180)
@@ -106,11 +111,11 @@ def test_persisting_the_standby_never_pauses_the_output_and_survives_a_takeover(
     manifests: list[dict[str, Any]] = []
 
     def persist_three_times(stalls: Stalls) -> None:
-        """A persist after every 5,000 events published, from whichever engine is then
-        the in-sync standby."""
-        first = stalls.last - 20_000
+        """A persist after every LOAD / 4 events published, from whichever engine is
+        then the in-sync standby."""
+        first = stalls.last - LOAD
         for n in range(1, 4):
-            target = first + 5_000 * n
+            target = first + LOAD // 4 * n
 
             def reached(t: int = target) -> bool:
                 return stalls.position() >= t
@@ -135,7 +140,7 @@ def test_persisting_the_standby_never_pauses_the_output_and_survives_a_takeover(
 
     # The active dies while the standby is persisting: the takeover waits for nothing and
     # the persist completes.
-    load = pipeline.load(10_000, rate=1000)
+    load = pipeline.load(6_000, rate=1000)
     standby = _standby(pipeline)
     active = wait_for(pipeline.active, 30, "an active engine")
     result: dict[str, Any] = {}
