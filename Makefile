@@ -91,7 +91,7 @@ dags: install
 integration: install
 	$(BIN)/pytest tests/integration
 
-# The whole chaos suite; `make test` runs it with 2 failovers instead of 100 and without
+# The whole chaos suite; `make test` runs it with 1 failover instead of 100 and without
 # the supervised double kill (its short version is in tests/integration). `-s`: the run
 # takes over an hour, so each failover's line is shown as it happens (and kept: pytest
 # would drop a passing test's captured output).

@@ -2,8 +2,10 @@
 its inbound topic, and failures inflicted by pid. After each scenario every inbound offset
 of the scenario must be in the outbound or dead-letter topic exactly once.
 
-`make test` runs TWINSTREAM_CHAOS_FAILOVERS=2 kill -9 failovers (each engine killed once,
-about 40 s each: the suite has a 30-minute budget); `make chaos` runs 100.
+`make test` runs TWINSTREAM_CHAOS_FAILOVERS=1 kill -9 failover (the takeover, supervisord's
+restart and the victim back as an in-sync standby, about a minute: the suite has a 30-minute
+budget, and the integration tests' restored and ex-zombie engines take over again); `make
+chaos` runs 100, alternating between the engines.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from twinstream.testing.harness import inbound_ends, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
-FAILOVERS = int(os.environ.get("TWINSTREAM_CHAOS_FAILOVERS", "2"))
+FAILOVERS = int(os.environ.get("TWINSTREAM_CHAOS_FAILOVERS", "1"))
 # `make chaos` runs the scenarios that take minutes and have a short version elsewhere.
 FULL = os.environ.get("TWINSTREAM_CHAOS_FULL") == "1"
 # events/s: steady, well inside what one engine sustains on two cores, and light enough
@@ -97,7 +99,8 @@ def test_kill9_failovers_alternate_between_the_engines_and_lose_nothing(engines,
         for before, now in itertools.pairwise(rounds)
     ), [(r.takeover.stopped, r.swapped) for r in rounds]
     # Both engines killed, unless a victim came back as the active (then killed again).
-    assert len(set(victims)) == 2 or any(r.swapped for r in rounds[:-1]), victims
+    if FAILOVERS > 1:
+        assert len(set(victims)) == 2 or any(r.swapped for r in rounds[:-1]), victims
     for r in rounds:
         # The standby is hot: it takes over within seconds, not a Spark restart's minute.
         assert r.takeover.role_s is not None
