@@ -51,6 +51,12 @@ TEST_ENV = {
     # A warm-up costs every engine start seconds of a cold JVM (11 s alone) that most tests
     # spend on their first batch anyway: on where a test says so (the warm-up's own tests).
     "TWINSTREAM_WARM_UP_RECORDS": "0",
+    # Spark's JVMs here live a minute or two on two shared cores: the optimising JIT (C2)
+    # compiles code no test runs long enough to gain from. The quick compiler alone
+    # changes no result, only speed: three engine tests took 120 s against 154 s, the
+    # stack's start 59 s against 78 s (2026-11-26). Production engines, `make up` and the
+    # benchmarks keep the JVM's default, which pays off over an engine's life.
+    "TWINSTREAM_SPARK_CONF": "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
 }
 
 
