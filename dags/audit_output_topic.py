@@ -28,7 +28,8 @@ cursor does not move, so the next run audits the same range again: find the caus
 engines' logs, `GET /pipeline` `uncovered_ranges`), then move the cursor past the range by
 hand (`<state>/audit/<pipeline>/cursor.json`) once it is understood. To audit other
 copies of one pipeline's topics, trigger with `pipeline` and the Params `outbound_topic`,
-`dlq_topic`, `progress_topic` and `cursor`.
+`dlq_topic`, `progress_topic` (topic names) and `cursor`: an id, not a path; that audit's
+cursor and report are kept in `<state>/audit/<pipeline>/cursors/<id>/`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, task, task_group
 
 from twinstream import registry
+from twinstream.audit import CURSOR_ID_PATTERN, TOPIC_NAME_PATTERN
 from twinstream.config import REPO_ROOT, load_settings
 
 # Read from the environment and the pipelines file only (no network, no Variables, no
@@ -72,11 +74,17 @@ DEFAULT_ARGS = {
         ),
         # Other copies of one pipeline's topics, and a cursor of their own (empty: the
         # pipeline's). Only with one pipeline.
-        "outbound_topic": Param("", type="string"),
-        "dlq_topic": Param("", type="string"),
-        "progress_topic": Param("", type="string"),
+        "outbound_topic": Param("", type="string", pattern=TOPIC_NAME_PATTERN),
+        "dlq_topic": Param("", type="string", pattern=TOPIC_NAME_PATTERN),
+        "progress_topic": Param("", type="string", pattern=TOPIC_NAME_PATTERN),
         "cursor": Param(
-            "", type="string", description="Cursor file; empty for the pipeline's own."
+            "",
+            type="string",
+            pattern=CURSOR_ID_PATTERN,
+            description=(
+                "A cursor of its own, by id (kept in the pipeline's audit folder, "
+                "cursors/<id>/); empty for the pipeline's own."
+            ),
         ),
     },
 )

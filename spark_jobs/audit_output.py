@@ -1,7 +1,7 @@
 """Audit a pipeline's published output since the last audit (a Spark batch job).
 
     spark-submit spark_jobs/audit_output.py [--outbound-topic T] [--dlq-topic T]
-        [--progress-topic T] [--cursor F] [--run-id ID]
+        [--progress-topic T] [--cursor ID] [--run-id ID]
 
 Reads `.progress`, `.out` and `.dlq` (read_committed) from where the last audit ended, up
 to the inbound high watermark minus TWINSTREAM_AUDIT_INFLIGHT_MSGS, checks that the
@@ -292,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dlq-topic", default=settings.dlq_topic)
     parser.add_argument("--progress-topic", default=settings.progress_topic)
     parser.add_argument(
-        "--cursor", default="", help="cursor file (empty: <state>/audit/<pipeline>/cursor.json)"
+        "--cursor",
+        default="",
+        help="a cursor id (kept in <state>/audit/<pipeline>/cursors/<id>/; empty: the "
+        "pipeline's own, <state>/audit/<pipeline>/cursor.json)",
     )
     parser.add_argument(
         "--run-id",

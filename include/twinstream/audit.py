@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -410,9 +411,27 @@ def validate(
     return Validation(success, results_path, docs, statistics)
 
 
+# A cursor of its own (an audit of another copy of a pipeline's topics) is named by an id,
+# never by a path: a trigger's Params cannot make the audit job read or write a file
+# outside the pipeline's audit folder.
+CURSOR_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+CURSOR_ID_PATTERN = f"^({CURSOR_ID.pattern})?$"
+# Kafka's own rule for a topic name (the DAG's Params for other copies of the topics).
+TOPIC_NAME_PATTERN = r"^([A-Za-z0-9._-]{1,249})?$"
+
+
 def cursor_file(audit_dir: Path, cursor: str = "") -> Path:
-    """The cursor an audit uses: the one given, or the pipeline's own."""
-    return Path(cursor) if cursor else audit_dir / "cursor.json"
+    """The cursor an audit uses: the pipeline's own (empty), or the one named by an id,
+    kept in the pipeline's audit folder (`cursors/<id>/cursor.json`, its report beside)."""
+    if not cursor:
+        return audit_dir / "cursor.json"
+    if not CURSOR_ID.fullmatch(cursor):
+        raise ValueError(
+            f"cursor {cursor[:80]!r} is not a cursor id: lower-case letters, digits, '-' and "
+            "'_', at most 63, starting with a letter or digit (a cursor is kept in the "
+            f"pipeline's audit folder, {audit_dir}/cursors/<id>/, never at a path)"
+        )
+    return audit_dir / "cursors" / cursor / "cursor.json"
 
 
 def verdict(report_path: Path, run_id: str) -> dict[str, Any]:

@@ -121,17 +121,32 @@ def test_the_audit_submits_the_spark_job_with_the_kafka_connector(dags):
     assert "each_pipeline.audit_output" in dag.task_dict["each_pipeline.verdict"].upstream_task_ids
     job_args = dag.task_dict["each_pipeline.job_args"].python_callable
     assert job_args("payments", _form(dag), "r1") == ["--pipeline", "payments", "--run-id", "r1"]
-    copy = _form(dag, pipeline="payments", outbound_topic="c.out", cursor="/tmp/c.json")
+    copy = _form(dag, pipeline="payments", outbound_topic="c.out", cursor="c-audit")
     assert job_args("payments", copy, "r2") == [
         "--pipeline",
         "payments",
         "--outbound-topic",
         "c.out",
         "--cursor",
-        "/tmp/c.json",
+        "c-audit",
         "--run-id",
         "r2",
     ]
+
+
+def test_the_audits_params_take_topic_names_and_a_cursor_id_never_a_path(dags):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = dags["audit_output_topic"]
+    ok = _form(dag, outbound_topic="hostmetrics.out.copy", cursor="copy-audit")
+    assert (ok["outbound_topic"], ok["cursor"]) == ("hostmetrics.out.copy", "copy-audit")
+    assert _form(dag)["cursor"] == ""  # the pipeline's own
+    for hostile in ("/tmp/c.json", "../../etc/passwd", "a/b", "Copy", "x" * 64):
+        with pytest.raises(ParamValidationError, match="cursor"):
+            _form(dag, cursor=hostile)
+    for hostile in ("a topic", "../x", "t" * 250, "out;rm"):
+        with pytest.raises(ParamValidationError, match="outbound_topic"):
+            _form(dag, outbound_topic=hostile)
 
 
 def test_a_finding_fails_the_audit_without_a_retry(dags, tmp_path, monkeypatch):

@@ -167,13 +167,14 @@ def _audit_three_partitions(pipeline: Pipeline, dag_run_env, monkeypatch, tmp_pa
     # partition.
     copy = f"{settings.outbound_topic}.copy"
     _copy_outbound(pipeline, copy, drop=range(100, 110), repeat=range(200, 202))
-    broken = tmp_path / "copy-audit"
+    # Its own cursor, by id: kept in the pipeline's audit folder.
+    broken = settings.audit_dir / "cursors" / "copy-audit"
     conf = {
         "outbound_topic": copy,
         "dlq_topic": settings.dlq_topic,
         "progress_topic": settings.progress_topic,
     }
-    failed = dag.test(run_conf={**conf, "cursor": str(broken / "cursor.json")})
+    failed = dag.test(run_conf={**conf, "cursor": "copy-audit"})
     assert failed.state == "failed", task_states(failed)
     # The job ran to its verdict; the verdict failed the run at once, without a retry.
     states = task_states(failed)

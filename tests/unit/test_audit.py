@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -193,9 +192,21 @@ def test_a_report_of_another_run_or_none_is_an_error_not_a_finding(tmp_path):
         verdict(tmp_path / "absent.json", "scheduled__1")
 
 
-def test_the_cursor_is_the_given_one_or_the_pipelines_own(tmp_path):
+def test_the_cursor_is_the_pipelines_own_or_one_named_by_id_in_its_folder(tmp_path):
     assert cursor_file(tmp_path) == tmp_path / "cursor.json"
-    assert cursor_file(tmp_path, "/elsewhere/c.json") == Path("/elsewhere/c.json")
+    assert cursor_file(tmp_path, "copy-audit") == tmp_path / "cursors/copy-audit/cursor.json"
+    assert cursor_file(tmp_path, "q4_2026") == tmp_path / "cursors/q4_2026/cursor.json"
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ["/elsewhere/c.json", "../../etc/passwd", "a/b", ".", "..", "-rf", "Copy", "x" * 64, "a\nb"],
+)
+def test_a_cursor_that_is_not_an_id_is_refused_naming_the_rule(tmp_path, hostile):
+    # A path in a trigger's Params once chose the file the audit job read and wrote.
+    with pytest.raises(ValueError, match="is not a cursor id: lower-case letters") as info:
+        cursor_file(tmp_path, hostile)
+    assert "cursors/<id>/" in str(info.value)
 
 
 def test_the_baselines_one_record_per_input_check_finds_gaps_and_repeats():
