@@ -140,7 +140,9 @@ def stack_engines(stack, settings) -> str:
 
 @pytest.fixture
 def pipeline(stack_env, tmp_path, request: pytest.FixtureRequest) -> Iterator[Pipeline]:
-    p = Pipeline(stack_env, tmp_path)
+    """A pipeline of the test's own on the stack; its inbound partitions by indirect
+    parametrization (`@pytest.mark.parametrize("pipeline", [3], indirect=True)`), else 1."""
+    p = Pipeline(stack_env, tmp_path, partitions=getattr(request, "param", 1))
     request.node.twinstream_pipeline = p
     try:
         yield p

@@ -203,9 +203,12 @@ _TRANSIENT = {
     # A partition's leader just died and its successor is not known yet.
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.LEADER_NOT_AVAILABLE,
-    # A topic just created, not yet in the metadata of the broker asked (ensure_topics).
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
 }
+
+
+class TopicNotListed(RuntimeError):
+    """A topic created a moment ago that the broker asked does not list yet: worth asking
+    again within ensure_topics, and only there (elsewhere a missing topic is an error)."""
 
 
 def is_transient(exc: KafkaException) -> bool:
@@ -235,8 +238,9 @@ def ensure_topics(
     while True:
         try:
             return _ensure_topics_once(admin, specs, timeout_s, requested)
-        except KafkaException as exc:
-            if not is_transient(exc) or clock() >= deadline:
+        except (KafkaException, TopicNotListed) as exc:
+            again = isinstance(exc, TopicNotListed) or is_transient(exc)
+            if not again or clock() >= deadline:
                 raise
             log.warning("topics: attempt %s failed transiently (%s); retrying", attempt, exc)
             attempt += 1
@@ -286,12 +290,7 @@ def _ensure_topics_once(
             # Created a moment ago (by this pass or a concurrent `up`), but the broker that
             # answered has not caught up with the controller yet: the next pass finds it.
             # (A fresh stack's `up` once failed here with a KeyError.)
-            raise KafkaException(
-                KafkaError(
-                    KafkaError.UNKNOWN_TOPIC_OR_PART,
-                    f"topic {spec.name} created but not yet in the brokers' metadata",
-                )
-            )
+            raise TopicNotListed(f"topic {spec.name} created but not yet in the brokers' metadata")
         meta = existing[spec.name]
         partitions = len(meta.partitions)
         replicas = len(next(iter(meta.partitions.values())).replicas) if partitions else 0

@@ -106,21 +106,14 @@ def _windows(report: dict[str, Any]) -> dict[int, tuple[int, int]]:
     return {int(p): (f["first_msg_id"], f["end_msg_id"]) for p, f in report["partitions"].items()}
 
 
+@pytest.mark.parametrize("pipeline", [PARTITIONS], indirect=True)
 def test_the_audit_passes_each_partition_and_names_the_ranges_of_a_broken_copy(
-    stack_env, dag_run_env, monkeypatch, tmp_path
+    pipeline: Pipeline, dag_run_env, monkeypatch
 ):
     """Three inbound partitions: the audit proves each one contiguous on its own, the next
     audit starts where this one ended in each, and a copy of `.out` with the same msg_ids
     dropped and repeated in every partition fails, naming the ranges of each. (The restore
     test ran this audit on its three partitions; here it costs no Spark job more.)"""
-    pipeline = Pipeline(stack_env, tmp_path / "audited", partitions=PARTITIONS)
-    try:
-        _audit_three_partitions(pipeline, dag_run_env, monkeypatch, tmp_path)
-    finally:
-        pipeline.stop_all()
-
-
-def _audit_three_partitions(pipeline: Pipeline, dag_run_env, monkeypatch, tmp_path) -> None:
     # One engine: the audit reads the topics, whoever wrote them.
     engine = pipeline.start("a")
     pipeline.wait_running(engine)

@@ -167,11 +167,16 @@ class EngineProcess:
         self.proc.wait(timeout=30)
         wait_gone(self.tree)
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """Ask the engine to shut down (SIGTERM, thawed first), without waiting."""
         self.remember_tree()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.terminate()
+
+    def stop(self) -> None:
+        self.terminate()
+        if self.proc.poll() is None:
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -368,10 +373,7 @@ class Pipeline:
         # Every engine told at once, then each awaited: a shutdown (the batch in flight,
         # ZooKeeper, Spark) takes seconds, and one after the other added them up.
         for engine in self.engines.values():
-            engine.remember_tree()
-            if engine.proc.poll() is None:
-                engine.proc.send_signal(signal.SIGCONT)
-                engine.proc.terminate()
+            engine.terminate()
         for engine in self.engines.values():
             engine.stop()
 
