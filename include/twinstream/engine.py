@@ -637,7 +637,22 @@ class Engine:
 
     def _resign(self) -> None:
         """The gate's producer can publish no more: give up the leadership and queue again;
-        whoever wins next fences with a producer of its own."""
+        whoever wins next fences with a producer of its own. A fence from outside the
+        election (a client with the pipeline's credentials that is no engine) is reported:
+        resigning is still the cure, as the next winner's init fences that client back."""
+        epoch = self.gate.status().epoch
+        if self.election.fenced_from_outside(epoch):
+            self.metrics.foreign_fence()
+            log.error(
+                "engine %s pipeline %s: fenced at epoch %s by a producer that is no engine "
+                "(transactional id %s); resigning so that the next winner fences it back. "
+                "Whoever did it holds this pipeline's engine credentials: rotate them "
+                "(README, Security)",
+                self.engine_id,
+                self.settings.pipeline,
+                epoch,
+                self.settings.transactional_id,
+            )
         self.election.resign()
 
     def _stepped_down(self, reason: str) -> None:

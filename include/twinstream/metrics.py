@@ -19,6 +19,10 @@ class EngineMetrics:
             "twinstream_rows_published", "Output rows committed to Kafka"
         )
         self._takeovers = self._counter("twinstream_takeovers", "Times this engine became active")
+        self._foreign_fences = self._counter(
+            "twinstream_foreign_fences",
+            "Times this engine, active, was fenced by a producer that is no engine",
+        )
         self._uncovered = self._counter(
             "twinstream_uncovered_msgs",
             "Messages no buffer could cover at a takeover (missing from the output)",
@@ -60,6 +64,9 @@ class EngineMetrics:
 
     def takeover(self) -> None:
         self._takeovers.inc()
+
+    def foreign_fence(self) -> None:
+        self._foreign_fences.inc()
 
     def uncovered(self, first: int, last: int) -> None:
         self._uncovered.inc(last - first + 1)

@@ -12,6 +12,7 @@ import signal
 import time
 
 import pytest
+from confluent_kafka import Producer
 
 from examples.hostmetrics.generate import synthetic
 from tests.integration.engines import (
@@ -19,19 +20,22 @@ from tests.integration.engines import (
     processed,
     published,
 )
+from twinstream.kafka import producer_config
 from twinstream.testing import hostile
-from twinstream.testing.harness import Pipeline, wait_for
+from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
 
-def test_a_paused_zombie_is_fenced_and_then_takes_over_a_kill_9_losing_nothing(
+def test_a_zombie_a_foreign_fence_and_a_kill_9_lose_nothing(
     pipeline: Pipeline,
 ):
     """Under one load: the active frozen (SIGSTOP) past its session is fenced by the standby
-    that takes over, and steps down when it thaws; then the new active dies (kill -9) and
-    the ex-zombie, a hot standby again, takes over within seconds. Every msg_id once, as
-    the reference computes it, and nothing from the fenced zombie after the new epoch."""
+    that takes over, and steps down when it thaws; then a producer that is no engine fences
+    the new active, which resigns and says so, and the ex-zombie takes over within 5 s;
+    then that one dies (kill -9) and the resigned engine, a hot standby again, takes over
+    within seconds. Every msg_id once, as the reference computes it, and nothing from the
+    fenced zombie after the new epoch."""
     a, b = pipeline.start_pair()
     load = pipeline.load(60_000, rate=1000, broken_every=97)
     wait_for(lambda: published(a) >= 3000, 60, "the active publishing under load")
@@ -46,12 +50,21 @@ def test_a_paused_zombie_is_fenced_and_then_takes_over_a_kill_9_losing_nothing(
 
     wait_for(lambda: published(b) >= published(a) + 3000, 60, "b publishing under load")
     wait_for(lambda: bool(a.get("/pipeline")["in_sync"]), 60, "the ex-zombie in sync")
-    b.kill9()
+
+    # A producer that is no engine, with the pipeline's transactional id (and credentials),
+    # fences the active: the active resigns and says so, the standby wins and fences it back.
+    resume_s = fence_from_outside(pipeline, fenced=b, successor=a)
+    assert foreign_fences(b) == 1
+    assert foreign_fences(a) == 0
+    wait_for(lambda: b.role() == "standby", 30, "the fenced active back as a standby")
+
+    wait_for(lambda: bool(b.get("/pipeline")["in_sync"]), 60, "the resigned engine in sync")
+    a.kill9()
     killed = time.monotonic()
-    wait_for(lambda: a.role() == "active", 15, "the ex-zombie taking over")
+    wait_for(lambda: b.role() == "active", 15, "the resigned engine taking over")
     takeover_s = time.monotonic() - killed
-    after = published(a)
-    wait_for(lambda: published(a) > after + 2000, 60, "the new active publishing new input")
+    after = published(b)
+    wait_for(lambda: published(b) > after + 2000, 60, "the new active publishing new input")
     pipeline.stop_load(load)
     pipeline.wait_published(pipeline.produced - 1)
 
@@ -70,8 +83,37 @@ def test_a_paused_zombie_is_fenced_and_then_takes_over_a_kill_9_losing_nothing(
         assert late == [], f"the fenced zombie committed msg_ids {late[:5]} into {topic}"
     before = {r.engine_id for r in outputs if r.epoch is not None and r.epoch < new_epoch}
     assert a.engine_id in before, "the active published before it froze"
-    assert (b.engine_id, new_epoch) in {(r.engine_id, r.epoch) for r in outputs}
+    epochs = {(r.engine_id, r.epoch) for r in outputs}
+    assert (b.engine_id, new_epoch) in epochs
+    assert (a.engine_id, new_epoch + 1) in epochs, "the standby took over from the fence"
+    assert resume_s < 5, f"the output resumed {resume_s:.1f}s after the foreign fence"
     assert takeover_s < 5, f"takeover took {takeover_s:.1f}s"
+
+
+def fence_from_outside(pipeline: Pipeline, fenced: EngineProcess, successor: EngineProcess):
+    """Init the pipeline's transactional id from a producer that is no engine, under load;
+    the seconds until `successor` is active and publishing past `fenced`'s last msg_id."""
+    s = pipeline.settings
+    foreign = Producer(producer_config(s, **{"transactional.id": s.transactional_id}))
+    try:
+        last = published(fenced)
+        started = time.monotonic()
+        foreign.init_transactions(30)
+        wait_for(
+            lambda: successor.role() == "active" and published(successor) > last,
+            30,
+            "the output resuming after a foreign producer fenced the active",
+        )
+        return time.monotonic() - started
+    finally:
+        foreign.flush(5)
+
+
+def foreign_fences(engine: EngineProcess) -> float:
+    for line in engine.get_text("/metrics").splitlines():
+        if line.startswith("twinstream_foreign_fences_total{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no twinstream_foreign_fences_total in /metrics")
 
 
 def test_takeover_by_a_standby_behind_the_active_is_gapless(pipeline: Pipeline):

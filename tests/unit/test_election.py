@@ -58,6 +58,9 @@ class FakeClient:
     def Counter(self, path):
         return FakeCounter()
 
+    def sync(self, path):
+        self.synced = path
+
     def emit(self, state):
         for listener in self.listeners:
             listener(state)
@@ -218,3 +221,32 @@ def test_a_resign_while_not_leading_is_ignored_not_kept_for_the_next_win():
     election._thread.join(5)
     assert [e for e in events if e[0] == "elected"] == [("elected", 1)]
     assert events[-1] == ("down", "stopped")
+
+
+def test_a_fence_is_from_outside_only_while_leading_the_lock_and_the_epoch_unchanged():
+    # A legitimate winner raises the counter before it fences: the counter still at the
+    # leader's epoch, with the leader's node still first, means no contender fenced it.
+    FakeCounter.value = 0
+    client = FakeClient()
+    events: list[tuple[str, object]] = []
+    seen: list[tuple[bool, bool, bool]] = []
+
+    def sleep(_seconds):
+        if events == [("elected", 1)] and not seen:
+            outside = election.fenced_from_outside(1)
+            FakeCounter.value = 2  # a contender won and raised the epoch
+            by_winner = election.fenced_from_outside(1)
+            FakeCounter.value = 1
+            assert election._election is not None
+            client.gone.add(f"{election._election.lock.path}/{election._election.lock.node}")
+            node_gone = election.fenced_from_outside(1)
+            seen.append((outside, by_winner, node_gone))
+            election._stop.set()
+
+    election = _election(client, events, sleep)
+    assert election.fenced_from_outside(0) is False  # not leading
+    election.start()
+    assert election._thread is not None
+    election._thread.join(5)
+    assert seen == [(True, False, False)]
+    assert client.synced == "/twinstream/p/epoch"

@@ -142,6 +142,26 @@ class Election:
         if self._leading.is_set():
             self._resign.set()
 
+    def fenced_from_outside(self, epoch: int) -> bool:
+        """Whether a fence of this leader's producer came from outside the election.
+
+        Guarantee: a contender that wins raises the epoch counter before it fences (see
+        `_lead`), so a leader fenced while it still holds the lock and the counter still
+        reads its own `epoch` was fenced by a client that is no contender: a producer with
+        the pipeline's transactional id and credentials that is no engine. False when
+        ZooKeeper cannot tell (then the fence is treated as an ordinary step-down)."""
+        if not self._leading.is_set():
+            return False
+        try:
+            # A read may be served by a follower behind the leader: sync first, so that a
+            # winner's increment is seen.
+            self._client.sync(self._epoch_path)
+            value = int(self._client.Counter(self._epoch_path).value)
+        except KazooException as exc:
+            log.warning("election %s: cannot read the epoch (%r)", self._identifier, exc)
+            return False
+        return value == epoch and self._holds_lock()
+
     def stop(self) -> None:
         """Leave the election for good (the pipeline stopped)."""
         self._stop.set()
