@@ -25,7 +25,13 @@ from twinstream.admin_api import (
 from twinstream.config import Settings
 from twinstream.contract import Pipeline
 from twinstream.core.checkpoint import unread
-from twinstream.core.election import Election, ensure_chroot, root_acl, zk_client
+from twinstream.core.election import (
+    Election,
+    ForeignNodeError,
+    ensure_chroot,
+    root_acl,
+    zk_client,
+)
 from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.quarantine import QuarantineStore, describe
@@ -131,10 +137,16 @@ class Engine:
             self._run("running", "")
 
     def _run(self, state: str, reason: str, starting_offsets: dict[int, int] | None = None) -> None:
-        self._start_query(starting_offsets)
+        try:
+            ensure_chroot(self.settings, root_acl(self.settings))
+            self._start_query(starting_offsets)
+        except ForeignNodeError as exc:
+            # Not a crash to restart from: nothing changes until someone deletes the node.
+            self._state, self._reason = "stopped", str(exc)
+            log.error("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, exc)
+            return
         self._state, self._reason = state, reason
         self.gate.joined()
-        ensure_chroot(self.settings, root_acl(self.settings))
         self.election.start()
 
     def _start_query(self, starting_offsets: dict[int, int] | None = None) -> None:
@@ -378,6 +390,8 @@ class Engine:
     def _read_quarantine(self) -> dict[int, str]:
         if not self.zk.connected:
             self.zk.start(timeout=30)
+        # Before anything is read under the pipeline's node: it must be Twinstream's.
+        self.election.claim()
         return self.quarantine.entries()
 
     def quarantined(self) -> dict[int, str]:

@@ -5,14 +5,17 @@ Tests run in file order; the last one tears the stack down and checks no process
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import Callable
 
 import httpx
 import psutil
 import pytest
 from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
 
 from twinstream import cli, registry
 from twinstream.kafka import (
@@ -92,7 +95,9 @@ def test_up_runs_every_pipeline_of_the_file_each_with_its_own_engines_and_electi
 
 
 def test_kazoo_connects_and_zookeeper_ticks_every_500ms(stack, settings):
-    client = KazooClient(hosts=settings.zk_hosts, timeout=0.2)
+    from twinstream.core.election import zk_client
+
+    client = zk_client(settings, timeout=0.2)
     client.start(timeout=10)
     try:
         path = client.create("/twinstream-test/node", b"x", ephemeral=True, makepath=True)
@@ -215,32 +220,91 @@ def test_the_engines_admin_api_rejects_a_missing_or_wrong_token(stack_engines, s
         assert "/pipeline/stop" in httpx.get(f"{url}/openapi.json", timeout=5).json()["paths"]
 
 
-def test_election_znodes_are_closed_to_clients_without_the_pipelines_credentials(stack, settings):
-    from kazoo.exceptions import NoAuthError
+def test_zookeeper_refuses_clients_without_twinstreams_credentials(stack_engines, settings):
+    """Enforced SASL: a session without credentials (or with wrong ones) can neither read,
+    create nor delete any Twinstream node, whatever the node's ACL."""
+    from kazoo.exceptions import AuthFailedError, KazooException, SessionClosedRequireSaslError
 
     from twinstream.core.election import zk_client
 
     path = settings.election_path
-    stranger = KazooClient(hosts=settings.zk_hosts)
-    stranger.start(timeout=10)
     owner = zk_client(settings)
     owner.start(timeout=10)
     try:
         contenders = owner.get_children(path)
         assert len(contenders) == 2
-        with pytest.raises(NoAuthError):
-            stranger.get_children(path)
-        with pytest.raises(NoAuthError):
-            stranger.get(f"{path}/{contenders[0]}")
-        with pytest.raises(NoAuthError):
-            stranger.delete(f"{path}/{contenders[0]}")
-        with pytest.raises(NoAuthError):
-            stranger.set(settings.epoch_path, b"0")
-        assert owner.exists(f"{path}/{contenders[0]}") is not None
+        node = f"{path}/{contenders[0]}"
+        attempts: list[tuple[str, Callable[[KazooClient], object]]] = [
+            ("read", lambda c: c.get_children(path)),
+            ("read", lambda c: c.get(node)),
+            ("create", lambda c: c.create("/twinstream/intruder", b"x")),
+            ("create", lambda c: c.create("/intruder", b"x")),
+            ("delete", lambda c: c.delete(node)),
+            ("write", lambda c: c.set(settings.epoch_path, b"0")),
+        ]
+        for what, attempt in attempts:
+            stranger = KazooClient(hosts=settings.zk_hosts)
+            stranger.start(timeout=10)
+            try:
+                with pytest.raises(SessionClosedRequireSaslError):
+                    attempt(stranger)
+            finally:
+                stranger.stop()
+                stranger.close()
+            assert owner.exists(node) is not None, what
+        assert owner.exists("/twinstream/intruder") is None
+        wrong = settings.model_copy(update={"zk_password": "not-the-password"})
+        liar = zk_client(wrong, connection_retry={"max_tries": 0})
+        try:
+            # kazoo may report the session CONNECTED before the SASL handshake fails; the
+            # server then closes it, and no request goes through.
+            with contextlib.suppress(
+                AuthFailedError, SessionClosedRequireSaslError, KazooTimeoutError
+            ):
+                liar.start(timeout=10)
+            with pytest.raises(KazooException):
+                liar.create("/twinstream/liar", b"x")
+            with pytest.raises(KazooException):
+                liar.get_children(path)
+        finally:
+            liar.stop()
+            liar.close()
     finally:
-        for client in (stranger, owner):
-            client.stop()
-            client.close()
+        owner.stop()
+        owner.close()
+
+
+def test_a_pipeline_node_someone_else_made_is_refused_with_the_fix(stack, settings):
+    """A node in Twinstream's place with an ACL Twinstream did not give it (as someone who
+    got there first would leave it): the election refuses to start on it, naming the fix."""
+    from kazoo.security import make_digest_acl
+
+    from twinstream.core.election import Election, ForeignNodeError, root_acl, zk_client
+
+    squatted = settings.model_copy(update={"pipeline": "squatted"})
+    owner = zk_client(settings)
+    owner.start(timeout=10)
+    home = "/twinstream/squatted"
+    try:
+        owner.create(home, acl=[make_digest_acl("mallory", "pw", all=True)])
+        election = Election(
+            owner,
+            squatted.election_path,
+            squatted.epoch_path,
+            "x",
+            on_elected=lambda _epoch: None,
+            on_step_down=lambda _reason: None,
+            on_connection=lambda _ok: None,
+            root_acl=root_acl(settings),
+        )
+        with pytest.raises(ForeignNodeError, match=f"not readable by us.*deleteall {home}"):
+            election.start()
+        assert election._thread is None, "the election started on a foreign node"
+    finally:
+        with contextlib.suppress(Exception):
+            owner.delete(home)  # ours cannot (mallory's ACL); the stack's state is dropped
+        owner.stop()
+        owner.close()
 
 
 def test_a_second_up_changes_nothing(stack, stack_engines, settings):

@@ -2,9 +2,12 @@
 
 import threading
 
+import pytest
 from kazoo.client import KazooState
+from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.security import make_acl, make_digest_acl
 
-from twinstream.core.election import Election
+from twinstream.core.election import Election, ForeignNodeError, check_owned
 
 
 class FakeCounter:
@@ -250,3 +253,35 @@ def test_a_fence_is_from_outside_only_while_leading_the_lock_and_the_epoch_uncha
     election._thread.join(5)
     assert seen == [(True, False, False)]
     assert client.synced == "/twinstream/p/epoch"
+
+
+class AclClient:
+    def __init__(self, acls):
+        self.acls = acls
+
+    def get_acls(self, path):
+        acl = self.acls[path]
+        if isinstance(acl, Exception):
+            raise acl
+        return acl, None
+
+
+def test_a_node_someone_else_made_is_refused_with_the_fix():
+    ours = [make_acl("sasl", "twinstream", all=True)]
+    client = AclClient(
+        {
+            "/ours": ours,
+            "/missing": NoNodeError(),
+            "/theirs": [make_digest_acl("mallory", "pw", all=True)],
+            "/shared": [*ours, make_acl("world", "anyone", create=True)],
+            "/hidden": NoAuthError(),
+        }
+    )
+    check_owned(client, "/ours", ours)
+    check_owned(client, "/missing", ours)  # made with our ACL when needed
+    with pytest.raises(ForeignNodeError, match=r"digest:mallory:.*:rwcda.*deleteall /theirs"):
+        check_owned(client, "/theirs", ours)
+    with pytest.raises(ForeignNodeError, match="world:anyone:c"):
+        check_owned(client, "/shared", ours)
+    with pytest.raises(ForeignNodeError, match="not readable by us"):
+        check_owned(client, "/hidden", ours)

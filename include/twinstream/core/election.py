@@ -9,22 +9,24 @@ election again with a new node. Kafka fencing (the shared transactional id) cove
 window in which an old active has not yet heard that its session is gone.
 
 Each win increments a counter znode: the epoch, written into every published record.
-Every znode carries a digest ACL: clients without the pipeline's credentials can neither
-read nor delete them.
+Clients authenticate by SASL (DIGEST-MD5, no password on the wire) and every znode carries
+an ACL for Twinstream's user alone: others can neither read, create nor delete them. A node
+Twinstream needs that someone else created is refused with the fix (`check_owned`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import posixpath
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError
-from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions, make_digest_acl
+from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.security import ACL, Permissions, make_acl
 
 from twinstream.config import Settings
 
@@ -32,33 +34,87 @@ log = logging.getLogger(__name__)
 
 
 def zk_client(settings: Settings, **overrides: Any) -> KazooClient:
-    password = settings.secret("zk_password")
-    return KazooClient(
-        hosts=overrides.pop("hosts", settings.zk_hosts),
+    options: dict[str, Any] = {
+        "hosts": settings.zk_hosts,
         # Asks for the smallest session ZooKeeper grants (2 x tickTime): fast detection.
-        timeout=settings.zk_session_timeout_s,
-        auth_data=[("digest", f"{settings.zk_user}:{password}")],
-        default_acl=[make_digest_acl(settings.zk_user, password, all=True)],
+        "timeout": settings.zk_session_timeout_s,
+        # SASL DIGEST-MD5 is a challenge and response: the password never crosses the wire
+        # (the digest scheme's addauth sends it in clear). ZooKeeper refuses every request of
+        # a session that has not authenticated this way (enforce.auth, stack/render.py).
+        "sasl_options": {
+            "mechanism": "DIGEST-MD5",
+            "username": settings.zk_user,
+            "password": settings.secret("zk_password"),
+        },
+        "default_acl": [owner_acl(settings)],
         # Keep reconnecting forever: an engine outlives ZooKeeper restarts.
-        connection_retry={"max_tries": -1, "delay": 0.2, "max_delay": 2.0},
-        **overrides,
-    )
+        "connection_retry": {"max_tries": -1, "delay": 0.2, "max_delay": 2.0},
+    }
+    return KazooClient(**{**options, **overrides})
 
 
 ROOT = "/twinstream"
 
 
+def owner_acl(settings: Settings) -> ACL:
+    """Everything, to Twinstream's ZooKeeper user (as SASL authenticates it), and nobody
+    else: every node Twinstream creates carries this ACL alone."""
+    return make_acl("sasl", settings.zk_user, all=True)
+
+
 def root_acl(settings: Settings) -> list[ACL]:
-    """/twinstream is shared by every pipeline (each with its own credentials): anyone may
-    list it and create a pipeline under it, nobody but its creator may delete from it."""
-    owner = make_digest_acl(settings.zk_user, settings.secret("zk_password"), all=True)
-    return [owner, ACL(Permissions.READ | Permissions.CREATE, ANYONE_ID_UNSAFE)]
+    """/twinstream (and a chroot): Twinstream's user alone may list it or create a pipeline
+    under it; ZooKeeper has no per-name CREATE, so a CREATE for anyone else would let them
+    take any pipeline's name first and lock its engines out."""
+    return [owner_acl(settings)]
+
+
+class ForeignNodeError(RuntimeError):
+    """A node Twinstream needs exists with an ACL Twinstream did not give it."""
+
+
+def check_owned(client: KazooClient, path: str, expected: list[ACL]) -> None:
+    """Guarantee: returns only if `path` is missing or carries exactly `expected`; a node
+    made by someone else (another ACL, or one we may not even read) raises ForeignNodeError
+    naming the fix, so that an engine never runs on nodes another client controls."""
+    try:
+        acl, _stat = client.get_acls(path)
+    except NoNodeError:
+        return
+    except NoAuthError:
+        acl = None
+    want = {(a.perms, a.id.scheme, a.id.id) for a in expected}
+    if acl is not None and {(a.perms, a.id.scheme, a.id.id) for a in acl} == want:
+        return
+    shown = "not readable by us" if acl is None else ", ".join(_acl_text(a) for a in acl)
+    raise ForeignNodeError(
+        f"ZooKeeper node {path} was not created by Twinstream's ZooKeeper user: its ACL is "
+        f"{shown}, expected {', '.join(_acl_text(a) for a in expected)}. Whoever made it "
+        "could read or block the election, so the engines will not use it. Fix: find out who "
+        "created it, delete it as ZooKeeper's super user (zkCli.sh deleteall "
+        f"{path}), then start the engines again: they recreate it with their own ACL"
+    )
+
+
+def _acl_text(acl: ACL) -> str:
+    perms = "".join(
+        letter
+        for letter, bit in (
+            ("r", Permissions.READ),
+            ("w", Permissions.WRITE),
+            ("c", Permissions.CREATE),
+            ("d", Permissions.DELETE),
+            ("a", Permissions.ADMIN),
+        )
+        if acl.perms & bit
+    )
+    return f"{acl.id.scheme}:{acl.id.id}:{perms}"
 
 
 def ensure_chroot(settings: Settings, acl: list[ACL]) -> None:
-    """The connect string's chroot, created if missing: a client rooted there cannot create
-    it (kazoo only warns that it is missing, and every create under it then fails). `acl`
-    as /twinstream's: anyone may read it and create under it, only its owner delete."""
+    """The connect string's chroot, created if missing (with `acl`, as /twinstream's): a
+    client rooted there cannot create it (kazoo only warns that it is missing, and every
+    create under it then fails). One someone else made is refused (check_owned)."""
     chroot = settings.zk_chroot
     if not chroot:
         return
@@ -69,6 +125,7 @@ def ensure_chroot(settings: Settings, acl: list[ACL]) -> None:
         if not client.exists(chroot):
             with contextlib.suppress(NodeExistsError):
                 client.ensure_path(chroot, acl=acl)
+        check_owned(client, chroot, acl)
     finally:
         client.stop()
         client.close()
@@ -127,12 +184,27 @@ class Election:
         if self._client.state != KazooState.CONNECTED:
             self._client.start(timeout=30)
         self.zk_state = str(self._client.state)
-        if self._root_acl is not None and not self._client.exists(ROOT):
-            with contextlib.suppress(NodeExistsError):
-                self._client.create(ROOT, acl=self._root_acl)
+        self.claim()
         self._thread = threading.Thread(target=self._run, name=f"election-{self._identifier}")
         self._thread.daemon = True
         self._thread.start()
+
+    def claim(self) -> None:
+        """Make /twinstream and the pipeline's node if missing, with the root ACL, and raise
+        ForeignNodeError if either exists with another ACL (someone else made it first).
+        The pipeline's node is made here rather than on the way by the recipes, so that one
+        someone else made is found before the engine reads or writes under it."""
+        if self._root_acl is None:
+            return
+        if not self._client.exists(ROOT):
+            with contextlib.suppress(NodeExistsError):
+                self._client.create(ROOT, acl=self._root_acl)
+        check_owned(self._client, ROOT, self._root_acl)
+        home = posixpath.dirname(self._path)
+        # Not allowed even to look at a node someone else made: check_owned says so.
+        with contextlib.suppress(NodeExistsError, NoAuthError):
+            self._client.ensure_path(home, acl=self._root_acl)
+        check_owned(self._client, home, self._root_acl)
 
     def contenders(self) -> list[str]:
         return list(self._client.Election(self._path).contenders())

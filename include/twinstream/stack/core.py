@@ -76,12 +76,17 @@ def check_jars(settings: Settings) -> None:
             )
 
 
-def write_if_changed(path: Path, text: str) -> bool:
+def write_if_changed(path: Path, text: str, private: bool = False) -> bool:
+    """Write `text` unless the file holds it already; `private`: owner-only (0600) from its
+    first byte, for files that hold secrets."""
     if path.exists() and path.read_text() == text:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
     tmp.replace(path)
     return True
 
@@ -105,8 +110,11 @@ def _render_files(settings: Settings, layout: Layout) -> list[str]:
     for node_id in render.node_ids(settings):
         path = layout.kafka_node_dir(node_id) / "server.properties"
         files[path] = render.kafka_server_properties(settings, layout, node_id)
+    private = {render.zookeeper_jaas_path(layout): render.zookeeper_jaas(settings)}
     return [
-        str(p.relative_to(layout.root)) for p, text in files.items() if write_if_changed(p, text)
+        str(p.relative_to(layout.root))
+        for p, text in [*files.items(), *private.items()]
+        if write_if_changed(p, text, private=p in private)
     ]
 
 
@@ -242,10 +250,11 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
 
     for directory in (layout.logs, layout.supervisor_dir, layout.airflow_home):
         directory.mkdir(parents=True, exist_ok=True)
-    report.config_changes = _render_files(settings, layout)
-    for secret in ("admin-token", "zk-password"):
-        if ensure_secret(layout.root / secret):
-            report.config_changes.append(secret)
+    # The secrets first: ZooKeeper's jaas.conf (rendered next) holds its password.
+    report.config_changes = [
+        secret for secret in ("admin-token", "zk-password") if ensure_secret(layout.root / secret)
+    ]
+    report.config_changes += _render_files(settings, layout)
     report.formatted_nodes = _format_kafka_storage(settings, layout, echo)
 
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])

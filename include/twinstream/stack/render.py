@@ -90,6 +90,11 @@ def zoo_cfg(settings: Settings, layout: Layout, node: int = 1) -> str:
             "admin.enableServer=false",
             # ruok/srvr are the health probes of `up` and `status`; conf shows tickTime.
             "4lw.commands.whitelist=ruok,srvr,mntr,conf",
+            # Clients authenticate by SASL DIGEST-MD5 (the users in jaas.conf), and a session
+            # that has not cannot read, create or delete anything, whatever a node's ACL.
+            "authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider",
+            "enforce.auth.enabled=true",
+            "enforce.auth.schemes=sasl",
             # Keep snapshots and logs from filling a developer's disk.
             "autopurge.snapRetainCount=3",
             "autopurge.purgeInterval=1",
@@ -98,6 +103,26 @@ def zoo_cfg(settings: Settings, layout: Layout, node: int = 1) -> str:
             "",
         ]
     )
+
+
+def zookeeper_jaas(settings: Settings) -> str:
+    """ZooKeeper's SASL users (DIGEST-MD5): Twinstream's. Holds the password: write 0600."""
+    password = settings.secret("zk_password")
+    if '"' in password or "\\" in password:
+        raise ValueError(
+            "the ZooKeeper password cannot hold a quote or a backslash (JAAS would misread "
+            "it): set TWINSTREAM_ZK_PASSWORD to letters, digits, '-' and '_' only"
+        )
+    return (
+        "Server {\n"
+        "  org.apache.zookeeper.server.auth.DigestLoginModule required\n"
+        f'  user_{settings.zk_user}="{password}";\n'
+        "};\n"
+    )
+
+
+def zookeeper_jaas_path(layout: Layout) -> Path:
+    return layout.zookeeper_dir / "jaas.conf"
 
 
 def zookeeper_logback() -> str:
@@ -238,7 +263,10 @@ def programs(
                 settings.jars_dir / "zookeeper",
                 settings.zk_heap,
                 [str(zookeeper_dir(settings, layout, node) / "zoo.cfg")],
-                {"logback.configurationFile": str(layout.zookeeper_dir / "logback.xml")},
+                {
+                    "logback.configurationFile": str(layout.zookeeper_dir / "logback.xml"),
+                    "java.security.auth.login.config": str(zookeeper_jaas_path(layout)),
+                },
             ),
             priority=10,
             environment=env,

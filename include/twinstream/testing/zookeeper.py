@@ -17,6 +17,7 @@ from pathlib import Path
 
 from twinstream.config import Settings
 from twinstream.stack import health, render
+from twinstream.stack.core import write_if_changed
 from twinstream.stack.layout import Layout
 from twinstream.testing.harness import wait_for
 from twinstream.testing.services import LocalServices
@@ -43,6 +44,8 @@ class Ensemble(LocalServices):
                 "zk_peer_port": peer,
                 "zk_election_port": election,
                 "zk_connect": "",
+                # Its clients authenticate as the stack's do (its state folder is this one).
+                "zk_password": settings.secret("zk_password"),
             }
         )
         self.layout = Layout.of(self.settings)
@@ -56,6 +59,11 @@ class Ensemble(LocalServices):
     def start(self) -> None:
         self.layout.zookeeper_dir.mkdir(parents=True, exist_ok=True)
         (self.layout.zookeeper_dir / "logback.xml").write_text(render.zookeeper_logback())
+        write_if_changed(
+            render.zookeeper_jaas_path(self.layout),
+            render.zookeeper_jaas(self.settings),
+            private=True,
+        )
         for node in range(1, self.settings.zk_nodes + 1):
             folder = render.zookeeper_dir(self.settings, self.layout, node)
             (folder / "data").mkdir(parents=True, exist_ok=True)
