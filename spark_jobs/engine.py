@@ -55,10 +55,14 @@ def main(argv: list[str] | None = None) -> int:
 
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(EngineControl(engine), token),
+            create_app(EngineControl(engine), token, docs=settings.admin_api_docs),
             host=settings.bind_host,
             port=port,
             log_level="warning",
+            # https with the engine's certificate when it has one (settings checked that
+            # both files load); plain HTTP otherwise, the token readable on the wire.
+            ssl_certfile=settings.admin_tls_certfile or None,
+            ssl_keyfile=settings.admin_tls_keyfile or None,
         )
     )
     api = threading.Thread(target=server.run, name="admin-api", daemon=True)

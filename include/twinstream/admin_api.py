@@ -1,5 +1,11 @@
-"""The engine admin API: FastAPI, OpenAPI at /docs, bearer-token auth on everything but
-/healthz. Errors are JSON with a reason, never a stack trace."""
+"""The engine admin API: FastAPI, bearer-token auth on everything but its public pages
+(public_paths(): /healthz, and the OpenAPI document and its Swagger UI at /openapi.json and
+/docs unless turned off). Errors are JSON with a reason, never a stack trace.
+
+Served over plain HTTP, or HTTPS when the engine has a certificate
+(TWINSTREAM_ADMIN_TLS_CERTFILE and _KEYFILE, spark_jobs/engine.py): over plain HTTP the
+token crosses the network readable.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +18,29 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import twinstream
 from twinstream.snapshot import Manifest, SnapshotError
 
 log = logging.getLogger(__name__)
+
+# The pages anyone who reaches the port may read, without the token: the liveness probe,
+# and (unless create_app(docs=False)) the OpenAPI document and Swagger UI, which describe
+# the endpoints but hold no engine data. Everything else, unknown paths included, is 401
+# without the token. README ("Admin API") lists the same; a unit test holds both to it.
+HEALTH_PATH = "/healthz"
+DOCS_PATHS = ("/openapi.json", "/docs")
+# The longest reason a 500 carries: the full error goes to the engine's log.
+MAX_ERROR_REASON = 300
+
+
+class ErrorReason(BaseModel):
+    """Every error's body: what went wrong, in one line."""
+
+    reason: str
 
 
 class ServerInfo(BaseModel):
@@ -125,26 +149,121 @@ class Conflict(Exception):
     """The request does not fit the engine's state (409 with the reason)."""
 
 
-def create_app(control: Control, token: str) -> FastAPI:
+def public_paths(docs: bool = True) -> frozenset[str]:
+    """The paths create_app(docs=...) serves without the token."""
+    return frozenset({HEALTH_PATH, *(DOCS_PATHS if docs else ())})
+
+
+def token_problem(authorization: str | None, token: str) -> str | None:
+    """Why an Authorization header does not carry the token, or None when it does."""
+    scheme, _, credentials = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        return "missing bearer token (Authorization: Bearer <token>)"
+    # Constant time, so that the answer's timing does not reveal how much of a guess is right.
+    if not hmac.compare_digest(credentials.strip().encode(), token.encode()):
+        return "wrong bearer token"
+    return None
+
+
+def _unauthorized(reason: str) -> JSONResponse:
+    return JSONResponse({"reason": reason}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
+class _TokenGate:
+    """Refuses a request without the token before the app routes it or reads its body.
+
+    A route's auth dependency alone runs after FastAPI has parsed the body and matched the
+    route, so a caller without the token got 400/422 for a malformed body and 404/405 for
+    a path or method the API lacks: the app had read input from, and answered, a stranger.
+    """
+
+    def __init__(self, app: ASGIApp, token: str, public: frozenset[str]) -> None:
+        self.app = app
+        self.token = token
+        self.public = public
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.public:
+            problem = token_problem(Headers(scope=scope).get("authorization"), self.token)
+            if problem is not None:
+                await _unauthorized(problem)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _one_line(exc: Exception) -> str:
+    """The error's type and the first line of its message: a Py4J or pydantic error's text
+    goes on for lines (a Java stack trace, the offending values), which belong in the log."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    if len(text) > MAX_ERROR_REASON:
+        text = text[: MAX_ERROR_REASON - 3] + "..."
+    return text + (" (the engine's log has the rest)" if len(lines) > 1 else "")
+
+
+# The error answers a route may give, for its OpenAPI description. The content is spelled
+# out rather than given as a model: FastAPI would describe a model's answer in the route's
+# own media type, text/plain for /metrics, where the error is JSON like everywhere else.
+_ERROR_ANSWERS = {
+    400: "a body that cannot be read",
+    401: "missing or wrong bearer token",
+    409: "the request does not fit the engine's state",
+    422: "an invalid request (and for a restore, an unusable snapshot)",
+}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    schema = ErrorReason.model_json_schema()
+    return {
+        code: {
+            "description": _ERROR_ANSWERS[code],
+            "content": {"application/json": {"schema": schema}},
+        }
+        for code in codes
+    }
+
+
+def create_app(control: Control, token: str, *, docs: bool = True) -> FastAPI:
+    """The admin API of `control`'s engine; `docs=False` serves no OpenAPI document or
+    Swagger UI (TWINSTREAM_ADMIN_API_DOCS=false), leaving /healthz the one public page."""
     if not token:
         raise ValueError("the admin API needs a token (TWINSTREAM_ADMIN_TOKEN)")
     app = FastAPI(
         title="Twinstream engine admin API",
         version=twinstream.__version__,
-        description="Role, progress and control of one Twinstream engine.",
+        description="Role, progress and control of one Twinstream engine. Every endpoint but "
+        "/healthz, /openapi.json and /docs needs `Authorization: Bearer <token>`.",
+        openapi_url=DOCS_PATHS[0] if docs else None,
+        docs_url=DOCS_PATHS[1] if docs else None,
+        # Not served: ReDoc would be one more public page saying what /docs says, and the
+        # OAuth2 redirect page serves an OAuth2 login this API does not have.
+        redoc_url=None,
+        swagger_ui_oauth2_redirect_url=None,
     )
+    app.add_middleware(_TokenGate, token=token, public=public_paths(docs))
     bearer = HTTPBearer(auto_error=False)
 
     def authorized(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
-        if creds is None:
-            raise HTTPException(401, "missing bearer token (Authorization: Bearer <token>)")
-        if not hmac.compare_digest(creds.credentials.encode(), token.encode()):
-            raise HTTPException(401, "wrong bearer token")
+        # _TokenGate has refused a request without the token already; this dependency puts
+        # the bearer scheme into the OpenAPI document (Swagger UI's Authorize button), and
+        # checks again so that a route never depends on the gate alone.
+        header = None if creds is None else f"{creds.scheme} {creds.credentials}"
+        problem = token_problem(header, token)
+        if problem is not None:
+            raise HTTPException(401, problem)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        return JSONResponse({"reason": exc.detail}, status_code=exc.status_code, headers=headers)
+    # Starlette's HTTPException, which FastAPI's subclasses: routing's own 404 and 405 and
+    # FastAPI's 400 for an unreadable body raise the base class, and answered
+    # {"detail": ...} before this handler caught it too (found by tests/unit/
+    # test_admin_api_schema.py).
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 401:
+            return _unauthorized(str(exc.detail))
+        # The Allow header of a 405 stays.
+        return JSONResponse(
+            {"reason": exc.detail}, status_code=exc.status_code, headers=exc.headers
+        )
 
     @app.exception_handler(Conflict)
     async def conflict(_request: Request, exc: Conflict) -> JSONResponse:
@@ -164,48 +283,50 @@ def create_app(control: Control, token: str) -> FastAPI:
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
         log.error("admin API request failed: %s", exc, exc_info=exc)
-        return JSONResponse({"reason": f"{type(exc).__name__}: {exc}"}, status_code=500)
+        return JSONResponse({"reason": _one_line(exc)}, status_code=500)
 
     auth = [Depends(authorized)]
 
-    @app.get("/healthz")
+    @app.get(HEALTH_PATH)
     def healthz() -> dict[str, Any]:
         return {"ok": True}
 
-    @app.get("/server", dependencies=auth)
+    @app.get("/server", dependencies=auth, responses=_errors(401))
     def server() -> ServerInfo:
         return control.server_info()
 
-    @app.get("/pipeline", dependencies=auth)
+    @app.get("/pipeline", dependencies=auth, responses=_errors(401))
     def pipeline() -> PipelineInfo:
         return control.pipeline_info()
 
-    @app.post("/pipeline/stop", dependencies=auth)
+    @app.post("/pipeline/stop", dependencies=auth, responses=_errors(401, 409))
     def stop() -> PipelineInfo:
         control.stop_pipeline()
         return control.pipeline_info()
 
-    @app.post("/pipeline/start", dependencies=auth)
+    @app.post("/pipeline/start", dependencies=auth, responses=_errors(401, 409))
     def start() -> PipelineInfo:
         control.start_pipeline()
         return control.pipeline_info()
 
-    @app.post("/pipeline/persist", dependencies=auth)
+    @app.post("/pipeline/persist", dependencies=auth, responses=_errors(401, 409))
     def persist() -> Manifest:
         """Standby only (409 on the active): snapshot the checkpoint and the buffer."""
         return control.persist()
 
-    @app.post("/pipeline/restore", dependencies=auth)
+    @app.post("/pipeline/restore", dependencies=auth, responses=_errors(400, 401, 409, 422))
     def restore(request: RestoreRequest) -> RestoreReport:
         """Stopped pipeline only (409 otherwise); 422 for a snapshot that must not be used."""
         return control.restore(request.snapshot)
 
-    @app.get("/pipeline/buffer", dependencies=auth)
+    @app.get("/pipeline/buffer", dependencies=auth, responses=_errors(401, 422))
     def buffer(last: int = Query(default=100, ge=1, le=1_000_000)) -> list[BufferedRow]:
         """The newest `last` output rows in the engine's ring buffer, in msg_id order."""
         return control.buffer_tail(last)
 
-    @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse)
+    @app.get(
+        "/metrics", dependencies=auth, response_class=PlainTextResponse, responses=_errors(401)
+    )
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(control.metrics(), media_type="text/plain; version=0.0.4")
 

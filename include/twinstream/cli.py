@@ -122,9 +122,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
     actives = dict.fromkeys(pipelines, 0)
     for name, pipeline in pipelines.items():
         for engine_id in pipeline.engine_ids:
-            url = pipeline.engine_admin_url(engine_id)
             try:
-                with EngineClient(engine_id, url, token, timeout_s=5.0) as client:
+                with EngineClient.from_settings(pipeline, engine_id, token, 5.0) as client:
                     server, pipe = client.server(), client.pipeline()
             except EngineError as exc:
                 rows.append([name, engine_id, "unreachable", exc.reason[:60], *[""] * 6])

@@ -7,6 +7,7 @@ Lists are given comma-separated: ``TWINSTREAM_KAFKA_PORTS=9092,9093,9094``.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -105,7 +106,20 @@ class Settings(BaseSettings):
     # Bearer token of the engines' admin API and the ZooKeeper digest password. Empty: read
     # from admin-token / zk-password in state_dir, which the local stack generates.
     admin_token: str = Field(default="", repr=False)
-    zk_user: str = Field(default="twinstream", pattern=r"^[A-Za-z0-9_-]+$")
+    # TLS of the engines' admin APIs, PEM files; empty: plain HTTP, where the token crosses
+    # the network readable. With a certificate and its (unencrypted) key an engine serves
+    # https. Clients verify the engines' certificates against admin_tls_cafile (empty: the
+    # system's trusted CAs); a client without the key pair sets the CA alone. Either way the
+    # engine URLs the platform builds (engine_admin_url) say https.
+    admin_tls_certfile: str = ""
+    admin_tls_keyfile: str = ""
+    admin_tls_cafile: str = ""
+    # The admin API's OpenAPI document and Swagger UI (/openapi.json, /docs) are served to
+    # anyone who reaches the port, like /healthz: they describe the endpoints, no engine
+    # data. false: not served at all.
+    admin_api_docs: bool = True
+    # Letters, digits and '_': it becomes a JAAS option name (user_<name>) in ZooKeeper.
+    zk_user: str = Field(default="twinstream", pattern=r"^[A-Za-z0-9_]+$")
     zk_password: str = Field(default="", repr=False)
     # The largest session timeout request ZooKeeper clamps to 2 x tickTime (1 s at 500 ms).
     zk_session_timeout_s: float = Field(default=0.2, gt=0)
@@ -235,6 +249,15 @@ class Settings(BaseSettings):
                 raise ValueError(str(exc)) from None
         return text
 
+    @field_validator("admin_tls_certfile", "admin_tls_keyfile", "admin_tls_cafile")
+    @classmethod
+    def _an_existing_file(cls, value: str) -> str:
+        if value and not Path(value).is_file():
+            raise ValueError(
+                f"{value}: no such file; give the path of a PEM file this process can read"
+            )
+        return value
+
     @field_validator("spark_conf", mode="before")
     @classmethod
     def _split_pairs(cls, value: Any) -> Any:
@@ -298,12 +321,53 @@ class Settings(BaseSettings):
                 f"min_insync_replicas={self.min_insync_replicas} exceeds "
                 f"replication_factor={self.replication_factor}: no write could ever succeed"
             )
+        self._check_admin_tls()
         topics = [self.inbound_topic, self.outbound_topic, self.dlq_topic, self.progress_topic]
         if len(set(topics)) != len(topics):
             raise ValueError(
                 f"inbound, outbound, dead-letter and progress topics must differ: {topics}"
             )
         return self
+
+    def _check_admin_tls(self) -> None:
+        """The key pair and the CA load, so that a wrong file fails here, named, rather than
+        at the engine's start (uvicorn) or at a client's first request."""
+        cert, key = self.admin_tls_certfile, self.admin_tls_keyfile
+        if bool(cert) != bool(key):
+            given, missing = ("CERTFILE", "KEYFILE") if cert else ("KEYFILE", "CERTFILE")
+            raise ValueError(
+                f"TWINSTREAM_ADMIN_TLS_{given} is set but TWINSTREAM_ADMIN_TLS_{missing} is "
+                "not: an engine serves https with its certificate and that certificate's "
+                "private key, so set both (or neither, for plain HTTP)"
+            )
+        if cert:
+            try:
+                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(
+                    f"TWINSTREAM_ADMIN_TLS_CERTFILE={cert} and TWINSTREAM_ADMIN_TLS_KEYFILE="
+                    f"{key} do not load ({exc}): give a PEM certificate and its own private "
+                    "key, unencrypted"
+                ) from None
+        if self.admin_tls_cafile:
+            try:
+                ssl.create_default_context(cafile=self.admin_tls_cafile)
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(
+                    f"TWINSTREAM_ADMIN_TLS_CAFILE={self.admin_tls_cafile} does not load "
+                    f"({exc}): give the PEM certificate of the CA that signed the engines' "
+                    "certificates"
+                ) from None
+
+    @property
+    def admin_tls(self) -> bool:
+        """The engines serve their admin API over https (this process holds the key pair)."""
+        return bool(self.admin_tls_certfile)
+
+    @property
+    def admin_scheme(self) -> str:
+        """https when the engines serve TLS, or when this client has a CA to verify them."""
+        return "https" if self.admin_tls or self.admin_tls_cafile else "http"
 
     @property
     def ports(self) -> list[int]:
@@ -409,7 +473,7 @@ class Settings(BaseSettings):
 
     def engine_admin_url(self, engine_id: str) -> str:
         host = self.engine_admin_host.replace("{id}", engine_id) or self.bind_host
-        return f"http://{host}:{self.engine_admin_port(engine_id)}"
+        return f"{self.admin_scheme}://{host}:{self.engine_admin_port(engine_id)}"
 
     def engine_dir(self, engine_id: str) -> Path:
         return self.state_dir / "engines" / engine_id

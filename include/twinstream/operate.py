@@ -512,7 +512,13 @@ def engine_client_factory(
             )
         conn = connection(settings.engine_conn_id(engine_id))
         return EngineClient.from_connection(
-            engine_id, conn.host, conn.port, conn.schema, conn.password
+            engine_id,
+            conn.host,
+            conn.port,
+            conn.schema,
+            conn.password,
+            # A private CA's file, for an https engine (the "ca" key).
+            extra=getattr(conn, "extra_dejson", None),
         )
 
     return make

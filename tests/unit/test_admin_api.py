@@ -1,8 +1,27 @@
-"""The admin API's contract with a fake engine: auth on everything but /healthz, JSON
-errors with a reason, 409 where a request does not fit the engine's state."""
+"""The admin API's contract with a fake engine: auth on everything but its public pages
+(/healthz, /openapi.json, /docs), JSON errors with a reason, 409 where a request does not
+fit the engine's state; and over https, served by a real uvicorn with a throwaway CA's
+certificate on 127.0.0.1 (no other service), as EngineClient reaches it."""
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from ipaddress import ip_address
+from pathlib import Path
 
 import pytest
+import uvicorn
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from starlette.routing import Route
 
 from twinstream.admin_api import (
     BufferedRow,
@@ -12,7 +31,10 @@ from twinstream.admin_api import (
     ServerInfo,
     UncoveredRange,
     create_app,
+    public_paths,
 )
+from twinstream.config import REPO_ROOT, Settings, load_settings
+from twinstream.engine_client import EngineClient, EngineError
 from twinstream.snapshot import Manifest, SnapshotError
 
 TOKEN = "s3cret-token"
@@ -155,6 +177,85 @@ def test_an_internal_error_is_json_with_a_reason_not_a_stack_trace():
     assert response.json() == {"reason": "ZeroDivisionError: division by zero"}
 
 
+def _public(app: FastAPI) -> set[str]:
+    """The paths of `app`'s routes that answer a request without a token other than 401."""
+    client = TestClient(app, raise_server_exceptions=False)
+    return {
+        route.path
+        for route in app.routes
+        if isinstance(route, Route)
+        for method in route.methods or ()
+        if client.request(method, route.path).status_code != 401
+    }
+
+
+def test_exactly_the_documented_pages_are_public():
+    # What README's admin API paragraph and docs/design.md say: a route added without
+    # the token, or a public page added or dropped, fails here until the docs follow.
+    assert public_paths() == {"/healthz", "/openapi.json", "/docs"}
+    app = create_app(FakeControl(), TOKEN)
+    assert _public(app) == public_paths()
+    client = TestClient(app, raise_server_exceptions=False)
+    assert all(client.get(path).status_code == 200 for path in public_paths())
+    # Unknown paths and methods are refused without the token too: a stranger learns
+    # nothing about what exists beyond the OpenAPI document.
+    assert client.get("/no/such/page").status_code == 401
+    assert client.delete("/server").status_code == 401
+    assert client.get("/redoc").status_code == 401
+    readme = (REPO_ROOT / "README.md").read_text()
+    paragraph = readme[readme.index("\nAdmin API: ") :].split("\n\n")[0]
+    assert all(f"`{path}`" in paragraph for path in public_paths()), paragraph
+
+
+def test_without_the_docs_only_the_health_probe_is_public():
+    app = create_app(FakeControl(), TOKEN, docs=False)
+    assert _public(app) == public_paths(docs=False) == {"/healthz"}
+    client = TestClient(app, raise_server_exceptions=False)
+    assert client.get("/openapi.json").status_code == 401
+    assert client.get("/docs", headers=AUTH).status_code == 404
+
+
+def test_errors_of_routing_are_json_with_a_reason_too(client):
+    missing = client.get("/no/such/page", headers=AUTH)
+    assert (missing.status_code, missing.json()) == (404, {"reason": "Not Found"})
+    wrong_method = client.put("/server", headers=AUTH)
+    assert (wrong_method.status_code, wrong_method.json()) == (
+        405,
+        {"reason": "Method Not Allowed"},
+    )
+    assert wrong_method.headers["allow"] == "GET"
+    unreadable = client.post(
+        "/pipeline/restore",
+        headers={**AUTH, "Content-Type": "application/json"},
+        content=b"\xbb",
+    )
+    assert unreadable.status_code in (400, 422)
+    assert set(unreadable.json()) == {"reason"}
+
+
+def test_a_request_without_the_token_is_refused_before_its_body_is_read(client):
+    response = client.post("/pipeline/restore", content=b"{not json")
+    assert response.status_code == 401
+    assert response.json() == {"reason": "missing bearer token (Authorization: Bearer <token>)"}
+
+
+def test_a_multi_line_error_answers_its_first_line_only():
+    control = FakeControl()
+
+    def fails() -> PipelineInfo:
+        raise RuntimeError(
+            "py4j failed\n\tat org.apache.spark.sql.Dataset.collect(Dataset.scala:1)"
+        )
+
+    control.pipeline_info = fails  # type: ignore[method-assign]
+    client = TestClient(create_app(control, TOKEN), raise_server_exceptions=False)
+    response = client.get("/pipeline", headers=AUTH)
+    assert response.status_code == 500
+    assert response.json() == {
+        "reason": "RuntimeError: py4j failed (the engine's log has the rest)"
+    }
+
+
 def test_openapi_is_published_and_an_empty_token_is_refused(client):
     assert "/pipeline/stop" in client.get("/openapi.json").json()["paths"]
     with pytest.raises(ValueError, match="TWINSTREAM_ADMIN_TOKEN"):
@@ -189,3 +290,183 @@ def test_buffer_returns_the_newest_rows(client):
     rows = client.get("/pipeline/buffer?last=3", headers=AUTH).json()
     assert [r["msg_id"] for r in rows] == [67, 68, 69]
     assert client.get("/pipeline/buffer?last=0", headers=AUTH).status_code == 422
+
+
+# -- https ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca: Path
+    cert: Path
+    key: Path
+    ca_key: Path
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def write_tls_files(folder: Path) -> TlsFiles:
+    """A throwaway CA, and a server certificate it signed for 127.0.0.1 and localhost (EC
+    P-256, PKCS#8 key, valid for a day), as PEM files in `folder`."""
+    now = datetime.now(UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("Twinstream test CA"))
+        .issuer_name(_name("Twinstream test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("localhost"))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    files = TlsFiles(
+        folder / "ca.pem", folder / "engine.pem", folder / "engine-key.pem", folder / "ca-key.pem"
+    )
+    files.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    files.key.write_bytes(_pem_key(key))
+    files.ca_key.write_bytes(_pem_key(ca_key))
+    return files
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    return write_tls_files(tmp_path_factory.mktemp("tls"))
+
+
+@contextmanager
+def serving(app: FastAPI, settings: Settings, sock: socket.socket) -> Iterator[None]:
+    """`app` on uvicorn in a thread, on `sock`, with TLS as spark_jobs/engine.py sets it
+    up from the settings; stopped on the way out."""
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            ssl_certfile=settings.admin_tls_certfile or None,
+            ssl_keyfile=settings.admin_tls_keyfile or None,
+        )
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert thread.is_alive(), "uvicorn stopped before it served"
+            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
+            time.sleep(0.02)
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def https_engine(tls: TlsFiles) -> Iterator[Settings]:
+    """An engine's admin API over https on a free 127.0.0.1 port: the settings that
+    describe it (engine "a" at that port, the engine's key pair and the CA)."""
+    # Bound here, handed to uvicorn: no other process can take the port in between.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        settings = load_settings(
+            engine_ids=["a"],
+            engine_admin_ports=[port],
+            admin_tls_certfile=str(tls.cert),
+            admin_tls_keyfile=str(tls.key),
+            admin_tls_cafile=str(tls.ca),
+        )
+        with serving(create_app(FakeControl(), TOKEN), settings, sock):
+            yield settings
+
+
+def test_an_https_engine_is_reached_with_its_ca(https_engine: Settings, tls: TlsFiles):
+    url = https_engine.engine_admin_url("a")
+    assert url.startswith("https://127.0.0.1:")
+    with EngineClient.from_settings(https_engine, "a", TOKEN, timeout_s=5) as client:
+        assert client.server().role == "standby"
+        assert client.healthy()
+    port = https_engine.engine_admin_port("a")
+    # As the DAGs build it: an Airflow connection with schema https and the CA in its extra,
+    # which Airflow hands over as a dict (extra_dejson) or as JSON text (extra).
+    for extra in ({"ca": str(tls.ca)}, f'{{"ca": "{tls.ca}"}}'):
+        with EngineClient.from_connection("a", "127.0.0.1", port, "https", TOKEN, extra) as c:
+            assert c.pipeline().state == "running"
+
+
+def test_an_https_engine_refuses_a_client_without_its_ca(https_engine: Settings):
+    url = https_engine.engine_admin_url("a")
+    # The system's trusted CAs: the throwaway CA is not one of them.
+    with EngineClient("a", url, TOKEN, timeout_s=5) as client:
+        with pytest.raises(EngineError) as refused:
+            client.server()
+        assert not client.healthy()
+    assert refused.value.status is None
+    message = str(refused.value)
+    assert "the engine's TLS certificate does not verify" in message
+    assert "TWINSTREAM_ADMIN_TLS_CAFILE" in message
+    assert "CERTIFICATE_VERIFY_FAILED" in message
+    # Plain HTTP to an https engine fails too: it expects a TLS handshake.
+    plain = url.replace("https://", "http://")
+    with EngineClient("a", plain, TOKEN, timeout_s=5) as client, pytest.raises(EngineError):
+        client.server()
+
+
+def test_a_ca_file_that_does_not_load_is_named(tmp_path: Path, tls: TlsFiles):
+    with pytest.raises(EngineError, match=r"CA file .*nope\.pem does not load"):
+        EngineClient("a", "https://127.0.0.1:1", TOKEN, cafile=str(tmp_path / "nope.pem"))
+    with pytest.raises(EngineError, match="give the path of the PEM certificate of the CA"):
+        EngineClient("a", "https://127.0.0.1:1", TOKEN, cafile=str(tls.key))
+    with pytest.raises(ValueError, match=r'extra "ca" is 3'):
+        EngineClient.from_connection("a", "h", 1, "https", TOKEN, {"ca": 3})
+    with pytest.raises(ValueError, match="extra is not JSON"):
+        EngineClient.from_connection("a", "h", 1, "https", TOKEN, "ca=/x")

@@ -111,3 +111,50 @@ def test_the_local_stack_runs_one_zookeeper_or_an_odd_ensemble(monkeypatch):
     monkeypatch.setenv("TWINSTREAM_ZK_NODES", "2")
     with pytest.raises(SettingsError, match="odd number"):
         load_settings()
+
+
+def test_admin_tls_needs_a_certificate_and_its_key_that_load(monkeypatch, tmp_path):
+    from tests.unit.test_admin_api import write_tls_files
+
+    tls = write_tls_files(tmp_path)
+    plain = load_settings()
+    assert (plain.admin_tls, plain.engine_admin_url("a")) == (False, "http://127.0.0.1:8701")
+    monkeypatch.setenv("TWINSTREAM_ADMIN_TLS_CERTFILE", str(tls.cert))
+    with pytest.raises(SettingsError, match=r"TWINSTREAM_ADMIN_TLS_KEYFILE is not: .* set both"):
+        load_settings()
+    monkeypatch.setenv("TWINSTREAM_ADMIN_TLS_KEYFILE", str(tls.ca_key))
+    with pytest.raises(SettingsError, match=r"do not load .*: give a PEM certificate and its own"):
+        load_settings()
+    monkeypatch.setenv("TWINSTREAM_ADMIN_TLS_KEYFILE", str(tls.key))
+    served = load_settings()
+    assert served.admin_tls
+    assert served.engine_admin_url("a") == "https://127.0.0.1:8701"
+    monkeypatch.setenv("TWINSTREAM_ADMIN_TLS_CERTFILE", str(tmp_path / "missing.pem"))
+    with pytest.raises(
+        SettingsError, match=r"TWINSTREAM_ADMIN_TLS_CERTFILE: .*missing\.pem: no such file"
+    ):
+        load_settings()
+    monkeypatch.delenv("TWINSTREAM_ADMIN_TLS_CERTFILE")
+    with pytest.raises(SettingsError, match="TWINSTREAM_ADMIN_TLS_KEYFILE is set but"):
+        load_settings()
+
+
+def test_a_client_with_the_ca_alone_reaches_the_engines_over_https(monkeypatch, tmp_path):
+    from tests.unit.test_admin_api import write_tls_files
+
+    tls = write_tls_files(tmp_path)
+    monkeypatch.setenv("TWINSTREAM_ADMIN_TLS_CAFILE", str(tls.ca))
+    client = load_settings()
+    assert (client.admin_tls, client.engine_admin_url("b")) == (False, "https://127.0.0.1:8702")
+    monkeypatch.setenv("TWINSTREAM_ADMIN_TLS_CAFILE", str(tls.key))
+    with pytest.raises(SettingsError, match=r"TWINSTREAM_ADMIN_TLS_CAFILE=.* does not load"):
+        load_settings()
+    monkeypatch.setenv("TWINSTREAM_ADMIN_TLS_CAFILE", str(tmp_path / "nope.pem"))
+    with pytest.raises(SettingsError, match=r"TWINSTREAM_ADMIN_TLS_CAFILE: .*no such file"):
+        load_settings()
+
+
+def test_the_admin_api_docs_can_be_turned_off(monkeypatch):
+    assert load_settings().admin_api_docs
+    monkeypatch.setenv("TWINSTREAM_ADMIN_API_DOCS", "false")
+    assert not load_settings().admin_api_docs

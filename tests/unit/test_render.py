@@ -41,6 +41,22 @@ def test_zookeeper_uses_tick_500_on_loopback_without_admin_server(tmp_path):
     assert {"ruok", "srvr"} <= set(cfg["4lw.commands.whitelist"].split(","))
 
 
+def test_zookeeper_refuses_every_client_that_has_not_authenticated_by_sasl(tmp_path):
+    s = _settings(tmp_path, zk_password="pw-1_x", zk_user="engines")
+    layout = Layout.of(s)
+    cfg = _props(render.zoo_cfg(s, layout))
+    assert cfg["enforce.auth.enabled"] == "true"
+    assert cfg["enforce.auth.schemes"] == "sasl"
+    assert cfg["authProvider.sasl"].endswith(".SASLAuthenticationProvider")
+    jaas = render.zookeeper_jaas(s)
+    assert 'user_engines="pw-1_x";' in jaas
+    assert "DigestLoginModule required" in jaas
+    (zk,) = [p for p in render.programs(s, layout, pipelines={}) if p.name == "zookeeper"]
+    assert f"-Djava.security.auth.login.config={render.zookeeper_jaas_path(layout)}" in (zk.command)
+    with pytest.raises(ValueError, match="TWINSTREAM_ZK_PASSWORD"):
+        render.zookeeper_jaas(_settings(tmp_path, zk_password='a"b'))
+
+
 def test_an_ensemble_of_three_zookeepers_knows_its_members(tmp_path):
     s = _settings(tmp_path, zk_nodes=3)
     layout = Layout.of(s)
@@ -190,6 +206,25 @@ def test_airflow_gets_engine_connections_and_not_the_callers_test_mode(tmp_path)
         "schema": "http",
         "password": "tok",
     }
+
+
+def test_https_engines_connections_carry_the_ca_the_dags_verify_them_with(tmp_path):
+    import json
+
+    from tests.unit.test_admin_api import write_tls_files
+    from twinstream.engine_client import EngineClient
+    from twinstream.stack.launch import engine_connections
+
+    tls = write_tls_files(tmp_path)
+    settings = _settings(tmp_path, admin_token="tok", admin_tls_cafile=str(tls.ca))
+    conn = json.loads(engine_connections(settings)["AIRFLOW_CONN_TWINSTREAM_ENGINE_A"])
+    assert conn["schema"] == "https"
+    assert conn["extra"] == {"ca": str(tls.ca)}
+    client = EngineClient.from_connection(
+        "a", conn["host"], conn["port"], conn["schema"], conn["password"], extra=conn["extra"]
+    )
+    assert client.base_url == "https://127.0.0.1:8701"
+    client.close()
 
 
 def test_every_pipelines_engines_run_and_each_finds_its_own_pipeline(tmp_path, monkeypatch):

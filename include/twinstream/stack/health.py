@@ -130,7 +130,9 @@ def engine(settings: Settings, engine_id: str, timeout_s: float = 3.0) -> tuple[
     """(healthy, detail, role): the engine's pipeline runs and it is active or standby."""
     url = settings.engine_admin_url(engine_id)
     try:
-        with EngineClient(engine_id, url, settings.secret("admin_token"), timeout_s) as client:
+        token = settings.secret("admin_token")
+        # From the settings: the https URL and the CA when the admin API has TLS.
+        with EngineClient.from_settings(settings, engine_id, token, timeout_s) as client:
             server, info = client.server(), client.pipeline()
     except EngineError as exc:
         what = "no answer" if exc.status is None else f"HTTP {exc.status}"

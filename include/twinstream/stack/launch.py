@@ -64,6 +64,8 @@ def engine_connections(settings: Settings) -> dict[str, str]:
     token = settings.secret("admin_token")
     conns = {}
     engines = [(p, e) for p in registry.stack(settings).values() for e in p.engine_ids]
+    # https with a private CA: the client verifies the engines against it.
+    ca = {"extra": {"ca": settings.admin_tls_cafile}} if settings.admin_tls_cafile else {}
     for pipeline, engine_id in engines:
         url = urlsplit(pipeline.engine_admin_url(engine_id))
         conns[f"AIRFLOW_CONN_{settings.engine_conn_id(engine_id).upper()}"] = json.dumps(
@@ -73,6 +75,7 @@ def engine_connections(settings: Settings) -> dict[str, str]:
                 "port": url.port,
                 "schema": url.scheme,
                 "password": token,
+                **ca,
             }
         )
     return conns

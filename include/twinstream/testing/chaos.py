@@ -44,7 +44,7 @@ class SupervisedEngines:
         self.supervisor = Supervisor(Layout.of(settings))
         token = settings.secret("admin_token")
         self.clients = {
-            e: EngineClient(e, settings.engine_admin_url(e), token, timeout_s=5.0)
+            e: EngineClient.from_settings(settings, e, token, timeout_s=5.0)
             for e in settings.engine_ids
         }
 
