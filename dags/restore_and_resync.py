@@ -33,6 +33,7 @@ from typing import Any
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
 from twinstream import registry
+from twinstream.audit import SNAPSHOT_PARAM_PATTERN
 from twinstream.config import load_settings
 
 # Every engine of every pipeline of the stack: engine ids are the stack's, so the engine
@@ -66,7 +67,7 @@ DEFAULT_ARGS = {
         "snapshot": Param(
             "latest",
             type="string",
-            pattern=r"^(latest|cold|\d{8}T\d{6}\.\d{6}Z-[a-z0-9-]+-b\d+)$",
+            pattern=SNAPSHOT_PARAM_PATTERN,
             title="Snapshot",
             description="'latest' (newest valid), 'cold' (replay the window), or a snapshot id.",
         ),

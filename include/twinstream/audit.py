@@ -415,9 +415,20 @@ def validate(
 # never by a path: a trigger's Params cannot make the audit job read or write a file
 # outside the pipeline's audit folder.
 CURSOR_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
-CURSOR_ID_PATTERN = f"^({CURSOR_ID.pattern})?$"
+
+
+def param_pattern(body: str) -> str:
+    """A Param's JSON-schema pattern: `body` and nothing else. Airflow validates with
+    Python's re.search, where "$" also matches before a final newline ("latest\n" passed
+    "^latest$"); the lookahead refuses that, and is a no-op in the UI's JavaScript."""
+    return f"^({body})$(?!\n)"
+
+
+CURSOR_ID_PATTERN = param_pattern(f"({CURSOR_ID.pattern})?")
 # Kafka's own rule for a topic name (the DAG's Params for other copies of the topics).
-TOPIC_NAME_PATTERN = r"^([A-Za-z0-9._-]{1,249})?$"
+TOPIC_NAME_PATTERN = param_pattern(r"([A-Za-z0-9._-]{1,249})?")
+# What restore_and_resync's snapshot Param takes: latest, cold, or a snapshot's id.
+SNAPSHOT_PARAM_PATTERN = param_pattern(r"latest|cold|\d{8}T\d{6}\.\d{6}Z-[a-z0-9-]+-b\d+")
 
 
 def cursor_file(audit_dir: Path, cursor: str = "") -> Path:

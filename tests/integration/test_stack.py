@@ -9,6 +9,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import psutil
@@ -170,14 +171,7 @@ def test_airflow_answers_and_loads_the_dags_without_import_errors(stack, setting
     assert version.status_code == 200
     assert version.json()["version"].startswith("3.3.")
 
-    layout = Layout.of(settings)
-    passwords = json.loads(layout.airflow_password_file.read_text())
-    token = httpx.post(
-        f"{settings.airflow_url}/auth/token",
-        json={"username": "admin", "password": passwords["admin"]},
-        timeout=10,
-    ).json()["access_token"]
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = airflow_headers(settings)
 
     def dags_loaded():
         r = httpx.get(f"{settings.airflow_url}/api/v2/dags", headers=headers, timeout=10)
@@ -188,6 +182,74 @@ def test_airflow_answers_and_loads_the_dags_without_import_errors(stack, setting
     errors = httpx.get(f"{settings.airflow_url}/api/v2/importErrors", headers=headers, timeout=10)
     errors.raise_for_status()
     assert errors.json()["total_entries"] == 0, errors.json()
+
+
+def airflow_headers(settings) -> dict[str, str]:
+    """The REST API's bearer header, for the admin user `up` made."""
+    passwords = json.loads(Layout.of(settings).airflow_password_file.read_text())
+    token = httpx.post(
+        f"{settings.airflow_url}/auth/token",
+        json={"username": "admin", "password": passwords["admin"]},
+        timeout=10,
+    ).json()["access_token"]
+    return {"Authorization": f"Bearer {token}"}
+
+
+# Per DAG with a form: a hostile value of each Param, and what the refusal must name.
+HOSTILE_PARAMS: dict[str, list[tuple[dict[str, Any], str]]] = {
+    "audit_output_topic": [
+        ({"cursor": "../../../etc/passwd"}, "cursor"),
+        ({"cursor": "/tmp/x"}, "cursor"),
+        ({"cursor": "mine\n"}, "cursor"),  # "$" of Python's re matches before a final \n
+        ({"outbound_topic": "out\n"}, "outbound_topic"),
+        ({"outbound_topic": "out; rm -rf /"}, "outbound_topic"),
+        ({"dlq_topic": "x" * 300}, "dlq_topic"),
+        ({"progress_topic": ["a"]}, "progress_topic"),
+        ({"pipeline": "../hostmetrics"}, "pipeline"),
+    ],
+    "check_kafka_retention": [({"apply_fix": "yes; drop"}, "apply_fix")],
+    "failover_drill": [
+        ({"pipeline": "nope"}, "pipeline"),
+        ({"takeover_timeout_s": -1}, "takeover_timeout_s"),
+        ({"rejoin_minutes": 10**12}, "rejoin_minutes"),
+        ({"takeover_timeout_s": "60; sleep 999"}, "takeover_timeout_s"),
+    ],
+    "restore_and_resync": [
+        ({"engine": "a/../../b"}, "engine"),
+        ({"snapshot": "../../../../etc"}, "snapshot"),
+        ({"snapshot": "latest\nx"}, "snapshot"),
+        ({"snapshot": "latest\n"}, "snapshot"),
+        ({"wait_minutes": 0}, "wait_minutes"),
+        ({"force": "true"}, "force"),
+        ({"compare_last": 10**9}, "compare_last"),
+    ],
+}
+
+
+def test_hostile_params_are_refused_by_airflows_rest_trigger_with_the_reason(stack, settings):
+    """The REST API validates a trigger's conf against the DAG's Params: every hostile value
+    is refused (400) naming the Param, and no run is created."""
+    headers = airflow_headers(settings)
+    api = f"{settings.airflow_url}/api/v2/dags"
+
+    def loaded():
+        r = httpx.get(api, headers=headers, params={"limit": 100}, timeout=10)
+        r.raise_for_status()
+        return {d["dag_id"] for d in r.json()["dags"]} >= set(HOSTILE_PARAMS)
+
+    wait_for(loaded, 120, "the dag-processor to load dags/")
+    for dag_id, cases in HOSTILE_PARAMS.items():
+        for conf, param in cases:
+            r = httpx.post(
+                f"{api}/{dag_id}/dagRuns",
+                headers=headers,
+                json={"logical_date": None, "conf": conf},
+                timeout=30,
+            )
+            assert r.status_code == 400, (dag_id, conf, r.status_code, r.text)
+            assert param in r.json()["detail"], (dag_id, conf, r.text)
+        runs = httpx.get(f"{api}/{dag_id}/dagRuns", headers=headers, timeout=10).json()
+        assert runs["total_entries"] == 0, (dag_id, runs)
 
 
 def test_after_up_one_engine_is_active_and_the_other_standby(stack_engines, settings):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -214,3 +215,27 @@ def test_the_baselines_one_record_per_input_check_finds_gaps_and_repeats():
     assert findings.missing == [(120, 124)]
     assert findings.duplicated == [(99, 99), (110, 110)]
     assert findings.without_msg_id == 1
+
+
+def test_param_patterns_refuse_a_trailing_newline_that_pythons_dollar_lets_through():
+    from airflow.exceptions import ParamValidationError
+    from airflow.sdk import Param
+
+    from twinstream.audit import (
+        CURSOR_ID_PATTERN,
+        SNAPSHOT_PARAM_PATTERN,
+        TOPIC_NAME_PATTERN,
+        param_pattern,
+    )
+
+    assert re.search("^(latest)$", "latest\n"), "Python's $ (the reason for param_pattern)"
+    for pattern, good, bad in [
+        (SNAPSHOT_PARAM_PATTERN, "latest", "latest\n"),
+        (SNAPSHOT_PARAM_PATTERN, "20261126T101010.123456Z-a-b7", "cold\n"),
+        (CURSOR_ID_PATTERN, "mine", "mine\n"),
+        (TOPIC_NAME_PATTERN, "a.out", "a.out\n"),
+        (param_pattern("x"), "x", "x\n"),
+    ]:
+        assert Param(good, type="string", pattern=pattern).resolve(good) == good
+        with pytest.raises(ParamValidationError, match="does not match"):
+            Param(good, type="string", pattern=pattern).resolve(bad)
