@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     engine_ids: NameList = ["a", "b"]
     engine_admin_ports: PortList = [8701, 8702]
     engine_admin_host: str = ""
-    # Bearer token of the engines' admin API and the ZooKeeper digest password. Empty: read
+    # Bearer token of the engines' admin API and the ZooKeeper SASL password. Empty: read
     # from admin-token / zk-password in state_dir, which the local stack generates.
     admin_token: str = Field(default="", repr=False)
     # TLS of the engines' admin APIs, PEM files; empty: plain HTTP, where the token crosses

@@ -73,13 +73,27 @@ def compose_binary():
     return _compose_binary()
 
 
+# The secrets compose refuses to start without (no built-in default): given to every check
+# but the one that leaves each out.
+SECRETS = {
+    "TWINSTREAM_ADMIN_TOKEN": "test-admin-token",
+    "TWINSTREAM_ZK_PASSWORD": "test-zk-password",
+    "AIRFLOW_JWT_SECRET": "test-jwt-secret",
+    "AIRFLOW_API_SECRET_KEY": "test-api-secret",
+    "AIRFLOW_FERNET_KEY": "test-fernet-key",
+    "POSTGRES_PASSWORD": "test-postgres-password",
+}
+
+
 def run_compose(
     binary: Path,
     *args: str,
     compose_file: Path = COMPOSE_FILE,
     env: dict[str, str] | None = None,
+    secrets: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(_OVERRIDE_PREFIXES)}
+    clean.update(SECRETS if secrets is None else secrets)
     clean.update(env or {})
     return subprocess.run(
         [
@@ -561,6 +575,37 @@ def test_engine_secrets_follow_the_environment(compose_binary):
         env = services[name]["environment"]
         for key, value in overrides.items():
             assert env[key] == value, (name, key)
+
+
+@pytest.mark.parametrize("secret", sorted(SECRETS))
+def test_compose_refuses_to_start_on_a_secret_not_given(compose_binary, secret):
+    given = {k: v for k, v in SECRETS.items() if k != secret}
+    result = run_compose(compose_binary, "config", "-q", secrets=given)
+    assert result.returncode != 0
+    assert f"required variable {secret} is missing a value" in result.stderr
+    assert "README, Security" in result.stderr
+
+
+def test_no_built_in_secret_remains():
+    text = COMPOSE_FILE.read_text()
+    for secret in SECRETS:
+        assert f"${{{secret}:-" not in text, f"{secret} falls back to a default"
+    assert "twinstream-dev" not in text
+
+
+def test_zookeeper_refuses_clients_that_have_not_authenticated_by_sasl(config, services):
+    zk = services["zookeeper"]
+    extra = zk["environment"]["ZOO_CFG_EXTRA"].split()
+    assert "enforce.auth.enabled=true" in extra
+    assert "enforce.auth.schemes=sasl" in extra
+    assert any(e.startswith("authProvider.sasl=") for e in extra)
+    (mount,) = zk["configs"]
+    jaas_path = mount["target"]
+    assert f"-Djava.security.auth.login.config={jaas_path}" in zk["environment"]["SERVER_JVMFLAGS"]
+    jaas = config["configs"][mount["source"]]["content"]
+    password = SECRETS["TWINSTREAM_ZK_PASSWORD"]
+    assert f'user_twinstream="{password}";' in jaas
+    assert services["engine-a"]["environment"]["TWINSTREAM_ZK_PASSWORD"] == password
 
 
 def test_engine_ids_and_ports_are_the_settings_defaults(services, no_twinstream_env):
