@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psutil
@@ -244,6 +244,20 @@ class Load(threading.Thread):
 WARM_UP_RECORDS = 200
 
 
+T = TypeVar("T")
+
+
+def _with_env(env: Mapping[str, str], make: Callable[[], T]) -> T:
+    """make(), with `env` over the process's environment meanwhile."""
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        return make()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 class Pipeline:
     """A pipeline of its own on the shared stack, with engines the test controls."""
 
@@ -264,6 +278,11 @@ class Pipeline:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.ports = {e: free_port() for e in engine_ids}
+        # ZooKeeper knows one SASL user, the stack's (its jaas.conf): every pipeline's
+        # engines log in as it, whatever their own state folder.
+        zk_password = base_env.get("TWINSTREAM_ZK_PASSWORD") or _with_env(
+            base_env, lambda: load_settings().secret("zk_password")
+        )
         self.env = {
             **base_env,
             "TWINSTREAM_PIPELINE": self.name,
@@ -271,9 +290,9 @@ class Pipeline:
             "TWINSTREAM_ENGINE_IDS": ",".join(engine_ids),
             "TWINSTREAM_ENGINE_ADMIN_PORTS": ",".join(str(self.ports[e]) for e in engine_ids),
             "TWINSTREAM_STATE_DIR": str(workdir),
-            # Secrets of this pipeline only: its znodes are closed to every other client.
+            # A token of this pipeline's engines only.
             "TWINSTREAM_ADMIN_TOKEN": secrets.token_urlsafe(16),
-            "TWINSTREAM_ZK_PASSWORD": secrets.token_urlsafe(16),
+            "TWINSTREAM_ZK_PASSWORD": zk_password,
             "TWINSTREAM_MAX_RECORD_BYTES": "4096",
             "TWINSTREAM_PARTITIONS": str(partitions),
             "PYSPARK_PYTHON": sys.executable,
@@ -287,13 +306,7 @@ class Pipeline:
         self.started = 0  # engine processes started so far
 
     def _settings(self, **extra: str) -> Settings:
-        saved = dict(os.environ)
-        try:
-            os.environ.update({**self.env, **extra})
-            return load_settings()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        return _with_env({**self.env, **extra}, load_settings)
 
     def start(self, engine_id: str, **env: str) -> EngineProcess:
         earlier = self.engines.get(engine_id)
