@@ -2,6 +2,8 @@
 close its clients even when Spark is already going down around it (SIGTERM reaches the
 whole process group, JVM included); a standby tracks how far the active has published."""
 
+import pytest
+
 
 def test_close_stops_the_query_and_every_client(engine):
     query = engine._query
@@ -52,3 +54,18 @@ def test_a_failed_read_is_logged_and_retried_later(engine, caplog):
     engine.track_active_position(every_s=0.0)
     assert "could not read the active's last published msg_id: broker down" in caplog.text
     assert engine.gate._parts == {}
+
+
+def test_a_pipeline_node_someone_else_made_stops_the_pipeline_with_the_fix(engine, monkeypatch):
+    from twinstream.core.election import ForeignNodeError
+
+    engine._state = "stopped"
+    engine._query = None
+    monkeypatch.setattr(engine, "_checkpoint_problem", lambda: None)
+    monkeypatch.setattr(engine, "_new_session", lambda: pytest.fail("no query may start"))
+    engine.election.claim.side_effect = ForeignNodeError("node /twinstream/p ... deleteall")
+    engine.start_pipeline()
+    info = engine.pipeline_info()
+    assert info.state == "stopped"
+    assert "deleteall" in info.reason
+    engine.election.start.assert_not_called()
