@@ -438,6 +438,14 @@ class Engine:
                 # A batch paused for backpressure completes now: its rows are buffered.
                 self.gate.abandon_waits()
                 self._stop_query_between_batches()
+                # Each step logged: a persist that hangs (seen once under CPU starvation,
+                # 2026-11-26) then shows where.
+                log.info(
+                    "engine %s pipeline %s: persist: query stopped after %.2f s",
+                    self.engine_id,
+                    self.settings.pipeline,
+                    time.monotonic() - started,
+                )
                 # The query is stopped: the buffer and the checkpoint agree and stay put.
                 manifest = snapshot.write_snapshot(
                     self.settings.snapshot_dir,
@@ -449,6 +457,12 @@ class Engine:
                     buffer=self.gate.buffered(),
                 )
             finally:
+                log.info(
+                    "engine %s pipeline %s: persist: restarting the query after %.2f s",
+                    self.engine_id,
+                    self.settings.pipeline,
+                    time.monotonic() - started,
+                )
                 self._start_query()
                 self._state, self._reason = "running", ""
             log.warning(

@@ -4,7 +4,8 @@ import threading
 
 import pytest
 from kazoo.client import KazooState
-from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.exceptions import AuthFailedError, NoAuthError, NoNodeError
+from kazoo.protocol.states import KeeperState
 from kazoo.security import make_acl, make_digest_acl
 
 from twinstream.core.election import Election, ForeignNodeError, check_owned
@@ -42,6 +43,7 @@ class FakeZkElection:
 
 class FakeClient:
     state = KazooState.CONNECTED
+    client_state = KeeperState.CONNECTED
 
     def __init__(self):
         self.listeners = []
@@ -51,6 +53,10 @@ class FakeClient:
 
     def add_listener(self, listener):
         self.listeners.append(listener)
+
+    def restart(self):
+        self.restarts = getattr(self, "restarts", 0) + 1
+        self.client_state = KeeperState.CONNECTED
 
     def exists(self, path):
         return None if path in self.gone else object()
@@ -285,3 +291,27 @@ def test_a_node_someone_else_made_is_refused_with_the_fix():
         check_owned(client, "/shared", ours)
     with pytest.raises(ForeignNodeError, match="not readable by us"):
         check_owned(client, "/hidden", ours)
+
+
+def test_a_client_kazoo_gave_up_on_after_a_sasl_drop_gets_a_new_session():
+    # kazoo takes a connection dropped during the SASL handshake (a starved process under
+    # load) for AUTH_FAILED and never reconnects: without a restart, the engine would
+    # retry the election on a dead client forever.
+    FakeCounter.value = 0
+    client = FakeClient()
+    events: list[tuple[str, object]] = []
+
+    def before_win(_election):
+        if client.runs == 1:
+            client.client_state = KeeperState.AUTH_FAILED
+            raise AuthFailedError()
+        election._stop.set()
+
+    client.before_win = before_win
+    election = _election(client, events, lambda _s: None)
+    election.start()
+    assert election._thread is not None
+    election._thread.join(5)
+    assert client.restarts == 1
+    assert client.runs == 2
+    assert client.client_state == KeeperState.CONNECTED

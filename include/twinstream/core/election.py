@@ -26,6 +26,7 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.protocol.states import KeeperState
 from kazoo.security import ACL, Permissions, make_acl
 
 from twinstream.config import Settings
@@ -256,6 +257,34 @@ class Election:
                 log.exception("election %s failed; entering again", self._identifier)
             if not self._stop.is_set():
                 self._sleep(0.2)
+                self._revive()
+
+    def _revive(self) -> None:
+        """A client kazoo gave up on gets a new session. kazoo takes a connection dropped
+        during the SASL handshake for a refusal (AUTH_FAILED) and stops reconnecting for
+        good, and a process starved of CPU meets that on any reconnect under load: as on a
+        lost session, the engine has stepped down; it starts a new session and queues again.
+        A real refusal (a wrong password) is retried every few seconds, logged each time."""
+        if self._stop.is_set() or self._client.client_state not in (
+            KeeperState.AUTH_FAILED,
+            KeeperState.CLOSED,
+        ):
+            return
+        log.warning(
+            "election %s: the ZooKeeper client stopped (%s); starting a new session",
+            self._identifier,
+            self._client.client_state,
+        )
+        try:
+            self._client.restart()
+        except Exception as exc:
+            log.warning(
+                "election %s: no new ZooKeeper session (%r); check the ZooKeeper password "
+                "(TWINSTREAM_ZK_PASSWORD or zk-password in the state folder) if this repeats",
+                self._identifier,
+                exc,
+            )
+            self._sleep(2.0)
 
     def _lead(self) -> None:
         if self._stop.is_set():
