@@ -304,13 +304,9 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
 
 def ensure_secret(path: Path) -> bool:
     """Write a random secret (owner-only) unless one exists. Returns True when written."""
-    if path.exists():
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_urlsafe(32) + "\n")
-    return True
+    return not path.exists() and write_if_changed(
+        path, secrets.token_urlsafe(32) + "\n", private=True
+    )
 
 
 def engine_roles(settings: Settings) -> dict[str, str]:
