@@ -146,6 +146,7 @@ class Election:
         root_acl: list[ACL] | None = None,
     ) -> None:
         self._root_acl = root_acl
+        self._claimed = False
         self._client = client
         self._path = path
         self._epoch_path = epoch_path
@@ -194,8 +195,10 @@ class Election:
         """Make /twinstream and the pipeline's node if missing, with the root ACL, and raise
         ForeignNodeError if either exists with another ACL (someone else made it first).
         The pipeline's node is made here rather than on the way by the recipes, so that one
-        someone else made is found before the engine reads or writes under it."""
-        if self._root_acl is None:
+        someone else made is found before the engine reads or writes under it. Once it
+        has succeeded it is not asked again (every query start, persist and recovery asks):
+        nobody else may delete either node to make it anew."""
+        if self._root_acl is None or self._claimed:
             return
         if not self._client.exists(ROOT):
             with contextlib.suppress(NodeExistsError):
@@ -206,6 +209,7 @@ class Election:
         with contextlib.suppress(NodeExistsError, NoAuthError):
             self._client.ensure_path(home, acl=self._root_acl)
         check_owned(self._client, home, self._root_acl)
+        self._claimed = True
 
     def contenders(self) -> list[str]:
         return list(self._client.Election(self._path).contenders())
