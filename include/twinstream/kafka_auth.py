@@ -1,0 +1,168 @@
+"""Who may do what on Kafka: the stack's SCRAM users and each pipeline's ACLs.
+
+Guarantee (with the brokers' StandardAuthorizer and allow.everyone.if.no.acl.found=false):
+each pipeline has three users, and these ACLs are all they get:
+
+- `<pipeline>-engine`, its engines: read `.in`; read and write `.out`, `.dlq`, `.progress`;
+  write and describe its transactional id (so only they can fence one another);
+- `<pipeline>-publisher`: write `.in`, nothing else;
+- `<pipeline>-reader`, the audit and subscribers: read `.out`, `.dlq`, `.progress`, not `.in`.
+
+Readers (engines and readers) may use consumer groups named `twinstream-` and Spark's
+`spark-kafka-source-` (prefixed): Twinstream's consumers assign partitions and commit
+nothing, but a group id is always set. Two more users belong to the stack: the brokers'
+own (`twinstream-broker`) and the operator's (`twinstream-admin`), both super users, made
+when the storage is formatted; the pipelines' users are made by `up` through the admin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AclBinding
+
+    from twinstream.config import Settings
+
+Role = Literal["engine", "publisher", "reader"]
+ROLES: tuple[Role, ...] = ("engine", "publisher", "reader")
+ADMIN_USER = "twinstream-admin"
+BROKER_USER = "twinstream-broker"
+MECHANISM = "SCRAM-SHA-512"
+# Kafka's minimum for SCRAM is 4096.
+ITERATIONS = 8192
+# Consumer groups every reader may use (Twinstream's own, and Spark's Kafka source's).
+GROUP_PREFIXES = ("twinstream-", "spark-kafka-source-")
+# A password goes into a JAAS line and StorageTool's [name=..,password=..]: hex only.
+PASSWORD = re.compile(r"^[0-9a-f]{32,128}$")
+
+
+def user_name(pipeline: str, role: Role) -> str:
+    return f"{pipeline}-{role}"
+
+
+def principal(user: str) -> str:
+    return f"User:{user}"
+
+
+def users(pipelines: Iterable[str]) -> list[str]:
+    """Every user of a stack running `pipelines`, the stack's own two first."""
+    return [ADMIN_USER, BROKER_USER, *(user_name(p, r) for p in pipelines for r in ROLES)]
+
+
+class CredentialsError(ValueError):
+    pass
+
+
+class Credentials:
+    """The stack's SCRAM passwords, one JSON file (user -> password) only its owner reads."""
+
+    def __init__(self, path: Path, passwords: Mapping[str, str]) -> None:
+        self.path = path
+        self.passwords = dict(passwords)
+
+    @classmethod
+    def load(cls, path: Path) -> Credentials:
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise CredentialsError(
+                f"no Kafka credentials at {path}: run `make up`, which makes them"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise CredentialsError(
+                f"{path} is not JSON ({exc}): restore it, or delete it and run `make clean` "
+                "and `make up` to start over with new credentials"
+            ) from None
+        if not isinstance(data, dict) or not all(
+            isinstance(v, str) and PASSWORD.match(v) for v in data.values()
+        ):
+            raise CredentialsError(
+                f"{path} must map each user to a hex password: restore it from a backup"
+            )
+        return cls(path, data)
+
+    @classmethod
+    def ensure(cls, path: Path, wanted: Iterable[str]) -> tuple[Credentials, list[str]]:
+        """The file with a password for every user in `wanted` (new ones random); the users
+        added."""
+        creds = cls.load(path) if path.exists() else cls(path, {})
+        added = [u for u in wanted if u not in creds.passwords]
+        for user in added:
+            creds.passwords[user] = secrets.token_hex(24)
+        if added or not path.exists():
+            creds.save()
+        return creds, added
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(self.passwords, out, indent=2, sort_keys=True)
+            out.write("\n")
+        tmp.replace(self.path)
+
+    def password(self, user: str) -> str:
+        try:
+            return self.passwords[user]
+        except KeyError:
+            raise CredentialsError(
+                f"no Kafka password for {user} in {self.path}: run `make up`, which makes "
+                "one for every pipeline of the pipelines file"
+            ) from None
+
+
+def acl_bindings(settings: Settings) -> list[AclBinding]:
+    """The ACLs of one pipeline (its settings), as the module says."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    p = settings.pipeline
+    engine, publisher, reader = (principal(user_name(p, r)) for r in ROLES)
+    outputs = (settings.outbound_topic, settings.dlq_topic, settings.progress_topic)
+    inbound = settings.inbound_topic
+    grants: list[tuple[ResourceType, str, ResourcePatternType, str, AclOperation]] = []
+
+    def topic(name: str, who: str, *ops: AclOperation) -> None:
+        grants.extend(
+            (ResourceType.TOPIC, name, ResourcePatternType.LITERAL, who, op) for op in ops
+        )
+
+    read = (AclOperation.READ, AclOperation.DESCRIBE)
+    topic(inbound, engine, *read)
+    topic(inbound, publisher, AclOperation.WRITE, AclOperation.DESCRIBE)
+    for name in outputs:
+        topic(name, engine, AclOperation.WRITE, *read)
+        topic(name, reader, *read)
+    for op in (AclOperation.WRITE, AclOperation.DESCRIBE):
+        grants.append(
+            (
+                ResourceType.TRANSACTIONAL_ID,
+                settings.transactional_id,
+                ResourcePatternType.LITERAL,
+                engine,
+                op,
+            )
+        )
+    for who in (engine, reader):
+        for prefix in GROUP_PREFIXES:
+            grants.append(
+                (ResourceType.GROUP, prefix, ResourcePatternType.PREFIXED, who, AclOperation.READ)
+            )
+    return [
+        AclBinding(kind, name, pattern, who, "*", op, AclPermissionType.ALLOW)
+        for kind, name, pattern, who, op in grants
+    ]

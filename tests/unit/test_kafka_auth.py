@@ -1,0 +1,77 @@
+"""The stack's Kafka users and each pipeline's ACLs, as twinstream.kafka_auth states them."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
+
+from twinstream.config import load_settings
+from twinstream.kafka_auth import (
+    ADMIN_USER,
+    Credentials,
+    CredentialsError,
+    acl_bindings,
+    users,
+)
+
+
+def test_credentials_are_made_once_owner_only_and_extended_for_a_new_pipeline(tmp_path):
+    path = tmp_path / "kafka-credentials.json"
+    creds, added = Credentials.ensure(path, users(["p"]))
+    assert added == [ADMIN_USER, "twinstream-broker", "p-engine", "p-publisher", "p-reader"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    again, added = Credentials.ensure(path, users(["p", "q"]))
+    assert added == ["q-engine", "q-publisher", "q-reader"]
+    assert again.password("p-engine") == creds.password("p-engine")
+    assert len(set(again.passwords.values())) == 8
+    with pytest.raises(CredentialsError, match="make up"):
+        again.password("r-engine")
+
+
+def test_a_missing_or_damaged_credentials_file_names_the_fix(tmp_path):
+    with pytest.raises(CredentialsError, match="run `make up`"):
+        Credentials.load(tmp_path / "none.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(CredentialsError, match="not JSON"):
+        Credentials.load(bad)
+    bad.write_text('{"u": "a\\"b"}')
+    with pytest.raises(CredentialsError, match="hex password"):
+        Credentials.load(bad)
+
+
+def _grants(settings):
+    return {
+        (b.restype, b.name, b.resource_pattern_type, b.principal.removeprefix("User:"), b.operation)
+        for b in acl_bindings(settings)
+    }
+
+
+def test_each_role_gets_exactly_what_it_needs(tmp_path):
+    s = load_settings(state_dir=tmp_path, pipeline="p", zk_password="x")
+    grants = _grants(s)
+    topic, literal = ResourceType.TOPIC, ResourcePatternType.LITERAL
+
+    def ops(user, kind, name):
+        return {g[4] for g in grants if g[3] == user and g[0] == kind and g[1] == name}
+
+    read = {AclOperation.READ, AclOperation.DESCRIBE}
+    assert ops("p-publisher", topic, s.inbound_topic) == {AclOperation.WRITE, AclOperation.DESCRIBE}
+    assert {g[1] for g in grants if g[3] == "p-publisher"} == {s.inbound_topic}
+    assert ops("p-engine", topic, s.inbound_topic) == read
+    assert ops("p-reader", topic, s.inbound_topic) == set()
+    for name in (s.outbound_topic, s.dlq_topic, s.progress_topic):
+        assert ops("p-engine", topic, name) == read | {AclOperation.WRITE}
+        assert ops("p-reader", topic, name) == read
+    txn = ResourceType.TRANSACTIONAL_ID
+    assert ops("p-engine", txn, s.transactional_id) == {AclOperation.WRITE, AclOperation.DESCRIBE}
+    assert not [g for g in grants if g[0] == txn and g[3] != "p-engine"]
+    assert all(g[2] == literal for g in grants if g[0] != ResourceType.GROUP)
+    groups = {(g[1], g[3]) for g in grants if g[0] == ResourceType.GROUP}
+    assert groups == {
+        (prefix, user)
+        for prefix in ("twinstream-", "spark-kafka-source-")
+        for user in ("p-engine", "p-reader")
+    }
