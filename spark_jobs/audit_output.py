@@ -42,6 +42,7 @@ from twinstream.audit import (
 from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.contract import ContractError
 from twinstream.core.rows import PARTITION_SHIFT
+from twinstream.kafka import spark_kafka_security
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -65,6 +66,8 @@ def read_topic(
         .option("endingOffsets", "latest")
         .option("kafka.isolation.level", "read_committed")
         .option("includeHeaders", "true")
+        # As the pipeline's reader: the audit reads the outputs, and may do nothing else.
+        .options(**spark_kafka_security(settings.model_copy(update={"kafka_role": "reader"})))
         .load()
         .select(
             F.lit(topic).alias("topic"),

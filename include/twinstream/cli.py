@@ -68,7 +68,8 @@ def cmd_subscribe(settings: Settings, args: argparse.Namespace) -> int:
         writer: csv.DictWriter[str] | None = None
         count = 0
         for record in read_committed(
-            settings,
+            # As the pipeline's reader, which may read its outputs and nothing else.
+            settings.model_copy(update={"kafka_role": "reader"}),
             settings.outbound_topic,
             start_offset=args.from_offset,
             idle_timeout_s=args.idle_timeout,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -70,6 +70,17 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = ""
     # Several hosts and a chroot are accepted: "zk1:2181,zk2:2181,zk3:2181/prod".
     zk_connect: str = Field(default="", pattern=ZK_CONNECT)
+    # Kafka with SASL/SCRAM over TLS and ACLs (twinstream.kafka_auth); false: PLAINTEXT
+    # listeners without an authorizer, where anyone who reaches a broker may write anything.
+    kafka_security: bool = True
+    # The CA clients verify the brokers with, and the SCRAM passwords (user -> password,
+    # JSON); empty: tls/ca.pem and kafka-credentials.json in state_dir, which `up` makes.
+    kafka_tls_cafile: str = ""
+    kafka_credentials_file: str = ""
+    # Who this process's Kafka clients are: one of the pipeline's users (engine: its engines;
+    # publisher: writes .in only; reader: reads the outputs only), or the stack's admin
+    # (topics, configs, users and ACLs: `up`, the operator's tools, the tests' setup).
+    kafka_role: Literal["admin", "engine", "publisher", "reader"] = "admin"
 
     pipeline: str = Field(default="hostmetrics", pattern=PIPELINE_NAME)
     # Which pipelines run, and where their code is (twinstream.registry).
@@ -387,6 +398,21 @@ class Settings(BaseSettings):
             *self.kafka_controller_ports,
             *self.engine_admin_ports,
         ]
+
+    @property
+    def kafka_ca_path(self) -> Path:
+        return Path(self.kafka_tls_cafile) if self.kafka_tls_cafile else self.tls_dir / "ca.pem"
+
+    @property
+    def tls_dir(self) -> Path:
+        """The stack's TLS material (twinstream.stack.tls)."""
+        return self.state_dir / "tls"
+
+    @property
+    def kafka_credentials_path(self) -> Path:
+        if self.kafka_credentials_file:
+            return Path(self.kafka_credentials_file)
+        return self.state_dir / "kafka-credentials.json"
 
     @property
     def bootstrap_servers(self) -> str:

@@ -23,19 +23,74 @@ from confluent_kafka.admin import (
 )
 
 from twinstream.config import DAY_MS, Settings
+from twinstream.kafka_auth import ADMIN_USER, MECHANISM, Credentials, user_name
 
 log = logging.getLogger(__name__)
 
 
 def client_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """Settings shared by every client: where the cluster is and how fast to notice trouble."""
+    """Settings shared by every client: where the cluster is, who this client is (the
+    settings' kafka_role, in their pipeline) and how fast to notice trouble."""
     config: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
         # The stack binds to loopback only; resolving "localhost" to ::1 first would stall.
         "broker.address.family": "v4",
+        **security_config(settings),
     }
     config.update(overrides)
     return config
+
+
+def kafka_user(settings: Settings) -> str:
+    role = settings.kafka_role
+    return ADMIN_USER if role == "admin" else user_name(settings.pipeline, role)
+
+
+def kafka_login(settings: Settings) -> tuple[str, str] | None:
+    """(user, password) the settings' clients log in with; None without Kafka security."""
+    if not settings.kafka_security:
+        return None
+    user = kafka_user(settings)
+    return user, Credentials.load(settings.kafka_credentials_path).password(user)
+
+
+def security_config(settings: Settings) -> dict[str, Any]:
+    """librdkafka's SASL/SCRAM-over-TLS settings (nothing without security)."""
+    login = kafka_login(settings)
+    if login is None:
+        return {}
+    user, password = login
+    return {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": MECHANISM,
+        "sasl.username": user,
+        "sasl.password": password,
+        # The stack's own CA, not the system's: the brokers' certificate is ours.
+        "ssl.ca.location": str(settings.kafka_ca_path),
+    }
+
+
+def spark_kafka_security(settings: Settings) -> dict[str, str]:
+    """java_security_config as options of Spark's Kafka source ("kafka." before each)."""
+    return {f"kafka.{k}": v for k, v in java_security_config(settings).items()}
+
+
+def java_security_config(settings: Settings) -> dict[str, str]:
+    """The same for a Java client (Spark's Kafka source, the baselines): PEM trust store."""
+    login = kafka_login(settings)
+    if login is None:
+        return {}
+    user, password = login
+    return {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": MECHANISM,
+        "sasl.jaas.config": (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{user}" password="{password}";'
+        ),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(settings.kafka_ca_path),
+    }
 
 
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:

@@ -23,10 +23,10 @@ import re
 import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:
-    from confluent_kafka.admin import AclBinding
+    from confluent_kafka.admin import AclBinding, AdminClient
 
     from twinstream.config import Settings
 
@@ -166,3 +166,51 @@ def acl_bindings(settings: Settings) -> list[AclBinding]:
         AclBinding(kind, name, pattern, who, "*", op, AclPermissionType.ALLOW)
         for kind, name, pattern, who, op in grants
     ]
+
+
+def provision(
+    admin: AdminClient,
+    pipelines: Iterable[Settings],
+    credentials: Credentials,
+    timeout_s: float = 30.0,
+) -> list[str]:
+    """Make every pipeline's users Kafka does not know yet, and grant their ACLs (granting
+    one that exists changes nothing); what was done, one line each. As the admin."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialAlteration,
+        UserScramCredentialUpsertion,
+    )
+
+    pipelines = list(pipelines)
+    wanted = [user_name(p.pipeline, r) for p in pipelines for r in ROLES]
+    known: set[str] = set()
+    # Given users, the answer is a future per user (a single future only without any).
+    described = cast("dict[str, Any]", admin.describe_user_scram_credentials(wanted))
+    for user, future in described.items():
+        try:
+            future.result(timeout=timeout_s)
+            known.add(user)
+        except KafkaException:  # RESOURCE_NOT_FOUND: a user to make
+            pass
+    done: list[str] = []
+    new = [u for u in wanted if u not in known]
+    if new:
+        upserts: list[UserScramCredentialAlteration] = [
+            UserScramCredentialUpsertion(
+                user,
+                ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, ITERATIONS),
+                credentials.password(user).encode(),
+            )
+            for user in new
+        ]
+        for user, future in admin.alter_user_scram_credentials(upserts).items():
+            future.result(timeout=timeout_s)
+            done.append(f"user {user} made")
+    bindings = [b for p in pipelines for b in acl_bindings(p)]
+    for future in admin.create_acls(bindings, request_timeout=timeout_s).values():
+        future.result(timeout=timeout_s)
+    done.append(f"{len(bindings)} ACLs of {', '.join(p.pipeline for p in pipelines)} granted")
+    return done

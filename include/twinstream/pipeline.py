@@ -33,6 +33,7 @@ from twinstream.core.rows import (
     fits,
     split_record_id,
 )
+from twinstream.kafka import spark_kafka_security
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -96,6 +97,8 @@ def read_inbound(
         # Never reads uncommitted records if a producer of the inbound topic uses
         # transactions.
         .option("kafka.isolation.level", "read_committed")
+        # SASL/SCRAM over TLS, as the settings' Kafka user (the engines').
+        .options(**spark_kafka_security(settings))
         .load()
     )
 

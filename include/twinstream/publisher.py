@@ -113,7 +113,8 @@ def publish(
 
     producer = Producer(
         producer_config(
-            settings,
+            # As the pipeline's publisher, the one user that may write its inbound topic.
+            settings.model_copy(update={"kafka_role": "publisher"}),
             # Paced sends at the default 5 ms linger made one acks=all request per record
             # or two: at 1,000 records/s librdkafka's broker thread took about 0.65 of a
             # core (9.6 s of CPU for 15 s of load) and the brokers a share more, on the

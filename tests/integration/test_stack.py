@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
@@ -21,6 +22,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from twinstream import cli, registry
 from twinstream.kafka import (
     admin_config,
+    client_config,
     describe_topic_configs,
     partition_ends,
     topic_specs,
@@ -367,6 +369,65 @@ def test_a_pipeline_node_someone_else_made_is_refused_with_the_fix(stack, settin
             owner.delete(home)  # ours cannot (mallory's ACL); the stack's state is dropped
         owner.stop()
         owner.close()
+
+
+def _deliver(config: dict[str, Any], topic: str) -> KafkaError | None:
+    """Produce one record with `config`; the delivery's error (None: written)."""
+    errors: list[KafkaError | None] = []
+    producer = Producer({**config, "message.timeout.ms": 8000, "log_level": 0})
+    try:
+        producer.produce(topic, b"x", on_delivery=lambda err, _msg: errors.append(err))
+        producer.flush(20)
+    finally:
+        producer.flush(0)
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+def test_kafka_refuses_clients_without_the_right_credentials(stack, settings):
+    """SASL/SCRAM over TLS and ACLs: without credentials, with a wrong password, or as the
+    publisher, nobody writes .out or takes the transactional id; the reader cannot read .in;
+    each refused by Kafka. The publisher writes .in (the control that the login works)."""
+    as_role = {
+        role: settings.model_copy(update={"kafka_role": role}) for role in ("publisher", "reader")
+    }
+    publisher = client_config(as_role["publisher"])
+    out = settings.outbound_topic
+    assert _deliver(publisher, settings.inbound_topic) is None
+
+    anonymous = client_config(settings.model_copy(update={"kafka_security": False}))
+    err = _deliver(anonymous, out)
+    assert err is not None
+    wrong = {**publisher, "sasl.password": "0" * 48}
+    err = _deliver(wrong, out)
+    assert err is not None
+    err = _deliver(publisher, out)
+    assert err is not None
+    assert err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
+
+    fencer = Producer({**publisher, "transactional.id": settings.transactional_id})
+    with pytest.raises(KafkaException) as refused:
+        fencer.init_transactions(20)
+    assert refused.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+    reader = Consumer(
+        {**client_config(as_role["reader"]), "group.id": f"twinstream-test-{uuid.uuid4()}"}
+    )
+    try:
+        # The reader may not even see .in: the broker answers its metadata request with
+        # the refusal (a read never learns a partition of it to fetch from).
+        seen = reader.list_topics(settings.inbound_topic, timeout=20).topics
+        error = seen[settings.inbound_topic].error
+        assert error is not None
+        assert error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, error
+        # ...while its own topics are open to it.
+        assert seen_ok(reader, settings.outbound_topic)
+    finally:
+        reader.close()
+
+
+def seen_ok(consumer: Consumer, topic: str) -> bool:
+    return consumer.list_topics(topic, timeout=20).topics[topic].error is None
 
 
 def test_a_second_up_changes_nothing(stack, stack_engines, settings):

@@ -12,6 +12,13 @@ import twinstream.engine as engine_module
 from twinstream.config import load_settings
 
 
+@pytest.fixture(autouse=True)
+def kafka_without_security(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No stack, so no Kafka credentials or CA: clients are built PLAINTEXT unless a test
+    turns security on with credentials of its own (test_kafka_auth, test_render)."""
+    monkeypatch.setenv("TWINSTREAM_KAFKA_SECURITY", "false")
+
+
 @pytest.fixture
 def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> engine_module.Engine:
     """An engine with every client mocked, its state in tmp_path, its query running."""

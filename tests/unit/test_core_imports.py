@@ -12,7 +12,8 @@ from twinstream.config import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "include" / "twinstream"
 # What the core may reach outside itself: plumbing that knows no pipeline either.
-ALLOWED = ("config", "kafka", "storage")
+# kafka_auth: who a Kafka client is (its user), part of the client plumbing like kafka.
+ALLOWED = ("config", "kafka", "kafka_auth", "storage")
 
 
 def twinstream_imports(source: str) -> set[str]:

@@ -118,6 +118,61 @@ def test_kafka_node_is_a_kraft_broker_and_controller_with_durable_defaults(tmp_p
     assert props["auto.create.topics.enable"] == "false"
 
 
+def test_a_secure_kafka_node_takes_scram_over_tls_and_denies_what_no_acl_allows(tmp_path):
+    from twinstream.kafka_auth import Credentials, users
+
+    s = _settings(tmp_path, kafka_security=True)
+    creds, _ = Credentials.ensure(s.kafka_credentials_path, users(["hostmetrics"]))
+    layout = Layout.of(s)
+    props = _props(render.kafka_server_properties(s, layout, 2))
+    assert props["listeners"] == "SASL_SSL://127.0.0.1:9093,CONTROLLER://127.0.0.1:9193"
+    assert props["advertised.listeners"] == "SASL_SSL://127.0.0.1:9093"
+    assert props["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:SSL"
+    assert props["inter.broker.listener.name"] == "SASL_SSL"
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert props["listener.name.controller.ssl.client.auth"] == "required"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["authorizer.class.name"].endswith(".StandardAuthorizer")
+    assert set(props["super.users"].split(";")) == {
+        "User:twinstream-admin",
+        "User:twinstream-broker",
+        "User:CN=twinstream-server",
+    }
+    broker_pw = creds.password("twinstream-broker")
+    jaas = props["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
+    assert f'username="twinstream-broker" password="{broker_pw}";' in jaas
+    assert props["ssl.keystore.type"] == "PEM"
+    assert props["ssl.truststore.location"] == str(s.tls_dir / "ca.pem")
+    assert "ssl.keystore.password" not in props  # Kafka refuses one with PEM files
+    command = render.kafka_format_command(s, layout, 2, "x" * 22)
+    scram = [command[i + 1] for i, arg in enumerate(command) if arg == "--add-scram"]
+    assert scram == [
+        f"SCRAM-SHA-512=[name={user},iterations=8192,password={creds.password(user)}]"
+        for user in ("twinstream-broker", "twinstream-admin")
+    ]
+    (engine,) = [p for p in render.programs(s, layout) if p.name == "engine-a"]
+    assert engine.environment["TWINSTREAM_KAFKA_ROLE"] == "engine"
+
+
+def test_secure_clients_log_in_as_their_role_and_trust_the_stacks_ca(tmp_path):
+    from twinstream.kafka import client_config, spark_kafka_security
+    from twinstream.kafka_auth import Credentials, users
+
+    s = _settings(tmp_path, kafka_security=True, kafka_role="publisher")
+    creds, _ = Credentials.ensure(s.kafka_credentials_path, users(["hostmetrics"]))
+    config = client_config(s)
+    assert config["security.protocol"] == "SASL_SSL"
+    assert config["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert config["sasl.username"] == "hostmetrics-publisher"
+    assert config["sasl.password"] == creds.password("hostmetrics-publisher")
+    assert config["ssl.ca.location"] == str(s.tls_dir / "ca.pem")
+    spark = spark_kafka_security(s.model_copy(update={"kafka_role": "engine"}))
+    assert spark["kafka.security.protocol"] == "SASL_SSL"
+    assert 'username="hostmetrics-engine"' in spark["kafka.sasl.jaas.config"]
+    assert spark["kafka.ssl.truststore.type"] == "PEM"
+    assert "sasl.username" not in client_config(_settings(tmp_path))  # security off
+
+
 def test_cluster_id_is_22_url_safe_characters_never_starting_with_a_dash():
     # One id in 64 would start with "-" if drawn freely: 2,000 draws all but prove the rule.
     ids = {render.new_cluster_id() for _ in range(2000)}

@@ -26,9 +26,11 @@ from confluent_kafka.admin import AdminClient
 from twinstream import registry
 from twinstream.config import Settings
 from twinstream.kafka import TopicChange, admin_config, ensure_topics, topic_specs
+from twinstream.kafka_auth import Credentials, provision, users
 from twinstream.stack import health, render
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import ProcessInfo, Supervisor
+from twinstream.stack.tls import ensure_tls
 
 Echo = Callable[[str], None]
 REQUIRED_JARS = {
@@ -107,10 +109,11 @@ def _render_files(settings: Settings, layout: Layout) -> list[str]:
         files[folder / "zoo.cfg"] = render.zoo_cfg(settings, layout, node)
         if settings.zk_nodes > 1:
             files[folder / "data" / "myid"] = f"{node}\n"
+    # Owner-only: ZooKeeper's password; the brokers' SCRAM password.
+    private = {render.zookeeper_jaas_path(layout): render.zookeeper_jaas(settings)}
     for node_id in render.node_ids(settings):
         path = layout.kafka_node_dir(node_id) / "server.properties"
-        files[path] = render.kafka_server_properties(settings, layout, node_id)
-    private = {render.zookeeper_jaas_path(layout): render.zookeeper_jaas(settings)}
+        private[path] = render.kafka_server_properties(settings, layout, node_id)
     return [
         str(p.relative_to(layout.root))
         for p, text in [*files.items(), *private.items()]
@@ -254,6 +257,15 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
     report.config_changes = [
         secret for secret in ("admin-token", "zk-password") if ensure_secret(layout.root / secret)
     ]
+    if settings.kafka_security:
+        # Rendered next: the brokers' certificate and the brokers' own password.
+        _, wrote = ensure_tls(
+            settings.tls_dir, names=sorted({"127.0.0.1", "localhost", settings.bind_host})
+        )
+        if wrote:
+            report.config_changes.append("tls")
+        _, added = Credentials.ensure(settings.kafka_credentials_path, users(pipelines))
+        report.config_changes += [f"kafka user {user}" for user in added]
     report.config_changes += _render_files(settings, layout)
     report.formatted_nodes = _format_kafka_storage(settings, layout, echo)
 
@@ -291,6 +303,10 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
     report.topics = ensure_topics(admin, specs)
     for change in report.topics:
         echo(f"  topic {change}")
+    if settings.kafka_security:
+        creds = Credentials.load(settings.kafka_credentials_path)
+        for line in provision(admin, pipelines.values(), creds):
+            echo(f"  kafka {line}")
     engines = [f"engine-{e}" for p in pipelines.values() for e in p.engine_ids]
     wait_until_healthy(settings, layout, supervisor, echo, ["airflow", *engines])
     for name, pipeline in pipelines.items():

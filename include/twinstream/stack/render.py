@@ -16,13 +16,20 @@ from pathlib import Path
 
 from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings
+from twinstream.kafka_auth import ADMIN_USER, BROKER_USER, ITERATIONS, MECHANISM, Credentials
 from twinstream.stack.layout import Layout
+from twinstream.stack.tls import SERVER_CN, TlsFiles
 
 ZOOKEEPER_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 KAFKA_MAIN = "kafka.Kafka"
 KAFKA_STORAGE_TOOL = "kafka.tools.StorageTool"
 SPARK_MASTER_MAIN = "org.apache.spark.deploy.master.Master"
 SPARK_WORKER_MAIN = "org.apache.spark.deploy.worker.Worker"
+
+
+# Engines reach Kafka as their pipeline's engine user: the one allowed to write its outputs
+# and use its transactional id (twinstream.kafka_auth).
+ENGINE_KAFKA_ROLE = {"TWINSTREAM_KAFKA_ROLE": "engine"}
 
 
 @dataclass(frozen=True)
@@ -150,11 +157,7 @@ def kafka_server_properties(settings: Settings, layout: Layout, node_id: int) ->
         "process.roles=broker,controller",
         f"node.id={node_id}",
         f"controller.quorum.voters={voters}",
-        f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
-        f"advertised.listeners=PLAINTEXT://{host}:{port}",
-        "controller.listener.names=CONTROLLER",
-        "inter.broker.listener.name=PLAINTEXT",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        *kafka_listeners(settings, layout, host, port, controller_port),
         f"log.dirs={layout.kafka_node_dir(node_id) / 'data'}",
         "num.partitions=1",
         f"default.replication.factor={rf}",
@@ -175,6 +178,52 @@ def kafka_server_properties(settings: Settings, layout: Layout, node_id: int) ->
         "",
     ]
     return "\n".join(lines)
+
+
+def kafka_listeners(
+    settings: Settings, layout: Layout, host: str, port: int, controller_port: int
+) -> list[str]:
+    """server.properties lines of the listeners: PLAINTEXT without Kafka security; else
+    SASL/SCRAM over TLS for clients and brokers, mutual TLS among the controllers, and ACLs
+    (twinstream.kafka_auth). SCRAM cannot guard the controllers: its users live in the
+    metadata log the controllers must first agree on."""
+    if not settings.kafka_security:
+        return [
+            f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
+            f"advertised.listeners=PLAINTEXT://{host}:{port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        ]
+    creds = Credentials.load(settings.kafka_credentials_path)
+    tls = TlsFiles(settings.tls_dir)
+    jaas = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{BROKER_USER}" password="{creds.password(BROKER_USER)}";'
+    )
+    return [
+        f"listeners=SASL_SSL://{host}:{port},CONTROLLER://{host}:{controller_port}",
+        f"advertised.listeners=SASL_SSL://{host}:{port}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=SASL_SSL",
+        "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL",
+        f"sasl.enabled.mechanisms={MECHANISM}",
+        f"sasl.mechanism.inter.broker.protocol={MECHANISM}",
+        # How this broker logs in to the others (the file is therefore owner-only).
+        f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config={jaas}",
+        # PEM files as they are: key and certificate in one, the CA alone. No passwords
+        # (Kafka refuses one with PEM files; the key is unencrypted, the folder 0700).
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={tls.bundle}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={tls.ca}",
+        # Controllers prove who they are with the servers' certificate.
+        "listener.name.controller.ssl.client.auth=required",
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        # What no ACL allows is denied.
+        "allow.everyone.if.no.acl.found=false",
+        f"super.users=User:{ADMIN_USER};User:{BROKER_USER};User:CN={SERVER_CN}",
+    ]
 
 
 def kafka_log4j2() -> str:
@@ -215,6 +264,23 @@ def java_command(
     ]
 
 
+def scram_bootstrap(settings: Settings) -> list[str]:
+    """StorageTool's --add-scram for the brokers' and the admin's users: they must exist
+    before the brokers start (the brokers log in to one another with theirs); every other
+    user is made later by the admin. Only with Kafka security."""
+    if not settings.kafka_security:
+        return []
+    creds = Credentials.load(settings.kafka_credentials_path)
+    return [
+        arg
+        for user in (BROKER_USER, ADMIN_USER)
+        for arg in (
+            "--add-scram",
+            f"{MECHANISM}=[name={user},iterations={ITERATIONS},password={creds.password(user)}]",
+        )
+    ]
+
+
 def kafka_format_command(
     settings: Settings, layout: Layout, node_id: int, cluster_id: str
 ) -> list[str]:
@@ -228,6 +294,7 @@ def kafka_format_command(
             cluster_id,
             "-c",
             str(layout.kafka_node_dir(node_id) / "server.properties"),
+            *scram_bootstrap(settings),
         ],
         {"log4j2.configurationFile": str(layout.kafka_dir / "log4j2.properties")},
     )
@@ -295,7 +362,7 @@ def programs(
     stack = registry.stack(settings) if pipelines is None else pipelines
     # Every engine shares the stack's environment and finds its pipeline by its id
     # (registry.for_engine): one place, the pipelines file, says which engine runs what.
-    engine_env = {**env, "PYSPARK_PYTHON": sys.executable}
+    engine_env = {**env, "PYSPARK_PYTHON": sys.executable, **ENGINE_KAFKA_ROLE}
     engines = [e for pipeline in stack.values() for e in pipeline.engine_ids]
     for engine_id in engines:
         result.append(

@@ -34,7 +34,9 @@ from twinstream.contract import Pipeline as Contract
 from twinstream.core.rows import Output
 from twinstream.engine_client import EngineClient, EngineError
 from twinstream.kafka import admin_config, consumer_config, ensure_topics, topic_specs
+from twinstream.kafka_auth import Credentials, provision, users
 from twinstream.publisher import publish
+from twinstream.stack.render import ENGINE_KAFKA_ROLE
 from twinstream.subscriber import Record, read_committed
 from twinstream.testing import reference
 
@@ -280,9 +282,8 @@ class Pipeline:
         self.ports = {e: free_port() for e in engine_ids}
         # ZooKeeper knows one SASL user, the stack's (its jaas.conf): every pipeline's
         # engines log in as it, whatever their own state folder.
-        zk_password = base_env.get("TWINSTREAM_ZK_PASSWORD") or _with_env(
-            base_env, lambda: load_settings().secret("zk_password")
-        )
+        stack = _with_env(base_env, load_settings)
+        zk_password = base_env.get("TWINSTREAM_ZK_PASSWORD") or stack.secret("zk_password")
         self.env = {
             **base_env,
             "TWINSTREAM_PIPELINE": self.name,
@@ -295,12 +296,21 @@ class Pipeline:
             "TWINSTREAM_ZK_PASSWORD": zk_password,
             "TWINSTREAM_MAX_RECORD_BYTES": "4096",
             "TWINSTREAM_PARTITIONS": str(partitions),
+            # The stack's Kafka CA and credentials (its state folder, not this pipeline's),
+            # where `up` and this harness keep every pipeline's users.
+            "TWINSTREAM_KAFKA_CREDENTIALS_FILE": str(stack.kafka_credentials_path),
+            "TWINSTREAM_KAFKA_TLS_CAFILE": str(stack.kafka_ca_path),
             "PYSPARK_PYTHON": sys.executable,
             **(env or {}),
         }
         self.settings = self._settings()
         self.contract: Contract = registry.load(self.settings)
-        ensure_topics(AdminClient(admin_config(self.settings)), topic_specs(self.settings))
+        admin = AdminClient(admin_config(self.settings))
+        ensure_topics(admin, topic_specs(self.settings))
+        if self.settings.kafka_security:
+            # This pipeline's users and ACLs, as `up` makes them for the stack's.
+            creds, _ = Credentials.ensure(self.settings.kafka_credentials_path, users([self.name]))
+            provision(admin, [self.settings], creds)
         self.engines: dict[str, EngineProcess] = {}
         self.produced = 0  # records sent to the inbound topic so far
         self.started = 0  # engine processes started so far
@@ -319,7 +329,8 @@ class Pipeline:
             )
         self.started += 1  # a restarted engine writes a new log, next to its earlier ones
         log_path = self.workdir / f"engine-{engine_id}-{self.started}.log"
-        environment = {**os.environ, **self.env, **env}
+        # As the pipeline's engine user, as the stack runs its engines.
+        environment = {**os.environ, **self.env, **ENGINE_KAFKA_ROLE, **env}
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [
@@ -595,7 +606,7 @@ class OutputSampler(threading.Thread):
         self.settings = settings
         self.topics = list(topics)
         self.every_s = every_s
-        self._consumer = Consumer(consumer_config(settings, f"sampler-{uuid.uuid4()}"))
+        self._consumer = Consumer(consumer_config(settings, f"twinstream-sampler-{uuid.uuid4()}"))
         # Every partition of each topic.
         self._partitions = [
             TopicPartition(t, p)
