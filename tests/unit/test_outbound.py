@@ -215,9 +215,39 @@ def test_a_fence_waits_out_a_coordinator_still_aborting_the_old_transaction(publ
 
 def test_a_fence_that_cannot_succeed_is_a_transient_error(publisher):
     pub, producer = publisher
-    producer.init_errors = [KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "no")]
+    producer.init_errors = [KafkaError(KafkaError.INVALID_TRANSACTION_TIMEOUT, "no")]
     with pytest.raises(TransientPublishError, match="init_transactions failed"):
         pub.fence()
+
+
+def test_a_fence_kafka_denies_names_the_fix(publisher, caplog):
+    pub, producer = publisher
+    producer.init_errors = [KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "no")]
+    with pytest.raises(TransientPublishError, match=r"engine user .*`make up`"):
+        pub.fence()
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in record.getMessage()
+    assert "kafka-credentials.json" in record.getMessage()
+
+
+def test_a_write_kafka_denies_is_held_and_retried_and_a_fatal_one_replaces_the_producer(
+    publisher, caplog
+):
+    pub, producer = publisher
+    denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not allowed")
+    producer.commit_errors = [denied]
+    with pytest.raises(TransientPublishError, match="TOPIC_AUTHORIZATION_FAILED.*`make up`"):
+        pub.publish([Output(1, "out", "h", "v")], epoch=1)
+    assert producer.aborted == 1
+    # Granted: the same rows go through with the next batch.
+    pub.publish([Output(1, "out", "h", "v")], epoch=1)
+    assert len(producer.committed) == 1
+    producer.commit_errors = [
+        KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "no", fatal=True)
+    ]
+    with pytest.raises(Fenced, match="engine user"):
+        pub.publish([Output(2, "out", "h", "v")], epoch=1)
+    assert sum(r.levelname == "ERROR" for r in caplog.records) == 2
 
 
 def test_each_row_goes_to_its_inbound_partition_with_a_progress_record_per_partition(publisher):

@@ -44,6 +44,28 @@ def is_refusal(error: object) -> bool:
     return isinstance(error, KafkaError) and error.code() in REFUSALS
 
 
+# Errors that say this engine's Kafka user may not do what publishing needs: no retry fixes
+# them, a grant or a password does (and then the next batch goes through, no restart).
+ACCESS_DENIED = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError._AUTHENTICATION,
+}
+
+
+def access_denied(error: KafkaError, settings: Settings) -> str | None:
+    """What to do about an error that denies this engine access, or None for any other."""
+    if error.code() not in ACCESS_DENIED:
+        return None
+    return (
+        f"Kafka denies pipeline {settings.pipeline}'s engine user ({error.name()}): its "
+        "users and ACLs are made by `make up` (twinstream.kafka_auth.provision); check that "
+        f"{settings.kafka_credentials_path} holds the password Kafka knows"
+    )
+
+
 class KafkaPublisher:
     """Publishes to the outbound and dead-letter topics in one transaction per call, closed
     by a progress record (the msg_id range it covers) on the progress topic.
@@ -93,6 +115,10 @@ class KafkaPublisher:
                 return self
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
+                denied = access_denied(error, self._settings)
+                if denied is not None:
+                    log.error("engine %s: %s", self._engine_id.decode(), denied)
+                    raise TransientPublishError(denied) from exc
                 if not error.retriable() or time.monotonic() > deadline:
                     raise TransientPublishError(f"init_transactions failed: {exc}") from exc
                 log.warning(
@@ -210,6 +236,16 @@ class KafkaPublisher:
             self._commit()
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
+            denied = access_denied(error, self._settings)
+            if denied is not None:
+                # Said as what it is, whatever happens next: a producer librdkafka gave up on
+                # (fatal) is replaced through the election, like a fenced one; otherwise the
+                # rows are held and the next batch tries again (a grant needs no restart).
+                log.error("engine %s: %s", self._engine_id.decode(), denied)
+                if error.fatal():
+                    raise Fenced(denied) from exc
+                self._abort()
+                raise TransientPublishError(denied) from exc
             if error.fatal() or error.code() in (
                 KafkaError._FENCED,
                 KafkaError.PRODUCER_FENCED,
