@@ -64,10 +64,16 @@ class Settings(BaseSettings):
     zk_tick_ms: int = Field(default=500, ge=100, le=2000)
     kafka_ports: PortList = [9092, 9093, 9094]
     kafka_controller_ports: PortList = [9192, 9193, 9194]
+    # With Kafka security: the brokers' mutual-TLS listener, on which they replicate and the
+    # stack itself (`up`, which holds the servers' key) makes the users and ACLs. Empty: each
+    # of kafka_ports + 200 (9292, 9293, 9294).
+    kafka_broker_ports: PortList = []
     airflow_port: Port = 8080
     # Where clients find Kafka and ZooKeeper when they are not the local stack's own ports
     # on bind_host (compose: kafka-1:19092,..., zookeeper:2181). Empty: derived from ports.
     kafka_bootstrap: str = ""
+    # The mutual-TLS listeners the same way (compose: kafka-1:19095,...).
+    kafka_broker_bootstrap: str = ""
     # Several hosts and a chroot are accepted: "zk1:2181,zk2:2181,zk3:2181/prod".
     zk_connect: str = Field(default="", pattern=ZK_CONNECT)
     # Kafka with SASL/SCRAM over TLS and ACLs (twinstream.kafka_auth); false: PLAINTEXT
@@ -238,6 +244,7 @@ class Settings(BaseSettings):
     @field_validator(
         "kafka_ports",
         "kafka_controller_ports",
+        "kafka_broker_ports",
         "engine_ids",
         "engine_admin_ports",
         "stack_pipelines",
@@ -305,6 +312,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"kafka_controller_ports has {len(self.kafka_controller_ports)} entries but "
                 f"kafka_ports has {brokers}: every node runs one broker and one controller"
+            )
+        if self.kafka_broker_ports and len(self.kafka_broker_ports) != brokers:
+            raise ValueError(
+                f"kafka_broker_ports has {len(self.kafka_broker_ports)} entries but kafka_ports "
+                f"has {brokers}: every broker has one mutual-TLS listener"
             )
         if len(self.engine_admin_ports) != len(self.engine_ids):
             raise ValueError(
@@ -396,6 +408,7 @@ class Settings(BaseSettings):
             self.airflow_port,
             *self.kafka_ports,
             *self.kafka_controller_ports,
+            *(self.broker_ports if self.kafka_security else []),
             *self.engine_admin_ports,
         ]
 
@@ -419,6 +432,18 @@ class Settings(BaseSettings):
         if self.kafka_bootstrap:
             return self.kafka_bootstrap
         return ",".join(f"{self.bind_host}:{port}" for port in self.kafka_ports)
+
+    @property
+    def broker_listener_servers(self) -> str:
+        """The brokers' mutual-TLS listeners (Kafka security only)."""
+        if self.kafka_broker_bootstrap:
+            return self.kafka_broker_bootstrap
+        return ",".join(f"{self.bind_host}:{port}" for port in self.broker_ports)
+
+    @property
+    def broker_ports(self) -> list[int]:
+        """The brokers' mutual-TLS listener ports (kafka_broker_ports)."""
+        return self.kafka_broker_ports or [port + 200 for port in self.kafka_ports]
 
     @property
     def standalone_master_url(self) -> str:

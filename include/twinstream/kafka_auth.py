@@ -10,9 +10,11 @@ each pipeline has three users, and these ACLs are all they get:
 
 Readers (engines and readers) may use consumer groups named `twinstream-` and Spark's
 `spark-kafka-source-` (prefixed): Twinstream's consumers assign partitions and commit
-nothing, but a group id is always set. Two more users belong to the stack: the brokers'
-own (`twinstream-broker`) and the operator's (`twinstream-admin`), both super users, made
-when the storage is formatted; the pipelines' users are made by `up` through the admin.
+nothing, but a group id is always set. One more user belongs to the stack: the operator's
+(`twinstream-admin`, a super user: topics, configs, the retention guard). Every user is
+made by `up`, as the stack's own identity (the servers' certificate, over the brokers'
+mutual-TLS listener: twinstream.stack.render.kafka_listeners), never at format time: a
+stack formatted before Kafka security gets its users the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import re
 import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AclBinding, AdminClient
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
 Role = Literal["engine", "publisher", "reader"]
 ROLES: tuple[Role, ...] = ("engine", "publisher", "reader")
 ADMIN_USER = "twinstream-admin"
-BROKER_USER = "twinstream-broker"
 MECHANISM = "SCRAM-SHA-512"
 # Kafka's minimum for SCRAM is 4096.
 ITERATIONS = 8192
@@ -52,8 +53,8 @@ def principal(user: str) -> str:
 
 
 def users(pipelines: Iterable[str]) -> list[str]:
-    """Every user of a stack running `pipelines`, the stack's own two first."""
-    return [ADMIN_USER, BROKER_USER, *(user_name(p, r) for p in pipelines for r in ROLES)]
+    """Every user of a stack running `pipelines`, the admin first."""
+    return [ADMIN_USER, *(user_name(p, r) for p in pipelines for r in ROLES)]
 
 
 class CredentialsError(ValueError):
@@ -174,9 +175,10 @@ def provision(
     credentials: Credentials,
     timeout_s: float = 30.0,
 ) -> list[str]:
-    """Make every pipeline's users Kafka does not know yet, and grant their ACLs (granting
-    one that exists changes nothing); what was done, one line each. As the admin."""
-    from confluent_kafka import KafkaException
+    """Set the admin's and every pipeline's users' passwords as the credentials say (a user
+    Kafka does not know is made), and grant the pipelines' ACLs (granting one that exists
+    changes nothing); what was done, one line each. As a super user: the stack's own
+    identity (twinstream.stack.tls.kafka_superuser_config)."""
     from confluent_kafka.admin import (
         ScramCredentialInfo,
         ScramMechanism,
@@ -185,32 +187,53 @@ def provision(
     )
 
     pipelines = list(pipelines)
-    wanted = [user_name(p.pipeline, r) for p in pipelines for r in ROLES]
-    known: set[str] = set()
-    # Given users, the answer is a future per user (a single future only without any).
-    described = cast("dict[str, Any]", admin.describe_user_scram_credentials(wanted))
-    for user, future in described.items():
-        try:
-            future.result(timeout=timeout_s)
-            known.add(user)
-        except KafkaException:  # RESOURCE_NOT_FOUND: a user to make
-            pass
+    wanted = users(p.pipeline for p in pipelines)
+    # Every user's password set again, known or not: the same password changes nothing
+    # (connections stay up), and one changed in the file (a rotation) takes effect.
+    upserts: list[UserScramCredentialAlteration] = [
+        UserScramCredentialUpsertion(
+            user,
+            ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, ITERATIONS),
+            credentials.password(user).encode(),
+        )
+        for user in wanted
+    ]
     done: list[str] = []
-    new = [u for u in wanted if u not in known]
-    if new:
-        upserts: list[UserScramCredentialAlteration] = [
-            UserScramCredentialUpsertion(
-                user,
-                ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, ITERATIONS),
-                credentials.password(user).encode(),
-            )
-            for user in new
-        ]
-        for user, future in admin.alter_user_scram_credentials(upserts).items():
-            future.result(timeout=timeout_s)
-            done.append(f"user {user} made")
+    for future in admin.alter_user_scram_credentials(upserts).values():
+        future.result(timeout=timeout_s)
+    done.append(f"{len(wanted)} users' passwords set")
     bindings = [b for p in pipelines for b in acl_bindings(p)]
     for future in admin.create_acls(bindings, request_timeout=timeout_s).values():
         future.result(timeout=timeout_s)
     done.append(f"{len(bindings)} ACLs of {', '.join(p.pipeline for p in pipelines)} granted")
     return done
+
+
+def grant_reader(
+    admin: AdminClient, settings: Settings, topic: str, timeout_s: float = 30.0
+) -> None:
+    """Let the settings' pipeline's reader read `topic` too (the audit of a copy of an
+    output, say). As the admin."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    who = principal(user_name(settings.pipeline, "reader"))
+    bindings = [
+        AclBinding(
+            ResourceType.TOPIC,
+            topic,
+            ResourcePatternType.LITERAL,
+            who,
+            "*",
+            op,
+            AclPermissionType.ALLOW,
+        )
+        for op in (AclOperation.READ, AclOperation.DESCRIBE)
+    ]
+    for future in admin.create_acls(bindings, request_timeout=timeout_s).values():
+        future.result(timeout=timeout_s)

@@ -20,12 +20,12 @@ from twinstream.kafka_auth import (
 def test_credentials_are_made_once_owner_only_and_extended_for_a_new_pipeline(tmp_path):
     path = tmp_path / "kafka-credentials.json"
     creds, added = Credentials.ensure(path, users(["p"]))
-    assert added == [ADMIN_USER, "twinstream-broker", "p-engine", "p-publisher", "p-reader"]
+    assert added == [ADMIN_USER, "p-engine", "p-publisher", "p-reader"]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     again, added = Credentials.ensure(path, users(["p", "q"]))
     assert added == ["q-engine", "q-publisher", "q-reader"]
     assert again.password("p-engine") == creds.password("p-engine")
-    assert len(set(again.passwords.values())) == 8
+    assert len(set(again.passwords.values())) == 7
     with pytest.raises(CredentialsError, match="make up"):
         again.password("r-engine")
 

@@ -119,37 +119,35 @@ def test_kafka_node_is_a_kraft_broker_and_controller_with_durable_defaults(tmp_p
 
 
 def test_a_secure_kafka_node_takes_scram_over_tls_and_denies_what_no_acl_allows(tmp_path):
-    from twinstream.kafka_auth import Credentials, users
-
     s = _settings(tmp_path, kafka_security=True)
-    creds, _ = Credentials.ensure(s.kafka_credentials_path, users(["hostmetrics"]))
     layout = Layout.of(s)
     props = _props(render.kafka_server_properties(s, layout, 2))
-    assert props["listeners"] == "SASL_SSL://127.0.0.1:9093,CONTROLLER://127.0.0.1:9193"
-    assert props["advertised.listeners"] == "SASL_SSL://127.0.0.1:9093"
-    assert props["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:SSL"
-    assert props["inter.broker.listener.name"] == "SASL_SSL"
+    assert props["listeners"] == (
+        "SASL_SSL://127.0.0.1:9093,BROKER://127.0.0.1:9293,CONTROLLER://127.0.0.1:9193"
+    )
+    assert props["advertised.listeners"] == "SASL_SSL://127.0.0.1:9093,BROKER://127.0.0.1:9293"
+    assert props["listener.security.protocol.map"] == (
+        "SASL_SSL:SASL_SSL,BROKER:SSL,CONTROLLER:SSL"
+    )
+    # The brokers replicate as the servers' certificate: no SCRAM user needed to start.
+    assert props["inter.broker.listener.name"] == "BROKER"
     assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert props["listener.name.broker.ssl.client.auth"] == "required"
     assert props["listener.name.controller.ssl.client.auth"] == "required"
     assert props["allow.everyone.if.no.acl.found"] == "false"
     assert props["authorizer.class.name"].endswith(".StandardAuthorizer")
     assert set(props["super.users"].split(";")) == {
         "User:twinstream-admin",
-        "User:twinstream-broker",
         "User:CN=twinstream-server",
     }
-    broker_pw = creds.password("twinstream-broker")
-    jaas = props["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
-    assert f'username="twinstream-broker" password="{broker_pw}";' in jaas
+    # No password anywhere in the file, nor in the storage's format command.
+    assert not [v for v in props.values() if "password" in v]
+    assert props["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"].endswith(" required;")
     assert props["ssl.keystore.type"] == "PEM"
     assert props["ssl.truststore.location"] == str(s.tls_dir / "ca.pem")
-    assert "ssl.keystore.password" not in props  # Kafka refuses one with PEM files
-    command = render.kafka_format_command(s, layout, 2, "x" * 22)
-    scram = [command[i + 1] for i, arg in enumerate(command) if arg == "--add-scram"]
-    assert scram == [
-        f"SCRAM-SHA-512=[name={user},iterations=8192,password={creds.password(user)}]"
-        for user in ("twinstream-broker", "twinstream-admin")
-    ]
+    assert "--add-scram" not in render.kafka_format_command(s, layout, 2, "x" * 22)
+    assert 9293 in s.ports
+    assert 9293 not in _settings(tmp_path).ports  # without security, no such listener
     (engine,) = [p for p in render.programs(s, layout) if p.name == "engine-a"]
     assert engine.environment["TWINSTREAM_KAFKA_ROLE"] == "engine"
 

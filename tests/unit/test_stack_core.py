@@ -34,7 +34,9 @@ def settings(tmp_path):
 def test_waiting_reports_progress_and_each_service_as_it_turns_healthy(settings, monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(health, "zookeeper", lambda s: (clock.now >= 3, "zk detail"))
-    monkeypatch.setattr(health, "kafka_brokers", lambda s: {1: "h:1"} if clock.now >= 12 else {})
+    monkeypatch.setattr(
+        health, "kafka_brokers", lambda s, **_: {1: "h:1"} if clock.now >= 12 else {}
+    )
     lines: list[str] = []
     core.wait_until_healthy(
         settings,

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,12 +25,12 @@ from confluent_kafka.admin import AdminClient
 
 from twinstream import registry
 from twinstream.config import Settings
-from twinstream.kafka import TopicChange, admin_config, ensure_topics, topic_specs
+from twinstream.kafka import TopicChange, ensure_topics, topic_specs
 from twinstream.kafka_auth import Credentials, provision, users
 from twinstream.stack import health, render
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import ProcessInfo, Supervisor
-from twinstream.stack.tls import ensure_tls
+from twinstream.stack.tls import ensure_tls, kafka_superuser_config
 
 Echo = Callable[[str], None]
 REQUIRED_JARS = {
@@ -109,11 +109,10 @@ def _render_files(settings: Settings, layout: Layout) -> list[str]:
         files[folder / "zoo.cfg"] = render.zoo_cfg(settings, layout, node)
         if settings.zk_nodes > 1:
             files[folder / "data" / "myid"] = f"{node}\n"
-    # Owner-only: ZooKeeper's password; the brokers' SCRAM password.
-    private = {render.zookeeper_jaas_path(layout): render.zookeeper_jaas(settings)}
     for node_id in render.node_ids(settings):
         path = layout.kafka_node_dir(node_id) / "server.properties"
-        private[path] = render.kafka_server_properties(settings, layout, node_id)
+        files[path] = render.kafka_server_properties(settings, layout, node_id)
+    private = {render.zookeeper_jaas_path(layout): render.zookeeper_jaas(settings)}
     return [
         str(p.relative_to(layout.root))
         for p, text in [*files.items(), *private.items()]
@@ -193,9 +192,8 @@ def wait_until_healthy(
     last_report = start
     details: dict[str, str] = {}
     while pending:
-        registered = (
-            health.kafka_brokers(settings) if any(n.startswith("kafka-") for n in pending) else {}
-        )
+        kafka = any(n.startswith("kafka-") for n in pending)
+        registered = health.kafka_brokers(settings, as_stack=True) if kafka else {}
         states = {p.name: p for p in supervisor.processes()}
         for name in list(pending):
             info = states.get(name)
@@ -247,6 +245,7 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
                 f"ports {busy} on {settings.bind_host} are taken by another process and this stack "
                 f"(state in {layout.root}) is not running: stop that process or choose other ports "
                 "(TWINSTREAM_ZK_PORT, TWINSTREAM_KAFKA_PORTS, TWINSTREAM_KAFKA_CONTROLLER_PORTS, "
+                "TWINSTREAM_KAFKA_BROKER_PORTS, "
                 "TWINSTREAM_AIRFLOW_PORT, TWINSTREAM_ENGINE_ADMIN_PORTS, the pipelines file's "
                 "admin_ports)"
             )
@@ -258,7 +257,7 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
         secret for secret in ("admin-token", "zk-password") if ensure_secret(layout.root / secret)
     ]
     if settings.kafka_security:
-        # Rendered next: the brokers' certificate and the brokers' own password.
+        # Before the brokers start: their certificate (and every user's password, set later).
         _, wrote = ensure_tls(
             settings.tls_dir, names=sorted({"127.0.0.1", "localhost", settings.bind_host})
         )
@@ -297,16 +296,7 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
     zookeepers = render.zookeeper_names(settings)
     spark = ["spark-master", "spark-worker"] if settings.spark_standalone else []
     wait_until_healthy(settings, layout, supervisor, echo, [*zookeepers, *brokers, *spark])
-    admin = AdminClient(admin_config(settings))
-    # Every pipeline's topics, before any engine needs them.
-    specs = [spec for pipeline in pipelines.values() for spec in topic_specs(pipeline)]
-    report.topics = ensure_topics(admin, specs)
-    for change in report.topics:
-        echo(f"  topic {change}")
-    if settings.kafka_security:
-        creds = Credentials.load(settings.kafka_credentials_path)
-        for line in provision(admin, pipelines.values(), creds):
-            echo(f"  kafka {line}")
+    report.topics = provision_kafka(settings, pipelines, echo)
     engines = [f"engine-{e}" for p in pipelines.values() for e in p.engine_ids]
     wait_until_healthy(settings, layout, supervisor, echo, ["airflow", *engines])
     for name, pipeline in pipelines.items():
@@ -316,6 +306,35 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
     echo(summary(settings, supervisor.processes()))
     echo("" if report.changed else "nothing changed: the stack was already up as configured")
     return report
+
+
+def provision_kafka(
+    settings: Settings,
+    pipelines: Mapping[str, Settings],
+    echo: Echo,
+    fixed: Mapping[str, str] | None = None,
+) -> list[TopicChange]:
+    """With Kafka security, every user's password as the credentials file says (made for a
+    new user; `fixed` ones as given: compose's admin password) and every pipeline's ACLs;
+    then every pipeline's topics. As the stack itself (twinstream.stack.tls
+    .kafka_superuser_config): on a fresh storage Kafka knows no SCRAM user yet. `up` and
+    compose's kafka-init (twinstream.stack.compose) both run this."""
+    admin = AdminClient(kafka_superuser_config(settings))
+    if settings.kafka_security:
+        creds, added = Credentials.ensure(settings.kafka_credentials_path, users(pipelines))
+        for user in added:
+            echo(f"  kafka user {user}: a new password in {creds.path}")
+        if fixed and any(creds.passwords.get(u) != p for u, p in fixed.items()):
+            creds.passwords.update(fixed)
+            creds.save()
+        for line in provision(admin, pipelines.values(), creds):
+            echo(f"  kafka {line}")
+    # Every pipeline's topics, before any engine needs them.
+    specs = [spec for pipeline in pipelines.values() for spec in topic_specs(pipeline)]
+    changes = ensure_topics(admin, specs)
+    for change in changes:
+        echo(f"  topic {change}")
+    return changes
 
 
 def ensure_secret(path: Path) -> bool:

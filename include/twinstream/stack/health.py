@@ -13,6 +13,7 @@ from confluent_kafka.admin import AdminClient
 from twinstream.config import Settings
 from twinstream.engine_client import EngineClient, EngineError
 from twinstream.kafka import admin_config
+from twinstream.stack.tls import kafka_superuser_config
 
 Probe = Callable[[], tuple[bool, str]]
 
@@ -76,10 +77,15 @@ def spark_worker(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str]
     return True, f"registered, {alive[0].get('cores')} cores, {alive[0].get('memory')} MB"
 
 
-def kafka_brokers(settings: Settings, timeout_s: float = 3.0) -> dict[int, str]:
-    """Broker ids registered in the cluster metadata, with their host:port."""
+def kafka_brokers(
+    settings: Settings, timeout_s: float = 3.0, as_stack: bool = False
+) -> dict[int, str]:
+    """Broker ids registered in the cluster metadata, with their host:port. As the admin,
+    or `as_stack` (`up`, where the servers' key is: before it has made the users, the
+    admin's login fails)."""
+    config = kafka_superuser_config if as_stack else admin_config
     admin = AdminClient(
-        admin_config(
+        config(
             settings,
             **{
                 "socket.connection.setup.timeout.ms": 2000,

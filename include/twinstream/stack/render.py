@@ -16,7 +16,7 @@ from pathlib import Path
 
 from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings
-from twinstream.kafka_auth import ADMIN_USER, BROKER_USER, ITERATIONS, MECHANISM, Credentials
+from twinstream.kafka_auth import ADMIN_USER, MECHANISM
 from twinstream.stack.layout import Layout
 from twinstream.stack.tls import SERVER_CN, TlsFiles
 
@@ -145,8 +145,6 @@ def zookeeper_logback() -> str:
 
 def kafka_server_properties(settings: Settings, layout: Layout, node_id: int) -> str:
     host = settings.bind_host
-    port = settings.kafka_ports[node_id - 1]
-    controller_port = settings.kafka_controller_ports[node_id - 1]
     voters = ",".join(
         f"{n}@{host}:{settings.kafka_controller_ports[n - 1]}" for n in node_ids(settings)
     )
@@ -157,7 +155,7 @@ def kafka_server_properties(settings: Settings, layout: Layout, node_id: int) ->
         "process.roles=broker,controller",
         f"node.id={node_id}",
         f"controller.quorum.voters={voters}",
-        *kafka_listeners(settings, layout, host, port, controller_port),
+        *kafka_listeners(settings, node_id),
         f"log.dirs={layout.kafka_node_dir(node_id) / 'data'}",
         "num.partitions=1",
         f"default.replication.factor={rf}",
@@ -180,13 +178,19 @@ def kafka_server_properties(settings: Settings, layout: Layout, node_id: int) ->
     return "\n".join(lines)
 
 
-def kafka_listeners(
-    settings: Settings, layout: Layout, host: str, port: int, controller_port: int
-) -> list[str]:
+def kafka_listeners(settings: Settings, node_id: int) -> list[str]:
     """server.properties lines of the listeners: PLAINTEXT without Kafka security; else
-    SASL/SCRAM over TLS for clients and brokers, mutual TLS among the controllers, and ACLs
-    (twinstream.kafka_auth). SCRAM cannot guard the controllers: its users live in the
-    metadata log the controllers must first agree on."""
+    SASL/SCRAM over TLS for clients, mutual TLS among the brokers and the controllers, and
+    ACLs (twinstream.kafka_auth).
+
+    Brokers and controllers prove who they are with the servers' certificate, not a SCRAM
+    password: SCRAM users live in the metadata log, which the quorum must first agree on, and
+    a storage formatted before Kafka security (an existing stack) has none. So the stack's
+    own identity needs nothing from the metadata, and `up` makes every SCRAM user itself
+    (twinstream.kafka_auth.provision), over the brokers' mutual-TLS listener."""
+    host = settings.bind_host
+    port = settings.kafka_ports[node_id - 1]
+    controller_port = settings.kafka_controller_ports[node_id - 1]
     if not settings.kafka_security:
         return [
             f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
@@ -195,34 +199,32 @@ def kafka_listeners(
             "inter.broker.listener.name=PLAINTEXT",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         ]
-    creds = Credentials.load(settings.kafka_credentials_path)
     tls = TlsFiles(settings.tls_dir)
-    jaas = (
-        "org.apache.kafka.common.security.scram.ScramLoginModule required "
-        f'username="{BROKER_USER}" password="{creds.password(BROKER_USER)}";'
-    )
+    broker_port = settings.broker_ports[node_id - 1]
     return [
-        f"listeners=SASL_SSL://{host}:{port},CONTROLLER://{host}:{controller_port}",
-        f"advertised.listeners=SASL_SSL://{host}:{port}",
+        f"listeners=SASL_SSL://{host}:{port},BROKER://{host}:{broker_port},"
+        f"CONTROLLER://{host}:{controller_port}",
+        f"advertised.listeners=SASL_SSL://{host}:{port},BROKER://{host}:{broker_port}",
         "controller.listener.names=CONTROLLER",
-        "inter.broker.listener.name=SASL_SSL",
-        "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL",
+        "inter.broker.listener.name=BROKER",
+        "listener.security.protocol.map=SASL_SSL:SASL_SSL,BROKER:SSL,CONTROLLER:SSL",
         f"sasl.enabled.mechanisms={MECHANISM}",
-        f"sasl.mechanism.inter.broker.protocol={MECHANISM}",
-        # How this broker logs in to the others (the file is therefore owner-only).
-        f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config={jaas}",
+        # A broker only checks SCRAM logins: it logs in to no one with a password.
+        f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config="
+        "org.apache.kafka.common.security.scram.ScramLoginModule required;",
         # PEM files as they are: key and certificate in one, the CA alone. No passwords
         # (Kafka refuses one with PEM files; the key is unencrypted, the folder 0700).
         "ssl.keystore.type=PEM",
         f"ssl.keystore.location={tls.bundle}",
         "ssl.truststore.type=PEM",
         f"ssl.truststore.location={tls.ca}",
-        # Controllers prove who they are with the servers' certificate.
+        # Only holders of a certificate the stack's CA signed: the brokers, and `up`.
+        "listener.name.broker.ssl.client.auth=required",
         "listener.name.controller.ssl.client.auth=required",
         "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         # What no ACL allows is denied.
         "allow.everyone.if.no.acl.found=false",
-        f"super.users=User:{ADMIN_USER};User:{BROKER_USER};User:CN={SERVER_CN}",
+        f"super.users=User:{ADMIN_USER};User:CN={SERVER_CN}",
     ]
 
 
@@ -264,23 +266,6 @@ def java_command(
     ]
 
 
-def scram_bootstrap(settings: Settings) -> list[str]:
-    """StorageTool's --add-scram for the brokers' and the admin's users: they must exist
-    before the brokers start (the brokers log in to one another with theirs); every other
-    user is made later by the admin. Only with Kafka security."""
-    if not settings.kafka_security:
-        return []
-    creds = Credentials.load(settings.kafka_credentials_path)
-    return [
-        arg
-        for user in (BROKER_USER, ADMIN_USER)
-        for arg in (
-            "--add-scram",
-            f"{MECHANISM}=[name={user},iterations={ITERATIONS},password={creds.password(user)}]",
-        )
-    ]
-
-
 def kafka_format_command(
     settings: Settings, layout: Layout, node_id: int, cluster_id: str
 ) -> list[str]:
@@ -294,7 +279,6 @@ def kafka_format_command(
             cluster_id,
             "-c",
             str(layout.kafka_node_dir(node_id) / "server.properties"),
-            *scram_bootstrap(settings),
         ],
         {"log4j2.configurationFile": str(layout.kafka_dir / "log4j2.properties")},
     )

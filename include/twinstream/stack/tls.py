@@ -19,11 +19,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from twinstream.config import Settings
+from twinstream.kafka import admin_config
 
 CA_DAYS = 3650
 CERT_DAYS = 825
@@ -197,3 +201,25 @@ def ensure_tls(
     _write_private(files.cert, cert_pem)
     _write_private(files.bundle, _key_pem(key) + cert_pem)
     return files, True
+
+
+def kafka_superuser_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """An admin client as the stack itself: the servers' certificate over the brokers'
+    mutual-TLS listeners, a super user that needs no SCRAM user. For what only the stack
+    does (`up`: users, ACLs, topics; its health checks), where the servers' key is; the
+    admin's SCRAM login (twinstream.kafka.admin_config) for everything else. Without Kafka
+    security, that same admin_config."""
+    if not settings.kafka_security:
+        return admin_config(settings, **overrides)
+    tls = TlsFiles(settings.tls_dir)
+    plain = admin_config(settings.model_copy(update={"kafka_security": False}))
+    return {
+        **plain,
+        "bootstrap.servers": settings.broker_listener_servers,
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(tls.ca),
+        # Who the stack is: User:CN=twinstream-server, a super user (render.kafka_listeners).
+        "ssl.certificate.location": str(tls.cert),
+        "ssl.key.location": str(tls.key),
+        **overrides,
+    }
