@@ -35,7 +35,7 @@ AIRFLOW_SERVICES = ["airflow-init", *AIRFLOW_LONG_RUNNING]
 # Every pipeline's engines: hostmetrics a, b (the settings' defaults), payments c, d.
 ENGINE_IDS = ["a", "b", "c", "d"]
 ENGINES = [f"engine-{engine_id}" for engine_id in ENGINE_IDS]
-ONE_SHOT = ["kafka-init", "airflow-init"]
+ONE_SHOT = ["kafka-tls", "kafka-init", "airflow-init"]
 LONG_RUNNING = ["zookeeper", *BROKERS, "postgres", *AIRFLOW_LONG_RUNNING, *ENGINES]
 KAFKA_IMAGE = "apache/kafka:4.3.1"
 IMAGE = "twinstream/airflow:dev"
@@ -82,6 +82,7 @@ SECRETS = {
     "AIRFLOW_API_SECRET_KEY": "test-api-secret",
     "AIRFLOW_FERNET_KEY": "test-fernet-key",
     "POSTGRES_PASSWORD": "test-postgres-password",
+    "TWINSTREAM_KAFKA_ADMIN_PASSWORD": "0123456789abcdef" * 3,
 }
 
 
@@ -153,7 +154,7 @@ def test_file_uses_the_compose_spec_without_version():
 
 
 def test_every_platform_service_is_defined(services):
-    expected = {"zookeeper", *BROKERS, "kafka-init", "postgres", *AIRFLOW_SERVICES, *ENGINES}
+    expected = {"zookeeper", *BROKERS, *ONE_SHOT, "postgres", *AIRFLOW_LONG_RUNNING, *ENGINES}
     assert expected <= set(services), sorted(expected - set(services))
 
 
@@ -185,8 +186,10 @@ def test_zookeeper_ticks_every_500_ms_with_only_the_probe_commands(services):
 
 
 def test_kafka_image_is_the_pinned_one(services):
-    for name in [*BROKERS, "kafka-init"]:
+    for name in BROKERS:
         assert services[name]["image"] == KAFKA_IMAGE, name
+    for name in ["kafka-tls", "kafka-init"]:
+        assert services[name]["image"] == IMAGE, name
 
 
 def test_brokers_form_one_kraft_quorum(services):
@@ -212,8 +215,20 @@ def test_broker_listeners_and_host_port(services, index, name):
     advertised = dict(
         listener.split("://", 1) for listener in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
     )
-    assert advertised == {"INTERNAL": f"{name}:19092", "EXTERNAL": f"localhost:{host_port}"}
-    assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "INTERNAL"
+    assert advertised == {
+        "INTERNAL": f"{name}:19092",
+        "EXTERNAL": f"localhost:{host_port}",
+        "BROKER": f"{name}:19095",
+    }
+    # Clients log in by SCRAM over TLS; brokers and controllers show a certificate.
+    protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert protocols == {
+        "INTERNAL": "SASL_SSL",
+        "EXTERNAL": "SASL_SSL",
+        "BROKER": "SSL",
+        "CONTROLLER": "SSL",
+    }
+    assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "BROKER"
     assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] == "CONTROLLER"
     assert f"EXTERNAL://:{host_port}" in env["KAFKA_LISTENERS"].split(",")
     published = [(p["published"], p["target"]) for p in broker["ports"]]
@@ -235,9 +250,9 @@ def test_brokers_are_durable_by_default(services):
 def test_each_broker_has_its_own_named_volume(config, services):
     sources = []
     for name in BROKERS:
-        (volume,) = services[name]["volumes"]
+        log_dirs = services[name]["environment"]["KAFKA_LOG_DIRS"]
+        (volume,) = [v for v in services[name]["volumes"] if v["target"] == log_dirs]
         assert volume["type"] == "volume"
-        assert volume["target"] == services[name]["environment"]["KAFKA_LOG_DIRS"]
         sources.append(volume["source"])
     assert len(set(sources)) == len(BROKERS)
     assert set(sources) <= set(config["volumes"])
@@ -264,7 +279,9 @@ def test_kafka_init_defaults_are_the_settings_defaults(services):
         "min_insync_replicas",
     ]:
         assert env[f"TWINSTREAM_{key.upper()}"] == str(getattr(defaults, key)), key
-    assert set(env["TWINSTREAM_BOOTSTRAP"].split(",")) == {f"{b}:19092" for b in BROKERS}
+    assert set(env["TWINSTREAM_KAFKA_BROKER_BOOTSTRAP"].split(",")) == {
+        f"{b}:19095" for b in BROKERS
+    }
 
 
 def test_topic_settings_follow_the_environment(compose_binary):
@@ -281,25 +298,92 @@ def test_topic_settings_follow_the_environment(compose_binary):
         assert env["TWINSTREAM_OUTBOUND_TOPIC"] == "hostmetrics.out", name
 
 
-def test_kafka_init_script_is_mounted_and_parses(services):
-    init = services["kafka-init"]
-    (mount,) = [v for v in init["volumes"] if v["type"] == "bind"]
-    script = Path(mount["source"])
-    assert script == REPO / "docker" / "kafka-init.sh"
-    assert mount["target"] in init["command"]
-    result = subprocess.run(
-        ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+def test_the_brokers_security_is_the_file_compose_py_renders_and_make_ups_own(services):
+    from twinstream.stack import compose, render
+    from twinstream.stack.layout import Layout
+
+    folder = REPO / "docker" / "kafka"
+    assert (folder / "server.properties").read_text() == compose.kafka_properties(), (
+        "regenerate with: python -m twinstream.stack.compose properties"
     )
-    assert result.returncode == 0, result.stderr
-    text = script.read_text()
-    for fragment in [
-        "--create --if-not-exists",
-        "--replication-factor",
-        "min.insync.replicas=",
-        "unclean.leader.election.enable=false",
-        "retention.ms=",
+    assert (folder / "health-client.properties").read_text() == compose.health_client_properties()
+    mine = dict(
+        line.split("=", 1)
+        for line in compose.kafka_properties().splitlines()
+        if line and not line.startswith("#")
+    )
+    local = Settings(kafka_security=True)
+    theirs = dict(
+        line.split("=", 1)
+        for line in render.kafka_server_properties(local, Layout.of(local), 1).splitlines()
+        if "=" in line
+    )
+    for key in [
+        "authorizer.class.name",
+        "allow.everyone.if.no.acl.found",
+        "super.users",
+        "sasl.enabled.mechanisms",
+        "listener.name.broker.ssl.client.auth",
+        "listener.name.controller.ssl.client.auth",
+        "ssl.keystore.type",
+        "ssl.truststore.type",
     ]:
-        assert fragment in text, fragment
+        assert mine[key] == theirs[key], key
+    for name in BROKERS:
+        mounts = {v["target"]: v for v in services[name]["volumes"]}
+        assert mounts["/mnt/shared/config"]["source"] == str(folder)
+        assert mounts["/etc/kafka/tls"]["source"] == "kafka-tls"
+        assert mounts["/etc/kafka/tls"]["read_only"]
+        # The image's user, in the group kafka-tls lets read the key.
+        assert services[name]["user"] == "1000:0"
+        assert "19095" in " ".join(services[name]["healthcheck"]["test"])
+
+
+def test_only_the_brokers_and_kafka_init_get_the_brokers_key(services):
+    holders = {
+        name
+        for name, service in services.items()
+        for v in service.get("volumes", [])
+        if v.get("source") == "kafka-tls"
+    }
+    assert holders == {"kafka-tls", "kafka-init", *BROKERS}
+    assert services["kafka-tls"]["command"][:4] == [
+        "python",
+        "-m",
+        "twinstream.stack.compose",
+        "tls",
+    ]
+    assert services["kafka-init"]["command"][-1] == "kafka-init"
+    for name in ["kafka-init", *AIRFLOW_SERVICES, *ENGINES]:
+        env = services[name]["environment"]
+        mounts = {v["target"]: v.get("source") for v in services[name]["volumes"]}
+        credentials = str(Path(env["TWINSTREAM_KAFKA_CREDENTIALS_FILE"]).parent)
+        assert mounts[credentials] == "kafka-credentials", name
+    for name in [*AIRFLOW_SERVICES, *ENGINES]:
+        mounts = {v["target"]: v.get("source") for v in services[name]["volumes"]}
+        ca = services[name]["environment"]["TWINSTREAM_KAFKA_TLS_CAFILE"]
+        assert mounts[str(Path(ca).parent)] == "kafka-ca", name
+    depends = services["kafka-init"]["depends_on"]
+    assert {b for b in BROKERS if depends[b]["condition"] == "service_healthy"} == set(BROKERS)
+    for name in BROKERS:
+        condition = services[name]["depends_on"]["kafka-tls"]["condition"]
+        assert condition == "service_completed_successfully"
+
+
+def test_engines_log_in_as_the_engine_user_and_airflow_as_the_admin(services):
+    for name in ENGINES:
+        assert services[name]["environment"]["TWINSTREAM_KAFKA_ROLE"] == "engine", name
+    for name in AIRFLOW_SERVICES:
+        env = services[name]["environment"]
+        assert env.get("TWINSTREAM_KAFKA_ROLE", "admin") == "admin", name
+        extra = json.loads(env["AIRFLOW_CONN_KAFKA_DEFAULT"])["extra"]
+        assert extra["security.protocol"] == "SASL_SSL"
+        assert extra["sasl.mechanism"] == "SCRAM-SHA-512"
+        assert extra["sasl.username"] == "twinstream-admin"
+        assert extra["sasl.password"] == SECRETS["TWINSTREAM_KAFKA_ADMIN_PASSWORD"]
+        assert extra["ssl.ca.location"] == env["TWINSTREAM_KAFKA_TLS_CAFILE"]
+    init = services["kafka-init"]["environment"]
+    assert init["TWINSTREAM_KAFKA_ADMIN_PASSWORD"] == SECRETS["TWINSTREAM_KAFKA_ADMIN_PASSWORD"]
 
 
 def test_postgres_has_a_healthcheck_and_a_volume(services):
@@ -726,11 +810,10 @@ def test_compose_follows_the_pipelines_file(services, monkeypatch, no_twinstream
     pipelines = registry.stack(base)
     assert [f"engine-{e}" for e in registry.engines(base)] == ENGINES
     assert {n for n in services if n.startswith("engine-")} == set(ENGINES)
-    others = services["kafka-init"]["environment"]["TWINSTREAM_OTHER_PIPELINES"].split(",")
-    assert [base.pipeline, *others] == list(pipelines)
-    # Every pipeline's topics with the partitions its entry in the pipelines file names.
-    partitions = int(services["kafka-init"]["environment"]["TWINSTREAM_PARTITIONS"])
-    assert {p.partitions for p in pipelines.values()} == {partitions} == {3}
+    # kafka-init reads the same pipelines file (mounted where the settings look for it).
+    init = {v["target"]: v.get("source") for v in services["kafka-init"]["volumes"]}
+    assert init["/opt/airflow/pipelines.toml"] == str(REPO / "pipelines.toml")
+    assert init["/opt/airflow/examples"] == str(REPO / "examples")
     airflow = services["airflow-scheduler"]["environment"]
     for pipeline in pipelines.values():
         for engine_id in pipeline.engine_ids:
