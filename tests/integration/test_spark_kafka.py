@@ -9,7 +9,7 @@ import psutil
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from twinstream.kafka import TopicSpec, admin_config, ensure_topics
+from twinstream.kafka import TopicSpec, admin_config, ensure_topics, spark_kafka_security
 from twinstream.spark import (
     DRIVER_JAVA_OPTIONS,
     class_archive,
@@ -63,19 +63,23 @@ def test_structured_streaming_reads_and_writes_kafka(spark, settings, tmp_path):
     admin = AdminClient(admin_config(settings))
     ensure_topics(admin, [TopicSpec(source, 1, 3), TopicSpec(sink, 1, 3)])
     rows = spark.createDataFrame([(str(i), f"value-{i}") for i in range(500)], ["key", "value"])
-    rows.write.format("kafka").option("kafka.bootstrap.servers", settings.bootstrap_servers).option(
-        "topic", source
-    ).save()
+    # The stack's Kafka login (its admin), as every client of a secure stack needs.
+    login = spark_kafka_security(settings)
+    bootstrap = settings.bootstrap_servers
+    writer = rows.write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+    writer.options(**login).option("topic", source).save()
 
     query = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .options(**login)
         .option("subscribe", source)
         .option("startingOffsets", "earliest")
         .load()
         .selectExpr("CAST(offset AS STRING) AS key", "value")
         .writeStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .options(**login)
         .option("topic", sink)
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
         .queryName("connector_test")
@@ -88,6 +92,7 @@ def test_structured_streaming_reads_and_writes_kafka(spark, settings, tmp_path):
     back = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .options(**login)
         .option("subscribe", sink)
         .load()
         .selectExpr("CAST(key AS STRING) AS offset", "CAST(value AS STRING) AS value")

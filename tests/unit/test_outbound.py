@@ -236,7 +236,7 @@ def test_a_write_kafka_denies_is_held_and_retried_and_a_fatal_one_replaces_the_p
     pub, producer = publisher
     denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not allowed")
     producer.commit_errors = [denied]
-    with pytest.raises(TransientPublishError, match="TOPIC_AUTHORIZATION_FAILED.*`make up`"):
+    with pytest.raises(TransientPublishError, match=r"TOPIC_AUTHORIZATION_FAILED.*`make up`"):
         pub.publish([Output(1, "out", "h", "v")], epoch=1)
     assert producer.aborted == 1
     # Granted: the same rows go through with the next batch.

@@ -378,7 +378,9 @@ class Pipeline:
         if (active_env or {}) == (standby_env or {}):
             engines = [self.start(e, **(active_env or {})) for e in ("a", "b")]
             self.wait_running(*engines)
-            active: EngineProcess = wait_for(self.active, 30, "one engine active")
+            # Both JVMs' first batches share two cores: up to a minute with three partitions
+            # over TLS.
+            active: EngineProcess = wait_for(self.active, 90, "one engine active")
             (standby,) = [e for e in engines if e is not active]
             assert standby.role() == "standby", standby.role()
             self.warm_up(active, standby)
