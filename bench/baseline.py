@@ -29,7 +29,8 @@ from typing import Any
 from bench.plots import plot, rate_series
 from twinstream.audit import Findings, find_id_problems
 from twinstream.config import REPO_ROOT, Settings
-from twinstream.kafka import watermarks
+from twinstream.kafka import java_security_config, watermarks
+from twinstream.stack.core import write_if_changed
 from twinstream.stack.render import java_command
 from twinstream.subscriber import read_committed
 from twinstream.testing.chaos import SteadyLoad
@@ -147,6 +148,18 @@ class Instance:
             {},
         )
 
+    def client_env(self) -> dict[str, str]:
+        """With Kafka security, the stack's admin login (a super user: a baseline's internal
+        topics, groups and transactional ids are its own, and no pipeline's ACLs name them)
+        in a properties file only its owner reads, named to the JVM by the variable
+        java/baseline-common's ClientConfig reads."""
+        security = java_security_config(self.settings.model_copy(update={"kafka_role": "admin"}))
+        if not security:
+            return {}
+        path = self.state_dir.parent / f"{self.app.folder}-{self.name}-client.properties"
+        write_if_changed(path, "".join(f"{k}={v}\n" for k, v in security.items()), private=True)
+        return {"TWINSTREAM_KAFKA_CLIENT_PROPERTIES": str(path)}
+
     @property
     def tag(self) -> str:
         """The engine_id its current process writes."""
@@ -160,7 +173,10 @@ class Instance:
         self.status = None
         self.active_since = None
         self.proc = subprocess.Popen(
-            self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            self.command(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.client_env()},
         )
         threading.Thread(
             target=self._read, args=(self.proc,), daemon=True, name=f"{self.app.folder}-{self.name}"

@@ -209,6 +209,8 @@ public final class CheckpointedPipeline {
     KafkaSource<Tuple3<String, Long, String>> source =
         KafkaSource.<Tuple3<String, Long, String>>builder()
             .setBootstrapServers(bootstrap)
+            // Twinstream's Kafka login, when the stack has Kafka security.
+            .setProperties(ClientConfig.fromEnvironment())
             .setTopics(args[2])
             .setGroupId(args[1])
             // A first start reads the topic from its beginning; a restart, from the checkpoint.
@@ -218,6 +220,7 @@ public final class CheckpointedPipeline {
     KafkaSink<Tuple3<String, Long, String>> sink =
         KafkaSink.<Tuple3<String, Long, String>>builder()
             .setBootstrapServers(bootstrap)
+            .setKafkaProducerConfig(ClientConfig.fromEnvironment())
             .setRecordSerializer(new Output(args[3], args[4]))
             .setDeliveryGuarantee(DeliveryGuarantee.EXACTLY_ONCE)
             // The same prefix across restarts: the restored job aborts the killed one's open

@@ -155,7 +155,8 @@ public final class StandbyPipeline {
       System.exit(2);
     }
     String instance = args[4];
-    Properties props = new Properties();
+    // Twinstream's Kafka login first (when the stack has Kafka security), then our settings.
+    Properties props = ClientConfig.fromEnvironment();
     props.put(StreamsConfig.APPLICATION_ID_CONFIG, args[1]);
     props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, args[0]);
     // The same guarantee Twinstream gives; the default (at_least_once) repeats output on
