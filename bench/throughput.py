@@ -26,9 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka.admin import AdminClient
+
 from bench.plots import plot_drains, write_figures
 from twinstream.config import REPO_ROOT, Settings
 from twinstream.kafka import TopicSpec, admin_config, ensure_topics, watermarks
+from twinstream.kafka_auth import grant_read
 from twinstream.testing.harness import OutputSampler, Pipeline, bench_pipeline, machine, wait_for
 
 
@@ -79,6 +82,10 @@ def on_backlog(backlog: Pipeline, name: str) -> Pipeline:
     other = Pipeline(backlog.env, backlog.workdir / name)
     other.env["TWINSTREAM_INBOUND_TOPIC"] = backlog.settings.inbound_topic
     other.settings = other._settings()
+    if other.settings.kafka_security:
+        # Its engine user may read its own inbound topic only: grant it the backlog's.
+        admin = AdminClient(admin_config(other.settings))
+        grant_read(admin, other.settings, backlog.settings.inbound_topic, role="engine")
     return other
 
 

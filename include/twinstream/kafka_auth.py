@@ -209,11 +209,16 @@ def provision(
     return done
 
 
-def grant_reader(
-    admin: AdminClient, settings: Settings, topic: str, timeout_s: float = 30.0
+def grant_read(
+    admin: AdminClient,
+    settings: Settings,
+    topic: str,
+    role: Role = "reader",
+    timeout_s: float = 30.0,
 ) -> None:
-    """Let the settings' pipeline's reader read `topic` too (the audit of a copy of an
-    output, say). As the admin."""
+    """Let one of the settings' pipeline's users (its reader, by default) read `topic` too:
+    the audit of a copy of an output, engines draining another pipeline's backlog in a
+    benchmark. As the admin."""
     from confluent_kafka.admin import (
         AclBinding,
         AclOperation,
@@ -222,7 +227,7 @@ def grant_reader(
         ResourceType,
     )
 
-    who = principal(user_name(settings.pipeline, "reader"))
+    who = principal(user_name(settings.pipeline, role))
     bindings = [
         AclBinding(
             ResourceType.TOPIC,

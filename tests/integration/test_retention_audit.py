@@ -23,7 +23,7 @@ from twinstream.kafka import (
     ensure_topics,
     producer_config,
 )
-from twinstream.kafka_auth import grant_reader
+from twinstream.kafka_auth import grant_read
 from twinstream.subscriber import read_committed
 from twinstream.testing.harness import Pipeline
 
@@ -164,7 +164,7 @@ def test_the_audit_passes_each_partition_and_names_the_ranges_of_a_broken_copy(
     if settings.kafka_security:
         # Only the pipeline's own outputs are its reader's: an operator auditing another
         # topic grants it (the audit reads as the reader, never as the admin).
-        grant_reader(AdminClient(admin_config(settings)), settings, copy)
+        grant_read(AdminClient(admin_config(settings)), settings, copy)
     # Its own cursor, by id: kept in the pipeline's audit folder.
     broken = settings.audit_dir / "cursors" / "copy-audit"
     conf = {

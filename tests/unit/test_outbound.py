@@ -5,7 +5,7 @@ committed again, as librdkafka's transactional API asks, not aborted."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -287,3 +287,20 @@ def test_a_refused_row_of_one_partition_is_replaced_there_not_in_another(publish
     pub.publish(sorted(rows, key=lambda r: r.position), epoch=1)
     placed = [p for p in producer.placed if p[0] != "hostmetrics.progress"]
     assert placed[-2:] == [("hostmetrics.out", 0, "3"), ("hostmetrics.dlq", 1, "3")]
+
+
+def test_an_inbound_topic_kafka_denies_stops_the_start_naming_the_fix(monkeypatch):
+    class Meta:
+        error = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "no")
+        partitions: ClassVar[dict[int, object]] = {}
+
+    class FakeConsumer:
+        def __init__(self, config: dict[str, Any]) -> None: ...
+
+        def list_topics(self, topic: str, timeout: float) -> Any:
+            return type("M", (), {"topics": {topic: Meta()}})()
+
+    monkeypatch.setattr(outbound, "Consumer", FakeConsumer)
+    reader = outbound.LastPublishedReader(Settings())
+    with pytest.raises(outbound.AccessDenied, match=r"TOPIC_AUTHORIZATION_FAILED.*`make up`"):
+        reader.partitions()

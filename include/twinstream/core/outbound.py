@@ -55,6 +55,10 @@ ACCESS_DENIED = {
 }
 
 
+class AccessDenied(RuntimeError):
+    """Kafka refuses this engine's user what it needs; the message names the fix."""
+
+
 def access_denied(error: KafkaError, settings: Settings) -> str | None:
     """What to do about an error that denies this engine access, or None for any other."""
     if error.code() not in ACCESS_DENIED:
@@ -403,7 +407,10 @@ class LastPublishedReader:
             topic = self._settings.inbound_topic
             meta = self._consumer.list_topics(topic, timeout=self._timeout_s).topics[topic]
             if meta.error is not None:
-                raise KafkaException(meta.error)
+                denied = access_denied(meta.error, self._settings)
+                # Said with the fix: an engine that may not read its inbound topic stops
+                # here, at its start, before anything else.
+                raise KafkaException(meta.error) if denied is None else AccessDenied(denied)
             self._partitions = sorted(meta.partitions)
         return self._partitions
 
