@@ -93,7 +93,9 @@ def check_owned(client: KazooClient, path: str, expected: list[ACL]) -> None:
         f"{shown}, expected {', '.join(_acl_text(a) for a in expected)}. Whoever made it "
         "could read or block the election, so the engines will not use it. Fix: find out who "
         "created it, delete it as ZooKeeper's super user (zkCli.sh deleteall "
-        f"{path}), then start the engines again: they recreate it with their own ACL"
+        f"{path}), then start the engines again: they recreate it with their own ACL. "
+        "`make up`'s own ZooKeeper has no super user: there, `make down`, delete "
+        ".twinstream/zookeeper/data, and `make up` (every election starts afresh)"
     )
 
 
