@@ -8,17 +8,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from ipaddress import ip_address
 from pathlib import Path
 
 import pytest
 import uvicorn
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.routing import Route
@@ -36,6 +29,7 @@ from twinstream.admin_api import (
 from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.engine_client import EngineClient, EngineError
 from twinstream.snapshot import Manifest, SnapshotError
+from twinstream.stack.tls import TlsFiles, ensure_tls
 
 TOKEN = "s3cret-token"
 
@@ -295,86 +289,10 @@ def test_buffer_returns_the_newest_rows(client):
 # -- https ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TlsFiles:
-    ca: Path
-    cert: Path
-    key: Path
-    ca_key: Path
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
 def write_tls_files(folder: Path) -> TlsFiles:
-    """A throwaway CA, and a server certificate it signed for 127.0.0.1 and localhost (EC
-    P-256, PKCS#8 key, valid for a day), as PEM files in `folder`."""
-    now = datetime.now(UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("Twinstream test CA"))
-        .issuer_name(_name("Twinstream test CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("localhost"))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    files = TlsFiles(
-        folder / "ca.pem", folder / "engine.pem", folder / "engine-key.pem", folder / "ca-key.pem"
-    )
-    files.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    files.key.write_bytes(_pem_key(key))
-    files.ca_key.write_bytes(_pem_key(ca_key))
+    """A throwaway CA, and a server certificate it signed for 127.0.0.1 and localhost, as
+    the stack makes them (twinstream.stack.tls)."""
+    files, _ = ensure_tls(folder, ("127.0.0.1", "localhost"))
     return files
 
 
