@@ -667,9 +667,11 @@ class Engine:
         """The gate's producer can publish no more: give up the leadership and queue again;
         whoever wins next fences with a producer of its own. A fence from outside the
         election (a client with the pipeline's credentials that is no engine) is reported:
-        resigning is still the cure, as the next winner's init fences that client back."""
+        resigning is still the cure, as the next winner's init fences that client back.
+        Called with the gate's lock held: the check runs on a thread of its own."""
         epoch = self.gate.status().epoch
-        if self.election.fenced_from_outside(epoch):
+
+        def foreign() -> None:
             self.metrics.foreign_fence()
             log.error(
                 "engine %s pipeline %s: fenced at epoch %s by a producer that is no engine "
@@ -681,7 +683,8 @@ class Engine:
                 epoch,
                 self.settings.transactional_id,
             )
-        self.election.resign()
+
+        self.election.resign_fenced(epoch, foreign)
 
     def _stepped_down(self, reason: str) -> None:
         self.gate.step_down(reason, rejoin=self._state == "running")

@@ -1,6 +1,7 @@
 """The election loop with a fake kazoo client: callbacks on win, SUSPENDED, LOST, resign."""
 
 import threading
+import time
 
 import pytest
 from kazoo.client import KazooState
@@ -315,3 +316,41 @@ def test_a_client_kazoo_gave_up_on_after_a_sasl_drop_gets_a_new_session():
     assert client.restarts == 1
     assert client.runs == 2
     assert client.client_state == KeeperState.CONNECTED
+
+
+def test_resigning_after_a_fence_never_waits_for_zookeeper_in_the_callers_thread():
+    # The caller holds the gate's lock (or is kazoo's connection thread): a ZooKeeper read
+    # there, while the session is SUSPENDED, deadlocked an engine (the reconnection's
+    # listener waits for that lock). The check waits elsewhere; the resign follows it.
+    FakeCounter.value = 0
+    client = FakeClient()
+    zookeeper_back = threading.Event()
+    synced = client.sync
+
+    def sync_when_back(path):
+        zookeeper_back.wait(10)
+        synced(path)
+
+    client.sync = sync_when_back  # type: ignore[method-assign]
+    events: list[tuple[str, object]] = []
+    foreign: list[bool] = []
+    resigned = threading.Event()
+
+    def sleep(_seconds):
+        if events == [("elected", 1)] and not resigned.is_set():
+            started = time.monotonic()
+            thread = election.resign_fenced(1, lambda: foreign.append(True))
+            assert time.monotonic() - started < 0.5  # did not wait for ZooKeeper
+            assert not election._resign.is_set()
+            zookeeper_back.set()
+            thread.join(5)
+            resigned.set()
+
+    election = _election(client, events, sleep)
+    election.start()
+    assert resigned.wait(10)
+    assert election._resign.is_set() or ("down", "resigned") in events
+    election._stop.set()
+    assert election._thread is not None
+    election._thread.join(5)
+    assert foreign == [True]  # the counter still at the leader's epoch, its node first

@@ -221,6 +221,29 @@ class Election:
         if self._leading.is_set():
             self._resign.set()
 
+    def resign_fenced(self, epoch: int, on_foreign: Callable[[], None]) -> threading.Thread:
+        """The leader's producer was fenced at `epoch`: find out whether a contender or a
+        client from outside the election did it (`on_foreign` then), and resign.
+
+        Returns at once; the work runs on a thread of its own. Its caller holds the gate's
+        lock, or is kazoo's connection thread itself (a commit retried on reconnection):
+        the ZooKeeper reads here wait for the session, whose listener needs that lock or
+        that thread, so doing them in the caller deadlocks while the session is
+        SUSPENDED. The reads end when the session is back or LOST; then it resigns."""
+
+        def check_then_resign() -> None:
+            try:
+                if self.fenced_from_outside(epoch):
+                    on_foreign()
+            finally:
+                self.resign()
+
+        thread = threading.Thread(
+            target=check_then_resign, name=f"resign-{self._identifier}", daemon=True
+        )
+        thread.start()
+        return thread
+
     def fenced_from_outside(self, epoch: int) -> bool:
         """Whether a fence of this leader's producer came from outside the election.
 
