@@ -77,6 +77,20 @@ class UncoveredRange(BaseModel):
     last: int
 
 
+class TakeoverInfo(BaseModel):
+    """One takeover by this engine, as it remembers it (its last few, newest first)."""
+
+    epoch: int
+    # When it won the election (UTC, ISO 8601).
+    at: str
+    # Winning to fenced, with the last published msg_id of each partition read.
+    fence_and_read_s: float
+    # Winning to its first committed transaction as active: the output's pause as this
+    # engine sees it (None until it has published; the previous active's failure to its
+    # session's expiry comes before and is not in it).
+    first_commit_s: float | None = None
+
+
 class PipelineInfo(BaseModel):
     state: str
     reason: str
@@ -103,6 +117,7 @@ class PipelineInfo(BaseModel):
     # as this engine knows it. With one partition, the last_msg_id_* fields say the same.
     processed: dict[int, int] = Field(default_factory=dict)
     published: dict[int, int] = Field(default_factory=dict)
+    takeovers: list[TakeoverInfo] = Field(default_factory=list)
 
 
 class RestoreRequest(BaseModel):

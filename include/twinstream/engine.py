@@ -8,6 +8,7 @@ import os
 import shutil
 import threading
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import twinstream
@@ -20,6 +21,7 @@ from twinstream.admin_api import (
     RepairInfo,
     RestoreReport,
     ServerInfo,
+    TakeoverInfo,
     UncoveredRange,
 )
 from twinstream.config import Settings
@@ -752,6 +754,15 @@ class Engine:
             restored_from=self._restored_from,
             processed=status.processed,
             published=status.published,
+            takeovers=[
+                TakeoverInfo(
+                    epoch=t.epoch,
+                    at=datetime.fromtimestamp(t.at, UTC).isoformat(timespec="milliseconds"),
+                    fence_and_read_s=round(t.fence_and_read_s, 3),
+                    first_commit_s=None if t.first_commit_s is None else round(t.first_commit_s, 3),
+                )
+                for t in status.takeovers
+            ],
         )
 
     def metrics_text(self) -> bytes:

@@ -508,3 +508,26 @@ def test_a_restored_buffer_of_several_partitions_continues_each_after_its_last_r
     gate.on_batch(0, [*prows(0, 7, 8), *prows(1, 4, 5)])
     assert [r.position for r in gate.buffered()] == [(0, 7), (0, 8), (1, 3), (1, 4), (1, 5)]
     assert gate.status().processed == {0: 8, 1: 5}
+
+
+def test_each_takeover_is_remembered_with_when_it_won_and_its_first_commit():
+    clock = FakeClock()
+    gate = Gate("b", "p", 100, clock=clock, wall_clock=lambda: 1_800_000_000.0 + clock())
+    gate.joined()
+    gate.on_batch(0, rows(0, 1))
+    publisher = FakePublisher()
+
+    def fence():
+        clock.sleep(0.25)  # init_transactions
+        return publisher
+
+    gate.take_over(8, fence=fence, last_committed=lambda: {0: 4})
+    (record,) = gate.status().takeovers
+    assert (record.epoch, record.fence_and_read_s, record.first_commit_s) == (8, 0.25, None)
+    assert record.at == 1_800_000_000.0
+    clock.sleep(1.5)  # the standby was behind: its next batch brings the first rows
+    gate.on_batch(1, rows(2, 3, 4, 5))
+    assert gate.status().takeovers[0].first_commit_s == pytest.approx(1.75)
+    gate.step_down("drill")
+    gate.take_over(9, fence=fence, last_committed=lambda: {0: 5})
+    assert [t.epoch for t in gate.status().takeovers] == [9, 8]

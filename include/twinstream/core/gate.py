@@ -43,7 +43,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import takewhile
 from typing import Protocol
 
@@ -136,6 +136,22 @@ class Uncovered:
 
 
 @dataclass
+class TakeoverRecord:
+    """One takeover by this engine: when it won (wall clock, epoch seconds), how long
+    fencing and reading the last published msg_id took, and how long after winning its
+    first transaction as active was committed (None until then)."""
+
+    epoch: int
+    at: float
+    fence_and_read_s: float
+    first_commit_s: float | None = None
+
+
+# The takeovers an engine remembers for its status: an operator looks at the last few.
+TAKEOVER_HISTORY = 10
+
+
+@dataclass
 class GateStatus:
     role: str
     epoch: int
@@ -154,6 +170,8 @@ class GateStatus:
     # Per partition: the last msg_id buffered, and the last published as this engine knows it.
     processed: dict[int, int] = field(default_factory=dict)
     published: dict[int, int] = field(default_factory=dict)
+    # This engine's last takeovers, newest first.
+    takeovers: list[TakeoverRecord] = field(default_factory=list)
 
 
 class _Partition:
@@ -186,6 +204,7 @@ class Gate:
         max_buffer_size: int | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         on_gap: Callable[[int, int, int], bool] | None = None,
         on_fenced: Callable[[], None] | None = None,
     ) -> None:
@@ -196,6 +215,7 @@ class Gate:
         self._max_buffer_size = max(buffer_size, max_buffer_size or buffer_size)
         self._sleep = sleep
         self._clock = clock
+        self._wall_clock = wall_clock
         self._paused: str | None = None
         # Bumped when the query is being stopped: a paused batch then returns at once; and
         # no batch pauses until the next query starts.
@@ -219,6 +239,10 @@ class Gate:
         # While active: rows whose commit failed or was held (SUSPENDED), in (partition,
         # msg_id) order, kept even if the ring has dropped them, until they are published.
         self._held: list[Output] = []
+        # When this engine last took over, until its first transaction as active is
+        # committed: that moment is logged, the part of a takeover a reader waits for.
+        self._took_over_at: float | None = None
+        self._takeovers: deque[TakeoverRecord] = deque(maxlen=TAKEOVER_HISTORY)
 
     def _part(self, partition: int) -> _Partition:
         part = self._parts.get(partition)
@@ -373,6 +397,8 @@ class Gate:
         takeover. A partition `last_committed` does not name starts at msg_id 0."""
         with self._lock:
             started = time.monotonic()
+            self._took_over_at = self._clock()
+            won_at = self._wall_clock()
             publisher = fence()
             fenced = time.monotonic()
             try:
@@ -386,6 +412,9 @@ class Gate:
                 self.pipeline,
                 fenced - started,
                 time.monotonic() - fenced,
+            )
+            self._takeovers.appendleft(
+                TakeoverRecord(epoch, won_at, self._clock() - self._took_over_at)
             )
             for partition in last:
                 self._part(partition)
@@ -473,6 +502,7 @@ class Gate:
             repairs=list(self._repairs),
             processed=processed,
             published=published,
+            takeovers=[replace(t) for t in list(self._takeovers)],
         )
 
     def buffered(self) -> list[Output]:
@@ -617,6 +647,7 @@ class Gate:
                 if self._start_repair(partition, *gap):
                     return 0
                 self._report_uncovered(partition, *gap)
+        publishing = self._clock()
         try:
             self._publisher.publish(rows, self._epoch)
         except Fenced as exc:
@@ -647,6 +678,20 @@ class Gate:
         for partition, group in by_partition(rows).items():
             self._parts[partition].last_published = group[-1].msg_id
         self._metrics.published(len(rows))
+        if self._took_over_at is not None:
+            log.info(
+                "engine %s pipeline %s: first transaction as active (msg_id %s, %s rows) "
+                "committed %.3f s after taking over; the transaction took %.3f s",
+                self.engine_id,
+                self.pipeline,
+                span(rows),
+                len(rows),
+                self._clock() - self._took_over_at,
+                self._clock() - publishing,
+            )
+            if self._takeovers and self._takeovers[0].epoch == self._epoch:
+                self._takeovers[0].first_commit_s = self._clock() - self._took_over_at
+            self._took_over_at = None
         repair = self._repairing()
         published = self._parts.get(repair.partition) if repair is not None else None
         if (
