@@ -3,7 +3,7 @@
 twinstream publish --pipeline hostmetrics --count 60000    the pipeline's sample records
 twinstream publish --pipeline payments --file p.jsonl       a CSV or JSONL file
 twinstream subscribe --pipeline payments --output out.csv   outbound -> CSV (read_committed)
-twinstream status [--pipeline NAME]                every pipeline's engines: role, lag, buffer
+twinstream status [--pipeline NAME] [--watch] [--json]   engines, takeovers, snapshots, audit
 twinstream quarantine list                         offsets the engines quarantined
 twinstream quarantine release 1234                 release one once its bug is fixed
 twinstream new-pipeline NAME                       a runnable pipeline and its test
@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import TextIO
 
 from twinstream import registry
-from twinstream.admin_api import PipelineInfo
 from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.contract import ContractError, field_types
-from twinstream.core.rows import positions_text, range_text
-from twinstream.engine_client import EngineClient, EngineError
+from twinstream.engine_client import EngineClient
+from twinstream.overview import Overview, overview
 from twinstream.publisher import from_file, publish
 from twinstream.subscriber import read_committed
 
@@ -100,79 +99,54 @@ def cmd_subscribe(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
-    """Every engine of every pipeline of the stack (or of --pipeline), one row each; exit 1
-    unless each pipeline has exactly one active."""
+    """Every engine of every pipeline of the stack (or of --pipeline) as a table, with each
+    pipeline's last takeovers, newest snapshot and last audit; exit 1 if a pipeline has a
+    problem (not exactly one active, a gap, a standby that cannot cover a takeover, a failed
+    audit), 2 if the engines refuse the token or none answers (one line saying so)."""
+    from twinstream.status_view import render, watch
+
     token = settings.secret("admin_token")
     chosen = getattr(args, "pipeline", None)
     pipelines = registry.stack(settings)
     if chosen:
         pipelines = {chosen: registry.settings_for(settings, chosen)}
-    columns = [
-        "pipeline",
-        "engine",
-        "role",
-        "state",
-        "lag",
-        "buffer",
-        "processed",
-        "published",
-        "in_sync",
-        "zk",
-    ]
-    rows = []
-    actives = dict.fromkeys(pipelines, 0)
-    for name, pipeline in pipelines.items():
-        for engine_id in pipeline.engine_ids:
-            try:
-                with EngineClient.from_settings(pipeline, engine_id, token, 5.0) as client:
-                    server, pipe = client.server(), client.pipeline()
-            except EngineError as exc:
-                rows.append([name, engine_id, "unreachable", exc.reason[:60], *[""] * 6])
-                continue
-            actives[name] += server.role == "active"
-            rows.append([name, engine_id, server.role, *_state_cells(pipe), server.zk_state])
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for row in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
-    wrong = {name: n for name, n in actives.items() if n != 1}
-    for name, count in wrong.items():
-        print(
-            f"WARNING: pipeline {name} has {count} active engines (want exactly 1): see its "
-            "engines' logs (make status names them)",
-            file=sys.stderr,
+
+    def engine(pipeline: Settings, engine_id: str) -> EngineClient:
+        return EngineClient.from_settings(pipeline, engine_id, token, 5.0)
+
+    def look() -> Overview:
+        return overview(pipelines, engine)
+
+    if getattr(args, "watch", None) is not None:
+        return watch(look, float(getattr(args, "watch", 2.0)))
+    seen = look()
+    failure = unusable(seen, settings)
+    if failure is not None:
+        print(f"twinstream status: {failure}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        print(seen.model_dump_json(indent=2))
+    else:
+        render(seen)
+    return 0 if seen.ok else 1
+
+
+def unusable(seen: Overview, settings: Settings) -> str | None:
+    """One line, when the status says nothing of any engine: each refused the token, or
+    none answered."""
+    engines = [e for p in seen.pipelines for e in p.engines]
+    if engines and all(e.unauthorized for e in engines):
+        return (
+            f"every engine refuses the admin token ({engines[0].problem}): set "
+            "TWINSTREAM_ADMIN_TOKEN to the token the engines were started with (the local "
+            f"stack's is in {settings.state_dir / 'admin-token'})"
         )
-    return 1 if wrong else 0
-
-
-def _state_cells(pipe: PipelineInfo) -> list[str]:
-    state = pipe.state
-    if pipe.uncovered_ranges:
-        spans = ", ".join(range_text(u.partition, u.first, u.last) for u in pipe.uncovered_ranges)
-        state += f" UNCOVERED {spans}"
-    if pipe.quarantined:
-        state += f" QUARANTINED {len(pipe.quarantined)} (twinstream quarantine list)"
-    if pipe.paused:
-        state += " PAUSED"
-    for repair in pipe.repairs:
-        done = f"in {repair.seconds} s" if repair.seconds is not None else "repairing"
-        state += f" REPAIRED {range_text(repair.partition, repair.first, repair.last)} {done}"
-    return [
-        state,
-        str(pipe.lag),
-        f"{pipe.buffer_fill}/{pipe.buffer_size}",
-        _position(pipe.processed, pipe.last_msg_id_processed),
-        _position(pipe.published, pipe.last_msg_id_published),
-        "yes" if pipe.in_sync else "no",
-    ]
-
-
-def _position(per_partition: dict[int, int], alone: int | None) -> str:
-    """One partition's msg_id as it was; several as `0:120, 1:98, 2:130` (the scalar is
-    None there: no single msg_id says how far a pipeline of several partitions is)."""
-    if len(per_partition) > 1:
-        return positions_text(per_partition)
-    return str(alone)
+    if engines and all(e.problem is not None for e in engines):
+        return (
+            f"no engine answers (engine {engines[0].engine_id}: {engines[0].problem}): start "
+            "the stack (`make up`) or check TWINSTREAM_BIND_HOST and the admin ports"
+        )
+    return None
 
 
 def parse_record(text: str) -> int:
@@ -295,6 +269,17 @@ def main(argv: list[str] | None = None) -> int:
         "offset", nargs="?", help="the msg_id to release: OFFSET (partition 0) or PARTITION:OFFSET"
     )
     status.add_argument("--pipeline", help="only this pipeline (default: every one)")
+    status.add_argument(
+        "--json", action="store_true", help="the status as JSON (twinstream.overview's model)"
+    )
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=float,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C",
+    )
     for command in (pub, subp, quar):
         command.add_argument(
             "--pipeline", help="one of the pipelines file's (default: TWINSTREAM_PIPELINE)"

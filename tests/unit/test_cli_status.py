@@ -3,16 +3,19 @@ quarantined offsets, backpressure pause and gap repair (the admin client's answe
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.unit.fakes import pipeline_info, server_info
-from twinstream import cli
+from twinstream import cli, registry
 from twinstream.admin_api import PipelineInfo, ServerInfo
-from twinstream.config import load_settings
+from twinstream.config import Settings, load_settings
 from twinstream.core.rows import record_id, record_text
-from twinstream.engine_client import EngineClient
+from twinstream.engine_client import EngineClient, EngineError
+from twinstream.overview import Overview, overview
 
 PIPELINES: dict[str, dict[str, Any]] = {
     "a": {
@@ -68,41 +71,141 @@ def fake_engines(monkeypatch: pytest.MonkeyPatch, actives: set[str]) -> None:
     monkeypatch.setattr(EngineClient, "pipeline", pipeline)
 
 
-def test_status_shows_quarantine_pause_and_repairs(monkeypatch: pytest.MonkeyPatch, capsys):
-    settings = load_settings(admin_token="t")
+def row(lines: list[str], engine: str) -> list[str]:
+    """The cells of an engine's row of the table (rich draws │ between them)."""
+    for line in lines:
+        cells = [c.strip() for c in line.strip("│ ").split("│")]
+        if cells and cells[0] == engine:
+            return cells
+    raise AssertionError(f"no row of engine {engine} in:\n" + "\n".join(lines))
+
+
+def status(settings: Settings, *args: str) -> int:
+    return cli.cmd_status(settings, cli_args(*args))
+
+
+def cli_args(*args: str) -> argparse.Namespace:
+    return argparse.Namespace(pipeline=None, json="--json" in args, watch=None)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return load_settings(admin_token="t", state_dir=tmp_path)
+
+
+def test_status_shows_quarantine_pause_and_repairs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], settings: Settings
+) -> None:
     fake_engines(monkeypatch, actives={"a", "c"})
-    assert cli.cmd_status(settings, None) == 0
+    assert status(settings) == 0
     lines = capsys.readouterr().out.splitlines()
-    a_line = next(line for line in lines if line.startswith("hostmetrics  a "))
-    b_line = next(line for line in lines if line.startswith("hostmetrics  b "))
-    assert "QUARANTINED 1 (twinstream quarantine list)" in a_line
-    assert "REPAIRED 10..14 in 2.5 s" in a_line
-    assert "PAUSED" in b_line
-    assert a_line.split()[-5:-1] == ["10/10000", "99", "99", "no"]
-    c_line = next(line for line in lines if line.startswith("payments     c "))
-    assert "0:120, 1:98, 2:130  0:110, 1:98, 2:125" in c_line
+    a, b = row(lines, "a"), row(lines, "b")
+    assert "QUARANTINED 1 (twinstream quarantine list)" in a[-1]
+    assert "REPAIRED 10..14 in 2.5 s" in a[-1]
+    assert "PAUSED" in b[-1]
+    assert a[1:8] == ["active", "0", "running", "0", "99", "99", "no"]
+    assert row(lines, "c")[5:7] == ["0:120, 1:98, 2:130", "0:110, 1:98, 2:125"]
+    assert "pipeline hostmetrics  active a" in lines[0]
 
 
 def test_status_covers_every_pipeline_and_names_one_without_a_single_active(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], settings: Settings
 ) -> None:
-    settings = load_settings(admin_token="t")
     fake_engines(monkeypatch, actives={"a", "c", "d"})
-    assert cli.cmd_status(settings, None) == 1
-    out, err = capsys.readouterr()
-    rows = [line.split()[:3] for line in out.splitlines()[1:]]
-    assert rows == [
-        ["hostmetrics", "a", "active"],
-        ["hostmetrics", "b", "standby"],
-        ["payments", "c", "active"],
-        ["payments", "d", "active"],
-    ]
-    assert "pipeline payments has 2 active engines" in err
-    assert "hostmetrics" not in err
+    assert status(settings) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert [row(lines, e)[1] for e in "abcd"] == ["active", "standby", "active", "active"]
+    assert "PROBLEM: 2 active engines (want exactly 1): c, d" in out
+    assert "pipeline payments  NO SINGLE ACTIVE" in out
     # --pipeline: that pipeline's engines only.
     monkeypatch.setenv("TWINSTREAM_ADMIN_TOKEN", "t")
+    monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(settings.state_dir))
     assert cli.main(["status", "--pipeline", "hostmetrics"]) == 0
-    assert [line.split()[1] for line in capsys.readouterr().out.splitlines()[1:]] == ["a", "b"]
+    out = capsys.readouterr().out
+    assert "pipeline hostmetrics" in out
+    assert "payments" not in out
+
+
+def test_status_as_json_is_the_overview_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], settings: Settings
+) -> None:
+    fake_engines(monkeypatch, actives={"a", "c"})
+    assert status(settings, "--json") == 0
+    seen = Overview.model_validate_json(capsys.readouterr().out)
+    assert [p.active for p in seen.pipelines] == ["a", "c"]
+
+
+def refusing(status_code: int | None):
+    def handle(client: EngineClient) -> ServerInfo:
+        if status_code is None:
+            raise EngineError(client.engine_id, "GET /server", None, "connection refused")
+        raise EngineError(
+            client.engine_id, "GET /server", status_code, "missing or wrong bearer token"
+        )
+
+    return handle
+
+
+@pytest.mark.parametrize(
+    ("status_code", "words"),
+    [
+        (401, "every engine refuses the admin token (HTTP 401: missing or wrong bearer token)"),
+        (None, "no engine answers (engine a: connection refused): start the stack"),
+    ],
+)
+def test_a_wrong_token_or_no_engine_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    status_code: int | None,
+    words: str,
+) -> None:
+    monkeypatch.setattr(EngineClient, "server", refusing(status_code))
+    monkeypatch.setenv("TWINSTREAM_ADMIN_TOKEN", "wrong")
+    monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(tmp_path))
+    assert cli.main(["status"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert words in err
+    assert "Traceback" not in err
+
+
+def test_one_engine_down_is_its_row_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], settings: Settings
+) -> None:
+    fake_engines(monkeypatch, actives={"a", "c"})
+    up = EngineClient.server
+
+    def server(client: EngineClient) -> ServerInfo:
+        if client.engine_id == "b":
+            raise EngineError("b", "GET /server", None, "http://127.0.0.1:8702: connection refused")
+        return up(client)
+
+    monkeypatch.setattr(EngineClient, "server", server)
+    assert status(settings) == 1
+    b = row(capsys.readouterr().out.splitlines(), "b")
+    assert b[1] == "unreachable"
+    assert "connection refused" in b[-1]
+
+
+def test_watch_redraws_until_told_to_stop(
+    monkeypatch: pytest.MonkeyPatch, settings: Settings
+) -> None:
+    from twinstream.status_view import watch
+
+    fake_engines(monkeypatch, actives={"a", "c"})
+    looks: list[int] = []
+
+    def look() -> Overview:
+        looks.append(1)
+        return overview(
+            registry.stack(settings), lambda p, e: EngineClient.from_settings(p, e, "t")
+        )
+
+    assert watch(look, 2.0, sleep=lambda s: None, rounds=3) == 0
+    assert len(looks) == 4  # the first drawing, then each redraw
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,176 @@
+"""`twinstream status` on a terminal: the operator's view (`twinstream.overview`) as rich
+tables, roles and problems in colour; `--watch` redraws it in place."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from twinstream.core.rows import positions_text
+from twinstream.overview import FAIL, WARN, EngineView, Overview, PipelineView
+
+ROLE_STYLES = {"active": "bold green", "standby": "cyan"}
+HEALTH_STYLES = {FAIL: "bold red", WARN: "yellow"}
+
+
+def console() -> Console:
+    """A terminal's own width; piped, wide enough that a row is one line (scripts grep)."""
+    probe = Console()
+    return probe if probe.is_terminal else Console(width=200)
+
+
+def _number(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _notes(engine: EngineView) -> Text:
+    if engine.problem is not None:
+        return Text(engine.problem, style="bold red")
+    notes = Text()
+    if engine.uncovered:
+        notes.append(f"UNCOVERED {', '.join(engine.uncovered)} ", style="bold red")
+    if engine.covers_takeover is False:
+        notes.append("BUFFER SHORT OF A TAKEOVER ", style="bold red")
+    if engine.quarantined:
+        notes.append(
+            f"QUARANTINED {engine.quarantined} (twinstream quarantine list) ", style="yellow"
+        )
+    if engine.paused:
+        notes.append("PAUSED ", style="yellow")
+    for repair in engine.repairs:
+        notes.append(f"REPAIRED {repair} ", style="yellow")
+    if engine.state not in ("running", None) and engine.reason:
+        notes.append(engine.reason[:80], style="yellow")
+    return notes
+
+
+def engines_table(pipeline: PipelineView) -> Table:
+    active = f"active {pipeline.active}" if pipeline.active else "NO SINGLE ACTIVE"
+    table = Table(
+        title=Text.assemble(
+            (f"pipeline {pipeline.name}", "bold"),
+            "  ",
+            (active, "green" if pipeline.active else "bold red"),
+        ),
+        title_justify="left",
+        expand=False,
+    )
+    for column in (
+        "engine",
+        "role",
+        "epoch",
+        "state",
+        "lag",
+        "processed",
+        "published",
+        "in sync",
+        "buffer",
+    ):
+        table.add_column(column, no_wrap=True)
+    table.add_column("takeover needs", no_wrap=True)
+    table.add_column("zk", no_wrap=True)
+    table.add_column("notes")
+    for e in pipeline.engines:
+        style = HEALTH_STYLES.get(e.health, "")
+        buffer = "-" if e.buffer_fill is None else f"{e.buffer_fill:,}/{e.buffer_size:,}"
+        needs = "-"
+        if e.takeover_needs is not None:
+            needs = f"{e.takeover_needs:,} " + ("covered" if e.covers_takeover else "NOT covered")
+        table.add_row(
+            Text(e.engine_id, style=style),
+            Text(e.role or "unreachable", style=ROLE_STYLES.get(e.role or "", "bold red")),
+            "-" if e.epoch is None else str(e.epoch),
+            e.state or "-",
+            _number(e.lag),
+            positions_text(e.processed) or "-",
+            positions_text(e.published) or "-",
+            "-" if e.in_sync is None else ("yes" if e.in_sync else "no"),
+            buffer,
+            needs,
+            e.zk_state or "-",
+            _notes(e),
+        )
+    return table
+
+
+def history(pipeline: PipelineView) -> Text:
+    lines = Text()
+    if pipeline.takeovers:
+        t = pipeline.takeovers[0]
+        first = "not yet" if t.first_commit_s is None else f"{t.first_commit_s:.2f} s"
+        lines.append(
+            f"  last takeover: engine {t.engine_id} at epoch {t.epoch}, {t.at}; fenced and "
+            f"read in {t.fence_and_read_s:.2f} s, first commit after {first}\n"
+        )
+    else:
+        lines.append("  last takeover: none that a running engine remembers\n")
+    valid = [s for s in pipeline.snapshots if s.problem is None]
+    if valid:
+        s = valid[0]
+        lines.append(
+            f"  newest snapshot: {s.snapshot_id} (engine {s.engine_id}, {_age(s.age_s)} old)\n"
+        )
+    else:
+        lines.append("  newest snapshot: none (persist_standby_state makes one)\n", style="yellow")
+    audit = pipeline.audit
+    if audit is None:
+        lines.append("  last audit: none yet (audit_output_topic)\n")
+    else:
+        lines.append(
+            f"  last audit: {'passed' if audit.ok else 'FAILED'} ({audit.run}, {audit.at}): "
+            f"{audit.summary}\n",
+            style="" if audit.ok else "bold red",
+        )
+    for problem in pipeline.problems:
+        lines.append(f"  PROBLEM: {problem}\n", style="bold red")
+    return lines
+
+
+def view(seen: Overview) -> Group:
+    parts: list[Table | Text] = []
+    for pipeline in seen.pipelines:
+        parts += [engines_table(pipeline), history(pipeline)]
+    parts.append(Text(f"as of {seen.generated_at}", style="dim"))
+    return Group(*parts)
+
+
+def render(seen: Overview, out: Console | None = None) -> None:
+    (out or console()).print(view(seen))
+
+
+def watch(
+    look: Callable[[], Overview],
+    every_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+    rounds: int | None = None,
+) -> int:
+    """Redraw until Ctrl-C (or `rounds` redraws, for tests); 0."""
+    out = console()
+    done = 0
+    try:
+        with Live(view(look()), console=out, auto_refresh=False) as live:
+            while rounds is None or done < rounds:
+                sleep(every_s)
+                live.update(view(look()), refresh=True)
+                done += 1
+    except KeyboardInterrupt:
+        out.print(f"stopped watching at {datetime.now(UTC).isoformat(timespec='seconds')}")
+    return 0

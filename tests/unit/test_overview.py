@@ -1,0 +1,167 @@
+"""The operator's view (twinstream.overview) from fake admin APIs: roles, what a takeover
+needs against the standby's buffer, takeovers merged across engines, snapshots' age and
+restorability, the latest audit, and every problem named."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.unit.fakes import pipeline_info, server_info
+from twinstream import registry, snapshot
+from twinstream.config import Settings, load_settings
+from twinstream.engine_client import EngineClient
+from twinstream.overview import FAIL, WARN, covers, latest_audit, overview
+
+
+def fake_engines(answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | int | None]):
+    """engine id -> (server fields, pipeline fields), an HTTP status it refuses with, or
+    None for an engine that does not answer."""
+
+    def make(settings: Settings, engine_id: str) -> EngineClient:
+        answer = answers[engine_id]
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            if answer is None:
+                raise httpx.ConnectError("connection refused", request=request)
+            if isinstance(answer, int):
+                return httpx.Response(answer, json={"reason": "missing or wrong bearer token"})
+            server, pipe = answer
+            if request.url.path == "/server":
+                return httpx.Response(
+                    200, json=server_info(engine_id=engine_id, **server).model_dump()
+                )
+            return httpx.Response(200, json=pipeline_info(**pipe).model_dump())
+
+        return EngineClient(engine_id, "http://engine", "t", transport=httpx.MockTransport(handle))
+
+    return make
+
+
+def pipelines(tmp_path: Path) -> dict[str, Settings]:
+    settings = load_settings(admin_token="t", state_dir=tmp_path)
+    return registry.stack(settings)
+
+
+ACTIVE = ({"role": "active", "epoch": 7}, {"published": {0: 100, 1: 50}, "in_sync": True})
+
+
+def standby(processed: dict[int, int], fill: int, **more: Any):
+    return ({"role": "standby", "epoch": 7}, {"processed": processed, "buffer_fill": fill, **more})
+
+
+def test_a_standby_covers_a_takeover_when_its_buffer_holds_what_it_is_ahead_by():
+    active = pipeline_info(published={0: 100, 1: 50})
+    assert covers(pipeline_info(processed={0: 110, 1: 48}, buffer_fill=10), active) == (10, True)
+    assert covers(pipeline_info(processed={0: 110, 1: 55}, buffer_fill=10), active) == (15, False)
+    # Behind the active: nothing to publish at a takeover, nothing to cover.
+    assert covers(pipeline_info(processed={0: 90}, buffer_fill=0), active) == (0, True)
+
+
+def test_the_overview_names_roles_cover_and_every_problem(tmp_path: Path):
+    answers = {
+        "a": ACTIVE,
+        "b": standby({0: 120, 1: 50}, 5, quarantined=[{"msg_id": 3, "reason": "x"}]),
+        "c": None,
+        "d": 401,
+    }
+    seen = overview(pipelines(tmp_path), fake_engines(answers), with_history=False)
+    host, pay = seen.pipelines
+    assert host.active == "a"
+    a, b = host.engines
+    assert (a.role, b.role, b.takeover_needs, b.covers_takeover) == ("active", "standby", 20, False)
+    assert b.health == FAIL
+    assert b.quarantined == 1
+    assert host.problems == ["engine b: its buffer (5) does not cover a takeover (20 rows)"]
+    c, d = pay.engines
+    assert c.problem is not None
+    assert "connection refused" in c.problem
+    assert not c.unauthorized
+    assert d.unauthorized
+    assert d.problem == "HTTP 401: missing or wrong bearer token"
+    assert pay.problems[0] == "0 active engines (want exactly 1)"
+    assert not seen.ok
+
+
+def test_a_healthy_pair_has_no_problem_and_a_lagging_standby_is_a_warning(tmp_path: Path):
+    answers = {
+        "a": ACTIVE,
+        "b": standby({0: 100, 1: 50}, 50, in_sync=True),
+        "c": ACTIVE,
+        "d": standby({0: 90}, 50, in_sync=False),
+    }
+    seen = overview(pipelines(tmp_path), fake_engines(answers), with_history=False)
+    assert [p.problems for p in seen.pipelines] == [[], []]
+    assert seen.pipelines[1].engines[1].health == WARN
+    assert seen.ok
+
+
+def test_takeovers_are_merged_from_every_engine_newest_first(tmp_path: Path):
+    def took(epoch: int) -> dict[str, Any]:
+        return {"epoch": epoch, "at": "2026-11-26T10:00:00+00:00", "fence_and_read_s": 0.1}
+
+    answers = {
+        "a": (ACTIVE[0], {**ACTIVE[1], "takeovers": [took(7), took(5)]}),
+        "b": standby({0: 100}, 5, takeovers=[took(6)]),
+        "c": ACTIVE,
+        "d": standby({0: 100}, 5),
+    }
+    seen = overview(pipelines(tmp_path), fake_engines(answers), with_history=False)
+    assert [(t.epoch, t.engine_id) for t in seen.pipelines[0].takeovers] == [
+        (7, "a"),
+        (6, "b"),
+        (5, "a"),
+    ]
+
+
+def test_snapshots_show_age_and_whether_kafka_still_holds_what_they_replay(tmp_path: Path):
+    from tests.unit.test_snapshot import fake_checkpoint, rows
+
+    host = pipelines(tmp_path)["hostmetrics"]
+    checkpoint = fake_checkpoint(tmp_path / "engine-b")  # continues at inbound offset 66
+    snapshot.write_snapshot(
+        host.snapshot_dir,
+        pipeline="hostmetrics",
+        engine_id="b",
+        pipeline_version="1",
+        checkpoint=checkpoint,
+        topic="hostmetrics.in",
+        buffer=rows(0, 65),
+        now=lambda: datetime.now(UTC) - timedelta(minutes=5),
+    )
+    answers = {"a": ACTIVE, "b": standby({0: 1}, 1)}
+    engines = fake_engines(answers)
+    seen = overview({"hostmetrics": host}, engines, log_starts=lambda s: {0: 66})
+    (snap,) = seen.pipelines[0].snapshots
+    assert (snap.problem, snap.restorable, snap.engine_id) == (None, True, "b")
+    assert snap.age_s is not None
+    assert 299 <= snap.age_s <= 330
+    seen = overview({"hostmetrics": host}, engines, log_starts=lambda s: {0: 67})
+    assert seen.pipelines[0].snapshots[0].restorable is False
+    # Kafka not asked: unknown, not guessed.
+    assert overview({"hostmetrics": host}, engines).pipelines[0].snapshots[0].restorable is None
+
+
+def test_the_latest_audit_report_and_its_data_docs_page(tmp_path: Path):
+    site = tmp_path / "gx" / "uncommitted" / "data_docs" / "local_site"
+    page = site / "validations" / "suite" / "run.html"
+    report = tmp_path / "cursors" / "nightly" / "last-audit.json"
+    report.parent.mkdir(parents=True)
+    report.write_text(
+        json.dumps({"run": "r1", "ok": False, "summary": "2 missing", "data_docs": str(page)})
+    )
+    audit = latest_audit(tmp_path)
+    assert audit is not None
+    assert (audit.run, audit.ok, audit.data_docs) == ("r1", False, "validations/suite/run.html")
+    assert latest_audit(tmp_path / "nowhere") is None
+
+
+@pytest.mark.parametrize("broken", ["{", "[]"])
+def test_an_unreadable_audit_report_is_skipped(tmp_path: Path, broken: str):
+    (tmp_path / "last-audit.json").write_text(broken)
+    assert latest_audit(tmp_path) is None
