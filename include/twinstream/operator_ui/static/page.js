@@ -1,0 +1,217 @@
+// The operator's page: draws /api/overview every REFRESH_MS; its buttons trigger DAG runs
+// through Airflow's REST API with the session's own cookie, so Airflow authorises and logs
+// each one as a trigger by this user.
+"use strict";
+
+const PREFIX = document.body.dataset.prefix;
+const REFRESH_MS = 2000;
+let pending = null; // the action waiting for its confirmation: {dag, conf, label}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "class") node.className = value;
+    else if (key.startsWith("data-")) node.setAttribute(key, value);
+    else if (key === "onclick") node.addEventListener("click", value);
+    else node[key] = value;
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function num(value) {
+  return value === null || value === undefined ? "-" : value.toLocaleString("en");
+}
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "?";
+  if (seconds < 120) return `${Math.round(seconds)} s`;
+  if (seconds < 7200) return `${Math.round(seconds / 60)} min`;
+  if (seconds < 172800) return `${(seconds / 3600).toFixed(1)} h`;
+  return `${(seconds / 86400).toFixed(1)} d`;
+}
+
+function say(text, kind = "info") {
+  const box = document.getElementById("message");
+  box.textContent = text;
+  box.className = kind;
+}
+
+async function trigger(dag, conf, label) {
+  say(`${label}: triggering ${dag}…`);
+  const response = await fetch(`/api/v2/dags/${dag}/dagRuns`, {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ logical_date: null, conf, note: `from the Twinstream page: ${label}` }),
+  });
+  const body = await response.json().catch(() => ({}));
+  if (response.ok) {
+    say(`${label}: DAG run ${body.dag_run_id} of ${dag} started (Airflow: Dags › ${dag} › Runs)`, "ok");
+  } else {
+    const detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail || body);
+    say(`${label}: Airflow refused the trigger of ${dag} (HTTP ${response.status}): ${detail}`, "fail");
+  }
+}
+
+// The iframe Airflow shows plugins in allows no dialogs: a second click confirms instead.
+function action(label, dag, conf, id) {
+  const waiting = pending && pending.id === id;
+  const button = el(
+    "button",
+    { class: waiting ? "confirm" : "", "data-action": id, type: "button" },
+    waiting ? `Confirm: ${label}` : label,
+  );
+  button.addEventListener("click", () => {
+    if (pending && pending.id === id) {
+      pending = null;
+      trigger(dag, conf, label);
+    } else {
+      pending = { id };
+      say(`${label}: click "Confirm" to trigger ${dag}`, "info");
+    }
+    draw(lastSeen);
+  });
+  return button;
+}
+
+function engineRow(pipeline, e) {
+  const role = e.role || "unreachable";
+  const notes = [];
+  if (e.problem) notes.push(el("span", { class: "fail" }, e.problem));
+  if (e.uncovered.length) notes.push(el("span", { class: "fail" }, `UNCOVERED ${e.uncovered.join(", ")} `));
+  if (e.quarantined) notes.push(el("span", { class: "warn" }, `quarantined ${e.quarantined} `));
+  if (e.paused) notes.push(el("span", { class: "warn" }, "paused "));
+  for (const r of e.repairs) notes.push(el("span", { class: "warn" }, `repaired ${r} `));
+  let covers = "-";
+  if (e.takeover_needs !== null) {
+    covers = el(
+      "span",
+      { class: e.covers_takeover ? "ok" : "fail" },
+      `${num(e.buffer_fill)} / needs ${num(e.takeover_needs)}`,
+    );
+  }
+  return el(
+    "tr",
+    { "data-engine": e.engine_id, "data-role": role, class: `health-${e.health}` },
+    el("td", {}, el("b", {}, e.engine_id)),
+    el("td", {}, el("span", { class: `role role-${role}` }, role)),
+    el("td", {}, e.epoch ?? "-"),
+    el("td", {}, e.state ?? "-"),
+    el("td", { class: "n" }, num(e.lag)),
+    el("td", {}, e.in_sync === null ? "-" : e.in_sync ? "yes" : el("span", { class: "warn" }, "no")),
+    el("td", { class: "n" }, e.buffer_fill === null ? "-" : `${num(e.buffer_fill)} / ${num(e.buffer_size)}`),
+    el("td", {}, covers),
+    el("td", {}, e.zk_state ?? "-"),
+    el("td", {}, notes),
+    el(
+      "td",
+      {},
+      role === "active" ? "" : action(`Restore ${e.engine_id}`, "restore_and_resync", { engine: e.engine_id }, `restore-${e.engine_id}`),
+    ),
+  );
+}
+
+function pipelineSection(p) {
+  const engines = el(
+    "table",
+    { class: "engines" },
+    el("thead", {}, el("tr", {}, ...["engine", "role", "epoch", "state", "lag", "in sync", "buffer", "takeover cover", "ZooKeeper", "notes", ""].map((h) => el("th", {}, h)))),
+    el("tbody", {}, p.engines.map((e) => engineRow(p, e))),
+  );
+  const takeovers = p.takeovers.length
+    ? el(
+        "table",
+        { class: "small" },
+        el("thead", {}, el("tr", {}, ...["epoch", "engine", "won at (UTC)", "fence + read", "first commit after"].map((h) => el("th", {}, h)))),
+        el(
+          "tbody",
+          {},
+          p.takeovers.map((t) =>
+            el("tr", {}, el("td", {}, t.epoch), el("td", {}, t.engine_id), el("td", {}, t.at.replace("T", " ").replace("+00:00", "")),
+              el("td", { class: "n" }, `${t.fence_and_read_s.toFixed(2)} s`),
+              el("td", { class: "n" }, t.first_commit_s === null ? "not yet" : `${t.first_commit_s.toFixed(2)} s`)),
+          ),
+        ),
+      )
+    : el("p", { class: "muted" }, "No takeover that a running engine remembers.");
+  const snapshots = p.snapshots.length
+    ? el(
+        "table",
+        { class: "small" },
+        el("thead", {}, el("tr", {}, ...["snapshot", "engine", "age", "size", "restorable"].map((h) => el("th", {}, h)))),
+        el(
+          "tbody",
+          {},
+          p.snapshots.map((s) =>
+            el("tr", {}, el("td", {}, s.snapshot_id), el("td", {}, s.engine_id ?? "-"), el("td", {}, age(s.age_s)),
+              el("td", { class: "n" }, s.size_bytes === null ? "-" : `${(s.size_bytes / 1e6).toFixed(1)} MB`),
+              el("td", {}, s.problem ? el("span", { class: "fail" }, s.problem)
+                : s.restorable === null ? "unknown" : s.restorable ? el("span", { class: "ok" }, "yes")
+                : el("span", { class: "fail" }, "no: Kafka deleted what it replays"))),
+          ),
+        ),
+      )
+    : el("p", { class: "warn" }, "No snapshot yet: Persist now makes one.");
+  const audit = p.audit
+    ? el(
+        "p",
+        {},
+        el("span", { class: p.audit.ok ? "ok" : "fail" }, p.audit.ok ? "passed" : "FAILED"),
+        ` ${p.audit.run} at ${p.audit.at.replace("T", " ")}: ${p.audit.summary} `,
+        p.audit.data_docs
+          ? el("a", { href: `${PREFIX}/datadocs/${p.name}/${p.audit.data_docs}`, target: "_self" }, "Data Docs")
+          : el("a", { href: `${PREFIX}/datadocs/${p.name}/index.html`, target: "_self" }, "Data Docs"),
+      )
+    : el("p", { class: "muted" }, "Not audited yet (audit_output_topic).");
+  return el(
+    "section",
+    { "data-pipeline": p.name },
+    el(
+      "h2",
+      {},
+      `Pipeline ${p.name} `,
+      el("span", { class: p.active ? "role role-active" : "role role-none", id: `active-${p.name}` }, p.active ? `active: ${p.active}` : "no single active"),
+      " ",
+      action(`Failover drill of ${p.name}`, "failover_drill", { pipeline: p.name }, `drill-${p.name}`),
+    ),
+    p.problems.length ? el("ul", { class: "problems" }, p.problems.map((x) => el("li", { class: "fail" }, x))) : null,
+    engines,
+    el("div", { class: "columns" },
+      el("div", {}, el("h3", {}, "Last takeovers"), takeovers),
+      el("div", {}, el("h3", {}, "Snapshots"), snapshots),
+      el("div", {}, el("h3", {}, "Latest audit"), audit)),
+  );
+}
+
+let lastSeen = null;
+
+function draw(seen) {
+  if (!seen) return;
+  const main = document.getElementById("pipelines");
+  const toolbar = el("div", { class: "toolbar" }, action("Persist now (every pipeline)", "persist_standby_state", {}, "persist"));
+  main.replaceChildren(toolbar, ...seen.overview.pipelines.map(pipelineSection));
+}
+
+async function refresh() {
+  try {
+    const response = await fetch(`${PREFIX}/api/overview`, { credentials: "same-origin" });
+    if (response.status === 401 || response.status === 403) {
+      document.getElementById("updated").textContent = "Your Airflow session has expired: reload the page to log in again.";
+      return;
+    }
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    lastSeen = await response.json();
+    draw(lastSeen);
+    document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  } catch (error) {
+    document.getElementById("updated").textContent = `cannot read the overview (${error.message}); retrying`;
+  } finally {
+    setTimeout(refresh, REFRESH_MS);
+  }
+}
+
+refresh();

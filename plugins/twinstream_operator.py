@@ -1,0 +1,60 @@
+"""Twinstream in the Airflow UI: a "Twinstream" entry in the navigation opens the operator's
+page (every pipeline's engines, takeovers, snapshots, latest audit and its Data Docs, with
+buttons that trigger the operating DAGs), served by the API server at /twinstream/.
+
+This file only wires: the page is `twinstream.operator_ui.app`, its facts come from
+`twinstream.overview`. Importing it does no network work (the plugin manager test checks):
+the engines are read when the page asks, through the connections
+`AIRFLOW_CONN_TWINSTREAM_ENGINE_<ID>` (their admin APIs, tokens as passwords).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.api_fastapi.core_api.security import requires_authenticated
+from airflow.plugins_manager import AirflowPlugin
+
+from twinstream.config import Settings
+from twinstream.engine_client import EngineClient
+from twinstream.operator_ui.app import PREFIX, Sources, create_app
+
+
+def _connection(conn_id: str) -> Any:
+    # The API server is no task: it reads connections from the secrets backends directly.
+    from airflow.models.connection import Connection
+
+    return Connection.get_connection_from_secrets(conn_id)
+
+
+def _engine(settings: Settings, engine_id: str) -> EngineClient:
+    from twinstream.operate import engine_client_factory
+
+    return engine_client_factory(settings, _connection)(engine_id)
+
+
+def _log_starts(settings: Settings) -> Mapping[int, int]:
+    from twinstream.operate import inbound_log_starts
+
+    return inbound_log_starts(settings)
+
+
+app = create_app(Sources(engines=_engine, log_starts=_log_starts), auth=requires_authenticated())
+
+
+class TwinstreamPlugin(AirflowPlugin):
+    # Class attributes, as Airflow's plugin manager reads them.
+    name = "twinstream"
+    fastapi_apps = [  # noqa: RUF012
+        {"app": app, "url_prefix": PREFIX, "name": "Twinstream operator view"}
+    ]
+    external_views = [  # noqa: RUF012
+        {
+            "name": "Twinstream",
+            "href": f"{PREFIX}/",
+            "destination": "nav",
+            "url_route": "twinstream",
+            "nav_top_level": True,
+        }
+    ]

@@ -1,0 +1,125 @@
+"""The plugin's app (twinstream.operator_ui) with fake engines and a fake login: the page,
+the overview, Data Docs rewritten to load nothing from the internet, the vendored files
+checked against their manifest, and nothing served without Airflow's login."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from fastapi import HTTPException, Request
+from fastapi.testclient import TestClient
+
+from tests.unit.test_overview import ACTIVE, fake_engines, standby
+from twinstream.config import load_settings
+from twinstream.operator_ui.app import PREFIX, Sources, create_app
+from twinstream.operator_ui.datadocs import CDN, VENDOR, external_resources, offline
+
+GE_VIEW = Path(str(__import__("great_expectations").__file__)).parent / "render" / "view"
+
+
+def logged_in(request: Request) -> None:
+    """Stands for Airflow's requires_authenticated(): the UI's cookie, or 401."""
+    if request.cookies.get("_token") != "good":
+        raise HTTPException(401, "Not authenticated")
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> TestClient:
+    settings = load_settings(admin_token="t", state_dir=tmp_path)
+    answers = {"a": ACTIVE, "b": standby({0: 100}, 5), "c": ACTIVE, "d": 401}
+    sources = Sources(settings=lambda: settings, engines=fake_engines(answers))
+    test_client = TestClient(create_app(sources, auth=logged_in))
+    test_client.cookies.set("_token", "good")
+    return test_client
+
+
+def data_docs_page(tmp_path: Path) -> Path:
+    site = tmp_path / "audit" / "hostmetrics" / "gx" / "uncommitted" / "data_docs" / "local_site"
+    page = site / "validations" / "run.html"
+    page.parent.mkdir(parents=True)
+    links = "".join(
+        f'<script src="{url}" integrity="sha384-x" crossorigin="anonymous">' for url in CDN
+    )
+    logo = "https://great-expectations-web-assets.s3.us-east-2.amazonaws.com/logo-long.png?d=1&dataContextId=x"
+    page.write_text(f'<html><head>{links}</head><body><img src="{logo}"></body></html>')
+    (site / "static" / "images").mkdir(parents=True)
+    (site / "static" / "images" / "logo-long.png").write_bytes(b"png")
+    return page
+
+
+def test_the_page_and_the_overview_need_the_airflow_login(client: TestClient):
+    page = client.get("/")
+    assert page.status_code == 200
+    assert f'src="{PREFIX}/static/page.js"' in page.text
+    body = client.get("/api/overview").json()
+    host, pay = body["overview"]["pipelines"]
+    assert host["active"] == "a"
+    assert [e["role"] for e in host["engines"]] == ["active", "standby"]
+    assert pay["engines"][1]["unauthorized"] is True
+    assert set(body["actions"]) == {"persist_standby_state", "restore_and_resync", "failover_drill"}
+    client.cookies.clear()
+    for path in ("/", "/api/overview", "/static/page.js", "/vendor/MANIFEST.json"):
+        assert client.get(path).status_code == 401, path
+
+
+def test_data_docs_are_served_with_every_resource_from_this_server(
+    client: TestClient, tmp_path: Path
+):
+    data_docs_page(tmp_path)
+    html = client.get("/datadocs/hostmetrics/validations/run.html").text
+    assert external_resources(html) == []
+    assert f'src="{PREFIX}/vendor/jquery@3.7.1/dist/jquery.min.js"' in html
+    assert f'src="{PREFIX}/datadocs/hostmetrics/static/images/logo-long.png"' in html
+    assert "integrity=" not in html
+    # Every rewritten URL is a file the plugin serves.
+    for local in CDN.values():
+        assert client.get(f"/vendor/{local}").status_code == 200, local
+    assert client.get("/datadocs/hostmetrics/static/images/logo-long.png").content == b"png"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/datadocs/hostmetrics/../../../etc/passwd",
+        "/datadocs/hostmetrics/%2e%2e/%2e%2e/admin-token",
+        "/datadocs/nosuch/index.html",
+        "/vendor/../app.py",
+        "/static/..%2fapp.py",
+    ],
+)
+def test_nothing_outside_the_served_folders_is_reachable(
+    client: TestClient, tmp_path: Path, path: str
+):
+    data_docs_page(tmp_path)
+    (tmp_path / "admin-token").write_text("secret")
+    response = client.get(path)
+    assert response.status_code == 404
+    assert "secret" not in response.text
+
+
+def test_a_pipeline_never_audited_says_how_to_get_data_docs(client: TestClient):
+    response = client.get("/datadocs/hostmetrics/index.html")
+    assert response.status_code == 404
+    assert "audit_output_topic" in response.json()["detail"]
+
+
+def test_ge_templates_load_nothing_the_rewrite_does_not_know():
+    """A GE upgrade that adds or changes a CDN URL fails here, not silently in a browser."""
+    # The templates, and the styles GE inlines into every page.
+    sources = [*(GE_VIEW / "templates").rglob("*.j2"), *(GE_VIEW / "static").rglob("*.css")]
+    text = "\n".join(p.read_text() for p in sources)
+    assert external_resources(text), "GE's pages load nothing from CDNs any more?"
+    rewritten = offline(text, "/v", "/s")
+    loads = [r for r in external_resources(rewritten) if "{{" not in r]
+    assert loads == []
+
+
+def test_vendored_files_match_their_manifest():
+    manifest = json.loads((VENDOR / "MANIFEST.json").read_text())
+    assert set(CDN.values()) <= set(manifest)
+    for path, entry in manifest.items():
+        digest = hashlib.sha256((VENDOR / path).read_bytes()).hexdigest()
+        assert digest == entry["sha256"], path
