@@ -6,6 +6,8 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(abspath $(VENV))/bin
+# Debian's chromium (make browser).
+CHROMIUM := /usr/bin/chromium
 JARS := $(abspath .twinstream/jars)
 PYSPARK_PIN := $(shell sed -n 's/^pyspark==//p' requirements.txt)
 MVN := mvn -B -s java/settings.xml -f java/pom.xml
@@ -15,7 +17,7 @@ export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
 export TWINSTREAM_JARS_DIR ?= $(JARS)
 
-.PHONY: help install system-deps up status down test lint typecheck unit dags integration chaos screenshots constraints clean
+.PHONY: help install system-deps browser up status down test lint typecheck unit dags integration chaos screenshots constraints clean
 
 help:
 	@echo "make up      install everything and start the local stack (ZooKeeper, Kafka x3, Airflow)"
@@ -88,7 +90,7 @@ unit: install
 dags: install
 	$(BIN)/pytest tests/dags
 
-integration: install
+integration: install browser
 	$(BIN)/pytest tests/integration
 
 # The whole chaos suite; `make test` runs it with 1 failover instead of 100 and without
@@ -99,23 +101,26 @@ chaos: install
 	TWINSTREAM_CHAOS_FAILOVERS=100 TWINSTREAM_CHAOS_FULL=1 \
 	  $(BIN)/pytest -s --durations=0 tests/chaos
 
-test: install
+test: install browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest --durations=15 tests/unit tests/dags tests/integration tests/chaos
 
-# Screenshots of the Airflow UI for the README; the stack must be up (`make up`).
-screenshots: install
-	@if [ ! -x /usr/bin/chromium ]; then \
+# Headless Chromium, from Debian (playwright's own browser download is not used): the
+# operator page's integration test and `make screenshots` drive it through playwright.
+browser:
+	@if [ ! -x $(CHROMIUM) ]; then \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	    echo "installing chromium from Debian"; \
 	    apt-get update -q && apt-get install -y -q chromium; \
 	  else \
-	    echo "need /usr/bin/chromium (Debian's chromium package)" >&2; exit 1; \
+	    echo "need $(CHROMIUM) (Debian's chromium package: apt-get install chromium)" >&2; exit 1; \
 	  fi; \
 	fi
-	$(BIN)/pip install --progress-bar off -q -r requirements-docs.txt -c constraints.txt
+
+# Screenshots of the Airflow UI for the README; the stack must be up (`make up`).
+screenshots: install browser
 	$(BIN)/python docs/screenshots.py
 
 # Re-pin every transitive dependency after changing requirements.txt.

@@ -1,7 +1,7 @@
 """Screenshots of the Airflow UI for the README, taken with headless Chromium.
 
     make up            # the local stack must be running
-    make screenshots   # installs Debian's chromium and playwright, then runs this
+    make screenshots   # installs Debian's chromium (make browser), then runs this
 
 Publishes a little data so that the standby is in sync, runs `persist_standby_state` and
 `audit_output_topic` through Airflow's REST API, and captures the persist run, the
@@ -22,18 +22,7 @@ from examples.hostmetrics.generate import synthetic
 from twinstream.config import REPO_ROOT, load_settings
 from twinstream.publisher import publish
 from twinstream.stack.layout import Layout
-
-CHROMIUM = "/usr/bin/chromium"
-# Chromium on this closed network: no background connections, no sandbox as root.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from twinstream.testing.browser import CHROMIUM, CHROMIUM_ARGS
 
 
 def api_token(base: str, airflow_home: Path) -> str:

@@ -63,11 +63,15 @@ TEST_ENV = {
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The stack's own tests run first among the integration tests, while `up` has left
-    every pipeline's engines running; then the chaos scenarios on the stack's own
-    hostmetrics engines, still warm (a restart of both costs about a minute on two
+    every pipeline's engines running, and the operator page's; then the chaos scenarios on
+    the stack's own hostmetrics engines, still warm (a restart of both costs about a minute on two
     cores); then the modules that stop them to free the cores for engines of their own.
     Tests marked `stack_teardown` stop the shared stack, so they run after all others."""
-    groups = ("tests/integration/test_stack.py", "tests/chaos/test_chaos.py")
+    groups = (
+        "tests/integration/test_stack.py",
+        "tests/integration/test_operator_page.py",
+        "tests/chaos/test_chaos.py",
+    )
 
     def order(item: pytest.Item) -> tuple[bool, int]:
         path = item.path.as_posix()

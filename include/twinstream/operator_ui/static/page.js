@@ -4,7 +4,9 @@
 "use strict";
 
 const PREFIX = document.body.dataset.prefix;
-const REFRESH_MS = 2000;
+// Often enough that a takeover shows within a couple of seconds; each refresh is two small
+// requests per engine (snapshots and audit are re-read at most every 30 s).
+const REFRESH_MS = 1000;
 let pending = null; // the action waiting for its confirmation: {dag, conf, label}
 
 function el(tag, attrs = {}, ...children) {

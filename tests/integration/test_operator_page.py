@@ -1,0 +1,105 @@
+"""The operator's page in the Airflow UI, for real: headless Chromium logs in to the stack's
+Airflow, opens Twinstream from the navigation, sees the active engine, follows a kill -9 of
+it, and triggers a restore of the killed engine from the page as a DAG run.
+
+Runs on the stack's own hostmetrics pair while `up` has left it running (right after
+test_stack.py): the chaos tests that follow wait for the killed engine to be back in sync.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from twinstream.config import REPO_ROOT, Settings
+from twinstream.stack.layout import Layout
+from twinstream.testing.browser import admin_password, chromium, log_in
+from twinstream.testing.chaos import SupervisedEngines
+from twinstream.testing.harness import wait_for
+
+pytestmark = pytest.mark.integration
+
+SCREENSHOT = REPO_ROOT / "docs" / "img" / "operator_page.png"
+
+
+@pytest.fixture
+def api(stack, settings: Settings) -> Iterator[httpx.Client]:
+    """Airflow's REST API as its admin."""
+    token = httpx.post(
+        f"{settings.airflow_url}/auth/token",
+        json={"username": "admin", "password": admin_password(Layout.of(settings).airflow_home)},
+        timeout=30,
+    ).json()["access_token"]
+    with httpx.Client(
+        base_url=settings.airflow_url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+    ) as client:
+        yield client
+
+
+def test_the_page_follows_a_kill_and_its_restore_button_starts_a_dag_run(
+    stack, stack_engines: str, settings: Settings, api: httpx.Client
+) -> None:
+    active = stack_engines
+    engines = SupervisedEngines(settings)
+    # The DAG stays paused: the run the button makes is checked, never executed here.
+    api.patch("/api/v2/dags/restore_and_resync", json={"is_paused": True}).raise_for_status()
+    wait_for(
+        lambda: engines.is_standby_in_sync(next(e for e in settings.engine_ids if e != active)),
+        300,
+        "the standby in sync before the kill",
+        every_s=1,
+    )
+    try:
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 1500, "height": 950})
+            log_in(page, settings.airflow_url, admin_password(Layout.of(settings).airflow_home))
+            page.get_by_role("link", name="Twinstream").first.click()
+            page.wait_for_url("**/plugin/twinstream**")
+            frame = page.frame_locator("iframe")
+            badge = frame.locator(f"#active-{settings.pipeline}")
+            badge.wait_for(timeout=30_000)
+            wait_for(
+                lambda: badge.inner_text() == f"active: {active}",
+                30,
+                f"the page to name {active} active",
+            )
+
+            os.kill(engines.pid(active), signal.SIGKILL)
+            killed = time.monotonic()
+            wait_for(
+                lambda: (
+                    badge.inner_text() not in (f"active: {active}", "no single active")
+                    and badge.inner_text().startswith("active: ")
+                ),
+                15,
+                "the page to name the new active",
+                every_s=0.05,
+            )
+            shown_s = time.monotonic() - killed
+            new_active = badge.inner_text().removeprefix("active: ")
+            print(f"the page named {new_active} active {shown_s:.2f} s after the kill -9")
+            assert new_active != active
+            assert shown_s <= 5.0, f"the page took {shown_s:.2f} s to show the new active"
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT))
+
+            # Restore the killed engine from the page: a click, then its confirmation.
+            button = frame.locator(f'button[data-action="restore-{active}"]')
+            button.click()
+            frame.get_by_role("button", name=f"Confirm: Restore {active}").click()
+            message = frame.locator("#message")
+            wait_for(lambda: "DAG run" in message.inner_text(), 30, "the trigger's answer")
+            assert "started" in message.inner_text(), message.inner_text()
+    finally:
+        engines.close()
+
+    runs = api.get("/api/v2/dags/restore_and_resync/dagRuns").json()["dag_runs"]
+    assert [r["conf"] for r in runs] == [{"engine": active}]
+    (run,) = runs
+    assert run["triggering_user_name"] == "admin"
+    api.delete(f"/api/v2/dags/restore_and_resync/dagRuns/{run['dag_run_id']}").raise_for_status()
