@@ -5,7 +5,8 @@
 
 Publishes a little data so that the standby is in sync, runs `persist_standby_state` and
 `audit_output_topic` through Airflow's REST API, and captures the persist run, the
-`restore_and_resync` trigger form and the audit's Great Expectations Data Docs into
+`restore_and_resync` trigger form and the audit's Great Expectations Data Docs (through the
+Twinstream plugin, styled without the internet) into
 docs/img/.
 """
 
@@ -95,7 +96,10 @@ def main() -> int:
             (data_docs / "validations" / "twinstream_msg_ids").rglob("*.html"),
             key=lambda p: p.stat().st_mtime,
         )
-        page.goto((pages[-1] if pages else data_docs / "index.html").as_uri())
+        # Through the Twinstream plugin, as an operator opens them: styled, offline.
+        newest = (pages[-1] if pages else data_docs / "index.html").relative_to(data_docs)
+        page.goto(f"{base}/twinstream/datadocs/{settings.pipeline}/{newest.as_posix()}")
+        page.wait_for_load_state("networkidle")
         page.wait_for_timeout(1000)
         page.screenshot(path=str(args.output / "audit_data_docs.png"), full_page=False)
         browser.close()

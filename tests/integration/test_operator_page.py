@@ -46,6 +46,12 @@ def test_the_page_follows_a_kill_and_its_restore_button_starts_a_dag_run(
 ) -> None:
     active = stack_engines
     engines = SupervisedEngines(settings)
+    wait_for(
+        lambda: api.get("/api/v2/dags/restore_and_resync").status_code == 200,
+        120,
+        "the dag-processor to load restore_and_resync",
+        every_s=1,
+    )
     # The DAG stays paused: the run the button makes is checked, never executed here.
     api.patch("/api/v2/dags/restore_and_resync", json={"is_paused": True}).raise_for_status()
     wait_for(
