@@ -210,6 +210,8 @@ def takeovers(
     firsts = inbound_ends(settings)
     load = SteadyLoad(settings, rate).start()
     steady: list[float] = []
+    # Kill to a standby reporting itself active: the part before its first output.
+    steady_roles: list[float] = []
     young: list[float] = []
     young_lags: list[int | None] = []
     try:
@@ -219,6 +221,8 @@ def takeovers(
             if r.takeover.first_output_s is None:
                 raise SystemExit(f"no output after the takeover: {r.takeover.describe()}")
             steady.append(r.takeover.first_output_s)
+            if r.takeover.role_s is not None:
+                steady_roles.append(r.takeover.role_s)
             print(f"  takeover {n}/{rounds}: {r.takeover.describe()}", flush=True)
         for n in range(1, young_rounds + 1):
             pair, lag = young_pair(engines, young_age_s)
@@ -244,6 +248,7 @@ def takeovers(
         "rate": rate,
         "events": sent,
         "in_sync_s": summary(steady) if steady else None,
+        "in_sync_active_s": summary(steady_roles) if steady_roles else None,
         "young_age_s": young_age_s,
         "young_s": summary(young) if young else None,
         "young_standby_lags": young_lags,

@@ -88,17 +88,22 @@ def main() -> int:
         parser.error("--order is a comma-separated list of on and off, e.g. off,on,off,on")
     runs = [one_mode(mode == "on", args) for mode in order]
 
-    def medians(mode: str) -> tuple[float, float]:
+    def medians(mode: str) -> tuple[float, float, float]:
         mine = [r for r in runs if r["security"] == mode]
         takeover = statistics.median(t for r in mine for t in r["takeover"]["in_sync_s"]["all"])
+        active = statistics.median(
+            t for r in mine for t in (r["takeover"]["in_sync_active_s"] or {"all": []})["all"]
+        )
         drain = statistics.median(r["drain"]["events_per_s"] for r in mine)
-        return takeover, drain
+        return takeover, active, drain
 
     ratios: dict[str, float] = {}
     if {"on", "off"} <= set(order):
-        (take_on, drain_on), (take_off, drain_off) = medians("on"), medians("off")
+        (take_on, active_on, drain_on) = medians("on")
+        (take_off, active_off, drain_off) = medians("off")
         ratios = {
             "takeover median, on / off": round(take_on / take_off, 3),
+            "kill to a new active, median, on / off": round(active_on / active_off, 3),
             "drain events/s, on / off": round(drain_on / drain_off, 3),
         }
     figures = {
