@@ -132,21 +132,24 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
 
 
 def unusable(seen: Overview, settings: Settings) -> str | None:
-    """One line, when the status says nothing of any engine: each refused the token, or
-    none answered."""
+    """One line, when the status says nothing of any engine: those that answer refuse the
+    token (the others being down), or none answers."""
     engines = [e for p in seen.pipelines for e in p.engines]
-    if engines and all(e.unauthorized for e in engines):
+    if not engines or any(e.problem is None for e in engines):
+        return None
+    refusing = [e for e in engines if e.unauthorized]
+    if refusing:
+        down = len(engines) - len(refusing)
         return (
-            f"every engine refuses the admin token ({engines[0].problem}): set "
-            "TWINSTREAM_ADMIN_TOKEN to the token the engines were started with (the local "
-            f"stack's is in {settings.state_dir / 'admin-token'})"
+            f"every engine refuses the admin token ({refusing[0].problem})"
+            + (f", {down} more not answering" if down else "")
+            + ": set TWINSTREAM_ADMIN_TOKEN to the token the engines were started with (the "
+            f"local stack's is in {settings.state_dir / 'admin-token'})"
         )
-    if engines and all(e.problem is not None for e in engines):
-        return (
-            f"no engine answers (engine {engines[0].engine_id}: {engines[0].problem}): start "
-            "the stack (`make up`) or check TWINSTREAM_BIND_HOST and the admin ports"
-        )
-    return None
+    return (
+        f"no engine answers (engine {engines[0].engine_id}: {engines[0].problem}): start "
+        "the stack (`make up`) or check TWINSTREAM_BIND_HOST and the admin ports"
+    )
 
 
 def parse_record(text: str) -> int:

@@ -27,6 +27,7 @@ from twinstream.kafka import (
     partition_ends,
     topic_specs,
 )
+from twinstream.overview import Overview
 from twinstream.publisher import publish
 from twinstream.stack import core, health
 from twinstream.stack.layout import Layout
@@ -87,9 +88,9 @@ def test_up_runs_every_pipeline_of_the_file_each_with_its_own_engines_and_electi
     assert _records_in(settings, payments.outbound_topic) >= end
     # `twinstream status` shows every pipeline's engines, one active each.
     capsys.readouterr()
-    assert cli.main(["status"]) == 0
-    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
-    assert sorted((r[0], r[2]) for r in rows) == [
+    assert cli.main(["status", "--json"]) == 0
+    seen = Overview.model_validate_json(capsys.readouterr().out)
+    assert sorted((e.pipeline, e.role) for p in seen.pipelines for e in p.engines) == [
         ("hostmetrics", "active"),
         ("hostmetrics", "standby"),
         ("payments", "active"),
@@ -262,7 +263,9 @@ def test_after_up_one_engine_is_active_and_the_other_standby(stack_engines, sett
         assert supervisor.process(f"engine-{engine_id}").state == "RUNNING"
 
 
-def test_the_engines_admin_api_rejects_a_missing_or_wrong_token(stack_engines, settings):
+def test_the_engines_admin_api_rejects_a_missing_or_wrong_token(
+    stack_engines, settings, monkeypatch, capsys
+):
     token = (Layout.of(settings).root / "admin-token").read_text().strip()
     assert oct((Layout.of(settings).root / "admin-token").stat().st_mode & 0o777) == "0o600"
     for engine_id in settings.engine_ids:
@@ -282,6 +285,14 @@ def test_the_engines_admin_api_rejects_a_missing_or_wrong_token(stack_engines, s
         good = httpx.get(f"{url}/server", headers={"Authorization": f"Bearer {token}"}, timeout=5)
         assert good.json()["engine_id"] == engine_id
         assert "/pipeline/stop" in httpx.get(f"{url}/openapi.json", timeout=5).json()["paths"]
+    # `twinstream status` with a wrong token: one line naming the problem, exit 2.
+    capsys.readouterr()
+    monkeypatch.setenv("TWINSTREAM_ADMIN_TOKEN", "wrong")
+    assert cli.main(["status"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert "every engine refuses the admin token (HTTP 401" in err
 
 
 def test_zookeeper_refuses_clients_without_twinstreams_credentials(stack_engines, settings):

@@ -220,3 +220,17 @@ def test_a_msg_id_to_release_is_read_as_logs_write_it(text, record):
 def test_a_msg_id_that_is_none_is_refused_with_the_forms_it_takes(text):
     with pytest.raises(ValueError, match="PARTITION:OFFSET"):
         cli.parse_record(text)
+
+
+def test_a_wrong_token_is_named_even_with_some_engines_down(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], settings: Settings
+) -> None:
+    def server(client: EngineClient) -> ServerInfo:
+        down = client.engine_id in ("c", "d")
+        return refusing(None if down else 401)(client)
+
+    monkeypatch.setattr(EngineClient, "server", server)
+    assert status(settings) == 2
+    err = capsys.readouterr().err
+    assert "every engine refuses the admin token" in err
+    assert ", 2 more not answering" in err
