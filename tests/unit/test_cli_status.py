@@ -4,6 +4,7 @@ quarantined offsets, backpressure pause and gap repair (the admin client's answe
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,7 @@ def test_status_as_json_is_the_overview_model(
     assert [p.active for p in seen.pipelines] == ["a", "c"]
 
 
-def refusing(status_code: int | None):
+def refusing(status_code: int | None) -> Callable[[EngineClient], ServerInfo]:
     def handle(client: EngineClient) -> ServerInfo:
         if status_code is None:
             raise EngineError(client.engine_id, "GET /server", None, "connection refused")
