@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from examples.hostmetrics.generate import synthetic
+from twinstream.audit import data_docs_site
 from twinstream.config import REPO_ROOT, load_settings
 from twinstream.publisher import publish
 from twinstream.stack.layout import Layout
@@ -71,7 +72,7 @@ def main() -> int:
     publish(settings, synthetic(count, max_record_bytes=settings.max_record_bytes), rate=0)
     persist_run = run_dag(api, "persist_standby_state", {}, timeout_s=600)
     run_dag(api, "audit_output_topic", {}, timeout_s=600)
-    data_docs = settings.audit_dir / "gx" / "uncommitted" / "data_docs" / "local_site"
+    data_docs = data_docs_site(settings.audit_dir)
 
     args.output.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:

@@ -407,8 +407,12 @@ def validate(
     results_path = gx_root / "results" / f"{run_name}.json"
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(results, indent=2, default=str))
-    docs = gx_root / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
-    return Validation(success, results_path, docs, statistics)
+    return Validation(success, results_path, data_docs_site(gx_root) / "index.html", statistics)
+
+
+def data_docs_site(audit_dir: Path) -> Path:
+    """Where Great Expectations writes a pipeline's Data Docs site (its local_site)."""
+    return audit_dir / "gx" / "uncommitted" / "data_docs" / "local_site"
 
 
 # A cursor of its own (an audit of another copy of a pipeline's topics) is named by an id,

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from twinstream import snapshot
 from twinstream.admin_api import PipelineInfo, ServerInfo
-from twinstream.audit import REPORT
+from twinstream.audit import REPORT, data_docs_site
 from twinstream.config import Settings
 from twinstream.core.rows import range_text
 from twinstream.engine_client import EngineClient, EngineError
@@ -100,6 +100,12 @@ class PipelineView(BaseModel):
     takeovers: list[TakeoverView]
     snapshots: list[SnapshotView]
     audit: AuditView | None
+
+    def add_audit(self, audit: AuditView | None) -> None:
+        """The pipeline's latest audit; a failed one is one of its problems."""
+        self.audit = audit
+        if audit is not None and not audit.ok:
+            self.problems.append(f"the last audit ({audit.run}) failed: {audit.summary}")
 
 
 class Overview(BaseModel):
@@ -217,7 +223,7 @@ def latest_audit(audit_dir: Path) -> AuditView | None:
             log.warning("audit report %s is not a JSON object; skipped", path)
             continue
         docs = report.get("data_docs")
-        site = audit_dir / "gx" / "uncommitted" / "data_docs" / "local_site"
+        site = data_docs_site(audit_dir)
         page = None
         if docs:
             try:
@@ -290,18 +296,18 @@ def pipeline_view(
         for v in views
         if v.covers_takeover is False
     ]
-    audit = latest_audit(settings.audit_dir) if with_history else None
-    if audit is not None and not audit.ok:
-        problems.append(f"the last audit ({audit.run}) failed: {audit.summary}")
-    return PipelineView(
+    result = PipelineView(
         name=name,
         active=actives[0] if len(actives) == 1 else None,
         problems=problems,
         engines=views,
         takeovers=sorted(takeovers.values(), key=lambda t: t.epoch, reverse=True)[:10],
         snapshots=snapshot_views(settings, log_starts, clock()) if with_history else [],
-        audit=audit,
+        audit=None,
     )
+    if with_history:
+        result.add_audit(latest_audit(settings.audit_dir))
+    return result
 
 
 def overview(

@@ -28,6 +28,7 @@ from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from twinstream import registry
+from twinstream.audit import data_docs_site
 from twinstream.config import Settings, load_settings
 from twinstream.engine_client import EngineClient
 from twinstream.operator_ui.datadocs import VENDOR, external_resources, offline, safe_file
@@ -73,9 +74,14 @@ class Sources:
     clock: Callable[[], float] = time.time
     _history: dict[str, _History] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stack: dict[str, Settings] | None = None
 
     def pipelines(self) -> dict[str, Settings]:
-        return dict(registry.stack(self.settings()))
+        """The stack's pipelines, read once: the API server's environment and pipelines
+        file do not change while it runs (a change restarts it, as for any plugin)."""
+        if self._stack is None:
+            self._stack = dict(registry.stack(self.settings()))
+        return self._stack
 
     def overview(self) -> Overview:
         if self.engines is None:
@@ -83,11 +89,8 @@ class Sources:
         seen = overview(self.pipelines(), self.engines, clock=self.clock, with_history=False)
         for pipeline in seen.pipelines:
             history = self.history(pipeline.name)
-            pipeline.snapshots, pipeline.audit = history.snapshots, history.audit
-            if history.audit is not None and not history.audit.ok:
-                pipeline.problems.append(
-                    f"the last audit ({history.audit.run}) failed: {history.audit.summary}"
-                )
+            pipeline.snapshots = history.snapshots
+            pipeline.add_audit(history.audit)
         return seen
 
     def history(self, name: str) -> _History:
@@ -96,7 +99,7 @@ class Sources:
             cached = self._history.get(name)
             if cached is not None and now - cached.at < HISTORY_TTL_S:
                 return cached
-        settings = registry.settings_for(self.settings(), name)
+        settings = self.pipelines()[name]
         starts: Mapping[int, int] | None = None
         if self.log_starts is not None:
             try:
@@ -113,8 +116,7 @@ class Sources:
         return history
 
     def data_docs_root(self, name: str) -> Path:
-        settings = registry.settings_for(self.settings(), name)
-        return settings.audit_dir / "gx" / "uncommitted" / "data_docs" / "local_site"
+        return data_docs_site(self.pipelines()[name].audit_dir)
 
 
 def create_app(sources: Sources, auth: Callable[..., Any], prefix: str = PREFIX) -> FastAPI:
