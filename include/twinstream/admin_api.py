@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -91,12 +92,42 @@ class TakeoverInfo(BaseModel):
     first_commit_s: float | None = None
 
 
+class LagTrend(BaseModel):
+    """The engine's lag over its last `window_s` seconds, as `twinstream.lag_trend` judges
+    it: `growing` only when the lag rose through the whole window (a burst the engine
+    absorbs never counts)."""
+
+    window_s: float
+    # The lag at the window's oldest and newest samples.
+    first: int
+    last: int
+    # The median lag of each quarter of the window, oldest first.
+    quarters: list[int]
+    growing: bool
+
+
+def buffer_text(fills: Mapping[int, int], total: int | None, bound: int | None) -> str:
+    """Each partition's buffered rows against the per-partition bound (num_buffered_msgs),
+    e.g. "p0 9,800/10,000 · p1 10,000/10,000": the bound holds per partition, so a sum over
+    partitions against it would read as an overflow. Without per-partition figures (an
+    engine of an older version) the total alone, never against the bound."""
+    if total is None or bound is None:
+        return "-"
+    if fills:
+        return " · ".join(f"p{p} {n:,}/{bound:,}" for p, n in sorted(fills.items()))
+    if total == 0:
+        return f"0/{bound:,}"
+    return f"{total:,} total"
+
+
 class PipelineInfo(BaseModel):
     state: str
     reason: str
     last_msg_id_processed: int | None
     last_msg_id_published: int | None
     lag: int | None
+    # Rows in the buffer over every partition; `buffer_fills` has each partition's, and
+    # `buffer_size` is the bound of one partition (num_buffered_msgs), not of the sum.
     buffer_fill: int
     buffer_size: int
     in_sync: bool
@@ -118,6 +149,13 @@ class PipelineInfo(BaseModel):
     processed: dict[int, int] = Field(default_factory=dict)
     published: dict[int, int] = Field(default_factory=dict)
     takeovers: list[TakeoverInfo] = Field(default_factory=list)
+    # Per inbound partition: the rows its buffer holds (against `buffer_size` each).
+    buffer_fills: dict[int, int] = Field(default_factory=dict)
+    # None until the engine has sampled its lag over a whole window (a minute after start).
+    lag_trend: LagTrend | None = None
+
+    def buffer_text(self) -> str:
+        return buffer_text(self.buffer_fills, self.buffer_fill, self.buffer_size)
 
 
 class RestoreRequest(BaseModel):

@@ -38,6 +38,7 @@ from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.quarantine import QuarantineStore, describe
 from twinstream.core.rows import positions_text, split_record_id
+from twinstream.lag_trend import LagHistory
 from twinstream.metrics import EngineMetrics
 from twinstream.pipeline import rows_of, spark_conf, start_query, warm_up
 from twinstream.positions import (
@@ -110,6 +111,8 @@ class Engine:
         self._active_position_read = 0.0
         self.batch_timings = BatchTimings()
         self._timings_logged = time.monotonic()
+        # The lag's recent samples: whether the engine is falling behind (twinstream.lag_trend).
+        self.lag_history = LagHistory()
         self._spare: KafkaPublisher | None = None
         self._prepare_publisher()
 
@@ -285,9 +288,11 @@ class Engine:
             )
 
     def log_batch_timings(self, every_s: float = 60.0) -> None:
-        """Sample the query's last progress report and, once every `every_s`, log where its
-        batches spent their time (called from the engine's main loop)."""
+        """Sample the query's last progress report and its lag and, once every `every_s`,
+        log where its batches spent their time (called from the engine's main loop, once a
+        second: the lag's trend must not depend on anyone reading the status)."""
         self.batch_timings.add(self._progress())
+        self.sample_lag(self._lag(self.gate.status().processed))
         now = time.monotonic()
         if now - self._timings_logged < every_s:
             return
@@ -704,16 +709,31 @@ class Engine:
             version=twinstream.__version__,
         )
 
+    def sample_lag(self, lag: int | None) -> None:
+        """One sample of the lag's trend, while the query works: a stopped or recovering
+        engine's lag grows with every inbound message, which says nothing about whether
+        the engine keeps up (the gap in samples makes its trend unknown instead)."""
+        if self._state in ("running", "restoring"):
+            self.lag_history.add(lag)
+
     def pipeline_info(self) -> PipelineInfo:
         status = self.gate.status()
         lag = self._lag(status.processed)
-        self.metrics.buffer_fill.set(status.buffer_fill)
+        self.sample_lag(lag)
+        trend = self.lag_history.trend()
+        fills = status.buffer_fills
         quarantined = self.quarantined()
-        self.metrics.quarantined.set(len(quarantined))
-        if lag is not None:
-            self.metrics.lag.set(lag)
         in_sync = is_in_sync(
             self._state, lag, self.settings.in_sync_lag, self._query_position() is not None
+        )
+        self.metrics.update(
+            lag=lag,
+            buffer_fills=fills,
+            buffer_bound=status.buffer_size,
+            quarantined=len(quarantined),
+            in_sync=in_sync,
+            behind=lag is not None and lag > self.settings.in_sync_lag,
+            lag_growing=trend is not None and trend.growing,
         )
         if in_sync and self._state == "restoring":
             self._state, self._reason = "running", ""
@@ -733,6 +753,8 @@ class Engine:
             lag=lag,
             buffer_fill=status.buffer_fill,
             buffer_size=status.buffer_size,
+            buffer_fills=fills,
+            lag_trend=trend,
             in_sync=in_sync,
             uncovered_ranges=[
                 UncoveredRange(partition=u.partition, first=u.first, last=u.last)

@@ -1,7 +1,17 @@
-"""Prometheus metrics of one engine (served at GET /metrics of its admin API)."""
+"""Prometheus metrics of one engine (served at GET /metrics of its admin API).
+
+Guarantee: every figure the operator's view judges a pipeline by is here too, so that an
+alert can say what `twinstream status` says. A pipeline is falling behind (its problem in
+the overview) when no engine is in sync while one is behind, or when an engine's lag grows
+over a window (twinstream.lag_trend); as Prometheus rules over every engine of a pipeline:
+
+    max by (pipeline) (twinstream_in_sync) == 0 and max by (pipeline) (twinstream_behind) == 1
+    max by (pipeline) (twinstream_lag_growing) == 1
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -33,8 +43,30 @@ class EngineMetrics:
             [*labels, "role"],
             registry=self.registry,
         )
-        self.buffer_fill = self._gauge("twinstream_buffer_fill", "Rows in the standby buffer")
+        self.buffer_fill = self._gauge(
+            "twinstream_buffer_fill", "Rows in the buffer, over every inbound partition"
+        )
+        self._partition_fill = Gauge(
+            "twinstream_partition_buffer_fill",
+            "Rows in one inbound partition's buffer (bounded by twinstream_buffer_bound)",
+            [*labels, "partition"],
+            registry=self.registry,
+        )
+        self._buffer_bound = self._gauge(
+            "twinstream_buffer_bound",
+            "Rows each inbound partition's buffer keeps at least (num_buffered_msgs)",
+        )
         self.lag = self._gauge("twinstream_lag", "Inbound messages not yet processed")
+        self._in_sync = self._gauge(
+            "twinstream_in_sync", "1 while the engine is in sync (lag at most in_sync_lag)"
+        )
+        self._behind = self._gauge(
+            "twinstream_behind", "1 while the engine's lag is known and above in_sync_lag"
+        )
+        self._lag_growing = self._gauge(
+            "twinstream_lag_growing",
+            "1 while the engine's lag has grown through the last minute (falling behind)",
+        )
         self._repaired = self._counter(
             "twinstream_repaired_msgs",
             "Messages no buffer covered at a takeover, recomputed and published",
@@ -76,6 +108,30 @@ class EngineMetrics:
 
     def paused(self, paused: bool) -> None:
         self._paused.set(1 if paused else 0)
+
+    def update(
+        self,
+        *,
+        lag: int | None,
+        buffer_fills: Mapping[int, int],
+        buffer_bound: int,
+        quarantined: int,
+        in_sync: bool,
+        behind: bool,
+        lag_growing: bool,
+    ) -> None:
+        """The gauges of one status read. An unknown lag leaves twinstream_lag at its last
+        value (a scrape never reads a made-up 0), and twinstream_behind at 0."""
+        if lag is not None:
+            self.lag.set(lag)
+        self.buffer_fill.set(sum(buffer_fills.values()))
+        for partition, fill in buffer_fills.items():
+            self._partition_fill.labels(**self._labels, partition=str(partition)).set(fill)
+        self._buffer_bound.set(buffer_bound)
+        self.quarantined.set(quarantined)
+        self._in_sync.set(1 if in_sync else 0)
+        self._behind.set(1 if behind else 0)
+        self._lag_growing.set(1 if lag_growing else 0)
 
     def role(self, role: str) -> None:
         for name in ROLES:

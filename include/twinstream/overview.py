@@ -6,6 +6,11 @@ its snapshots and its latest audit, in one typed model.
 APIs (one typed client, `twinstream.engine_client`), the snapshot folders and the audit
 reports; the only Kafka call is the inbound log-start offsets that say whether a snapshot
 is still restorable, and it is optional (`log_starts`).
+
+A pipeline's problems name what an operator must act on, each with what to do: not exactly
+one active, a gap, a standby short of a takeover, an engine that does not answer, a failed
+audit, and falling behind (no engine in sync while one is behind, or a lag that grows over
+a minute: `falling_behind`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from twinstream import snapshot
-from twinstream.admin_api import PipelineInfo, ServerInfo
+from twinstream.admin_api import LagTrend, PipelineInfo, ServerInfo, buffer_text
 from twinstream.audit import REPORT, data_docs_site
 from twinstream.config import Settings
 from twinstream.core.rows import range_text
@@ -30,6 +35,14 @@ log = logging.getLogger(__name__)
 
 # Which problem an engine has, as an operator would name it (the table's colours use it).
 OK, WARN, FAIL = "ok", "warn", "fail"
+# What to do about a pipeline falling behind (docs/falling-behind.md says more). Engines
+# are replicas: each computes everything, so another engine adds a standby, not speed.
+FALLING_BEHIND_FIX = (
+    "the engines process less than the inbound topic receives: give each engine more cores "
+    "(TWINSTREAM_SPARK_MASTER=local[N], or a cluster) with inbound partitions to use them, "
+    "make the pipeline's step cheaper, or reduce the inbound rate (another engine adds a "
+    "standby, not throughput); see docs/falling-behind.md"
+)
 
 
 class EngineView(BaseModel):
@@ -50,8 +63,13 @@ class EngineView(BaseModel):
     processed: dict[int, int] = Field(default_factory=dict)
     published: dict[int, int] = Field(default_factory=dict)
     in_sync: bool | None = None
+    # Rows buffered over every partition; `buffer_fills` has each partition's, and
+    # `buffer_size` is the bound of one partition (num_buffered_msgs), not of the sum.
     buffer_fill: int | None = None
     buffer_size: int | None = None
+    buffer_fills: dict[int, int] = Field(default_factory=dict)
+    # The lag over the engine's last minute (None until it has sampled a whole one).
+    lag_trend: LagTrend | None = None
     # A standby's rows above the active's last published msg_id: what it would publish
     # from its buffer if it took over now. Its buffer covers a takeover when it holds them.
     takeover_needs: int | None = None
@@ -61,6 +79,14 @@ class EngineView(BaseModel):
     repairs: list[str] = Field(default_factory=list)
     paused: str | None = None
     health: str = OK
+
+    def buffer_text(self) -> str:
+        """ "p0 9,800/10,000 · p1 10,000/10,000": each partition against its own bound."""
+        return buffer_text(self.buffer_fills, self.buffer_fill, self.buffer_size)
+
+    @property
+    def lag_growing(self) -> bool:
+        return self.lag_trend is not None and self.lag_trend.growing
 
 
 class TakeoverView(BaseModel):
@@ -135,6 +161,8 @@ def _engine(name: str, server: ServerInfo, pipe: PipelineInfo) -> EngineView:
         in_sync=pipe.in_sync,
         buffer_fill=pipe.buffer_fill,
         buffer_size=pipe.buffer_size,
+        buffer_fills=dict(pipe.buffer_fills),
+        lag_trend=pipe.lag_trend,
         quarantined=len(pipe.quarantined),
         uncovered=[range_text(u.partition, u.first, u.last) for u in pipe.uncovered_ranges],
         repairs=[
@@ -146,7 +174,12 @@ def _engine(name: str, server: ServerInfo, pipe: PipelineInfo) -> EngineView:
     )
     if view.uncovered or server.zk_state != "CONNECTED" or pipe.state in ("failed", "stopped"):
         view.health = FAIL
-    elif view.quarantined or view.paused or (server.role == "standby" and not pipe.in_sync):
+    elif (
+        view.quarantined
+        or view.paused
+        or view.lag_growing
+        or (server.role == "standby" and not pipe.in_sync)
+    ):
         view.health = WARN
     return view
 
@@ -160,12 +193,40 @@ def _positions(per_partition: dict[int, int], alone: int | None) -> dict[int, in
 
 def covers(standby: PipelineInfo, active: PipelineInfo) -> tuple[int, bool]:
     """(rows the standby would publish from its buffer at a takeover now, whether its
-    buffer holds them): those above the active's last published msg_id, per partition."""
-    needs = sum(
-        max(0, processed - active.published.get(partition, -1))
+    buffer holds them): those above the active's last published msg_id, per partition.
+    Each partition's buffer must hold its own partition's rows (one partition's spare rows
+    cover no other's); an engine that gives no per-partition fills is judged on the sum."""
+    needs = {
+        partition: max(0, processed - active.published.get(partition, -1))
         for partition, processed in standby.processed.items()
-    )
-    return needs, standby.buffer_fill >= needs
+    }
+    total = sum(needs.values())
+    if standby.buffer_fills:
+        held = all(standby.buffer_fills.get(p, 0) >= n for p, n in needs.items())
+        return total, held
+    return total, standby.buffer_fill >= total
+
+
+def falling_behind(engines: list[EngineView], in_sync_lag: int) -> str | None:
+    """The pipeline's "falling behind" problem, or None. Either no engine that answered is
+    in sync while one's lag is known and above `in_sync_lag` (an unknown lag, right after a
+    start, is no evidence), or an engine's lag grew through its last minute
+    (twinstream.lag_trend: a burst the pair absorbs never counts)."""
+    answered = [e for e in engines if e.problem is None]
+    behind = [e for e in answered if e.lag is not None and e.lag > in_sync_lag]
+    growing = [(e, e.lag_trend) for e in answered if e.lag_trend and e.lag_trend.growing]
+    reasons = []
+    if behind and not any(e.in_sync for e in answered):
+        lags = ", ".join(f"{e.engine_id} {e.lag:,}" for e in behind)
+        reasons.append(f"no engine is in sync (lag {lags}; in sync is at most {in_sync_lag:,})")
+    for e, t in growing:
+        reasons.append(
+            f"the lag of engine {e.engine_id} grew from {t.first:,} to {t.last:,} over the "
+            f"last {t.window_s:.0f} s"
+        )
+    if not reasons:
+        return None
+    return f"falling behind: {'; '.join(reasons)}. {FALLING_BEHIND_FIX}"
 
 
 def snapshot_views(
@@ -291,11 +352,15 @@ def pipeline_view(
         f"engine {v.engine_id}: UNCOVERED {', '.join(v.uncovered)}" for v in views if v.uncovered
     ]
     problems += [
-        f"engine {v.engine_id}: its buffer ({v.buffer_fill}) does not cover a takeover "
+        f"engine {v.engine_id}: its buffer "
+        f"({v.buffer_text() if v.buffer_fills else v.buffer_fill}) does not cover a takeover "
         f"({v.takeover_needs} rows)"
         for v in views
         if v.covers_takeover is False
     ]
+    behind = falling_behind(views, settings.in_sync_lag)
+    if behind is not None:
+        problems.append(behind)
     result = PipelineView(
         name=name,
         active=actives[0] if len(actives) == 1 else None,

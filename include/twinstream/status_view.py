@@ -49,6 +49,12 @@ def _notes(engine: EngineView) -> Text:
         notes.append(f"UNCOVERED {', '.join(engine.uncovered)} ", style="bold red")
     if engine.covers_takeover is False:
         notes.append("BUFFER SHORT OF A TAKEOVER ", style="bold red")
+    if engine.lag_trend is not None and engine.lag_trend.growing:
+        notes.append(
+            f"LAG GROWING {engine.lag_trend.first:,} -> {engine.lag_trend.last:,} in "
+            f"{engine.lag_trend.window_s:.0f} s ",
+            style="yellow",
+        )
     if engine.quarantined:
         notes.append(
             f"QUARANTINED {engine.quarantined} (twinstream quarantine list) ", style="yellow"
@@ -90,7 +96,6 @@ def engines_table(pipeline: PipelineView) -> Table:
     table.add_column("notes")
     for e in pipeline.engines:
         style = HEALTH_STYLES.get(e.health, "")
-        buffer = "-" if e.buffer_fill is None else f"{e.buffer_fill:,}/{e.buffer_size:,}"
         needs = "-"
         if e.takeover_needs is not None:
             needs = f"{e.takeover_needs:,} " + ("covered" if e.covers_takeover else "NOT covered")
@@ -103,7 +108,7 @@ def engines_table(pipeline: PipelineView) -> Table:
             positions_text(e.processed) or "-",
             positions_text(e.published) or "-",
             "-" if e.in_sync is None else ("yes" if e.in_sync else "no"),
-            buffer,
+            e.buffer_text(),
             needs,
             e.zk_state or "-",
             _notes(e),

@@ -1,6 +1,7 @@
 """The operator's page in the Airflow UI, for real: headless Chromium logs in to the stack's
 Airflow, opens Twinstream from the navigation, sees the active engine, follows a kill -9 of
-it, and triggers a restore of the killed engine from the page as a DAG run.
+it, and triggers a restore of the killed engine from the page as a DAG run (its DAG paused:
+the page says the run waits until it is unpaused, and how).
 
 Runs on the stack's own hostmetrics pair while `up` has left it running (right after
 test_stack.py): the chaos tests that follow wait for the killed engine to be back in sync.
@@ -100,7 +101,12 @@ def test_the_page_follows_a_kill_and_its_restore_button_starts_a_dag_run(
             frame.get_by_role("button", name=f"Confirm: Restore {active}").click()
             message = frame.locator("#message")
             wait_for(lambda: "DAG run" in message.inner_text(), 30, "the trigger's answer")
-            assert "started" in message.inner_text(), message.inner_text()
+            # The DAG is paused (above): the page says why the run will sit queued, and how
+            # to unpause it (issue 33, point 7).
+            said = message.inner_text()
+            assert "is queued, but restore_and_resync is paused" in said, said
+            assert "airflow dags unpause restore_and_resync" in said, said
+            assert "toggle in Airflow's Dags list" in said, said
     finally:
         engines.close()
 

@@ -56,6 +56,9 @@ PIPELINES["c"] = PIPELINES["a"] | {
     "last_msg_id_published": None,
     "processed": {0: 120, 1: 98, 2: 130},
     "published": {0: 110, 1: 98, 2: 125},
+    # Each partition's buffer against num_buffered_msgs (a partition's bound, not the sum's).
+    "buffer_fill": 29_800,
+    "buffer_fills": {0: 9_800, 1: 10_000, 2: 10_000},
 }
 PIPELINES["d"] = PIPELINES["b"] | {"quarantined": [], "paused": None}
 
@@ -106,6 +109,8 @@ def test_status_shows_quarantine_pause_and_repairs(
     assert "PAUSED" in b[-1]
     assert a[1:8] == ["active", "0", "running", "0", "99", "99", "no"]
     assert row(lines, "c")[5:7] == ["0:120, 1:98, 2:130", "0:110, 1:98, 2:125"]
+    assert row(lines, "c")[8] == "p0 9,800/10,000 · p1 10,000/10,000 · p2 10,000/10,000"
+    assert a[8] == "10 total"
     assert "pipeline hostmetrics  active a" in lines[0]
 
 

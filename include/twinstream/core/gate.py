@@ -160,6 +160,8 @@ class GateStatus:
     last_msg_id_processed: int | None
     last_msg_id_published: int | None
     buffer_fill: int
+    # The bound of each partition's buffer (num_buffered_msgs): a takeover replays one
+    # partition's rows from that partition's buffer alone.
     buffer_size: int
     uncovered_ranges: list[Uncovered] = field(default_factory=list)
     # Rows the active holds that it could not publish yet.
@@ -172,6 +174,8 @@ class GateStatus:
     published: dict[int, int] = field(default_factory=dict)
     # This engine's last takeovers, newest first.
     takeovers: list[TakeoverRecord] = field(default_factory=list)
+    # Per partition: the rows buffered (each against buffer_size; buffer_fill is their sum).
+    buffer_fills: dict[int, int] = field(default_factory=dict)
 
 
 class _Partition:
@@ -503,6 +507,7 @@ class Gate:
             processed=processed,
             published=published,
             takeovers=[replace(t) for t in list(self._takeovers)],
+            buffer_fills={p: len(v.buffer) for p, v in sorted(parts.items())},
         )
 
     def buffered(self) -> list[Output]:

@@ -36,6 +36,17 @@ function age(seconds) {
   return `${(seconds / 86400).toFixed(1)} d`;
 }
 
+// Each partition's buffered rows against the per-partition bound (num_buffered_msgs), as
+// twinstream.admin_api.buffer_text writes them: a sum against one partition's bound would
+// read as an overflow.
+function bufferText(e) {
+  if (e.buffer_fill === null || e.buffer_size === null) return "-";
+  const parts = Object.entries(e.buffer_fills || {}).sort((a, b) => Number(a[0]) - Number(b[0]));
+  if (parts.length) return parts.map(([p, n]) => `p${p} ${num(n)}/${num(e.buffer_size)}`).join(" · ");
+  if (e.buffer_fill === 0) return `0/${num(e.buffer_size)}`;
+  return `${num(e.buffer_fill)} total`;
+}
+
 function say(text, kind = "info") {
   const box = document.getElementById("message");
   box.textContent = text;
@@ -52,10 +63,33 @@ async function trigger(dag, conf, label) {
   });
   const body = await response.json().catch(() => ({}));
   if (response.ok) {
-    say(`${label}: DAG run ${body.dag_run_id} of ${dag} started (Airflow: Dags › ${dag} › Runs)`, "ok");
+    const paused = await isPaused(dag);
+    if (paused) {
+      // A paused DAG's run waits in "queued" with nothing in Airflow saying why.
+      say(
+        `${label}: DAG run ${body.dag_run_id} of ${dag} is queued, but ${dag} is paused: the run waits until ` +
+          `the DAG is unpaused. Unpause it with its toggle in Airflow's Dags list, or \`airflow dags unpause ${dag}\`.`,
+        "warn",
+      );
+    } else {
+      say(`${label}: DAG run ${body.dag_run_id} of ${dag} started (Airflow: Dags › ${dag} › Runs)`, "ok");
+    }
   } else {
     const detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail || body);
     say(`${label}: Airflow refused the trigger of ${dag} (HTTP ${response.status}): ${detail}`, "fail");
+  }
+}
+
+// Whether Airflow holds the DAG paused; null when it does not say (the run's message then
+// stays the plain one rather than guess).
+async function isPaused(dag) {
+  try {
+    const response = await fetch(`/api/v2/dags/${dag}`, { credentials: "same-origin" });
+    if (!response.ok) return null;
+    const body = await response.json();
+    return typeof body.is_paused === "boolean" ? body.is_paused : null;
+  } catch (error) {
+    return null;
   }
 }
 
@@ -87,6 +121,10 @@ function engineRow(pipeline, e) {
   if (e.uncovered.length) notes.push(el("span", { class: "fail" }, `UNCOVERED ${e.uncovered.join(", ")} `));
   if (e.quarantined) notes.push(el("span", { class: "warn" }, `quarantined ${e.quarantined} `));
   if (e.paused) notes.push(el("span", { class: "warn" }, "paused "));
+  if (e.lag_trend && e.lag_trend.growing) {
+    const t = e.lag_trend;
+    notes.push(el("span", { class: "warn" }, `lag growing ${num(t.first)} → ${num(t.last)} in ${Math.round(t.window_s)} s `));
+  }
   for (const r of e.repairs) notes.push(el("span", { class: "warn" }, `repaired ${r} `));
   let covers = "-";
   if (e.takeover_needs !== null) {
@@ -105,7 +143,7 @@ function engineRow(pipeline, e) {
     el("td", {}, e.state ?? "-"),
     el("td", { class: "n" }, num(e.lag)),
     el("td", {}, e.in_sync === null ? "-" : e.in_sync ? "yes" : el("span", { class: "warn" }, "no")),
-    el("td", { class: "n" }, e.buffer_fill === null ? "-" : `${num(e.buffer_fill)} / ${num(e.buffer_size)}`),
+    el("td", { class: "n" }, bufferText(e)),
     el("td", {}, covers),
     el("td", {}, e.zk_state ?? "-"),
     el("td", {}, notes),
