@@ -5,14 +5,29 @@
 for each pipeline the stack runs (one mapped task group each) that its output has no gap
 and no duplicate: `spark_jobs/audit_output.py`, submitted with
 `SparkSubmitOperator`, reads the progress, outbound and dead-letter topics (read_committed)
-from where the previous audit ended up to the inbound high watermark minus an in-flight
-allowance (`TWINSTREAM_AUDIT_INFLIGHT_MSGS`), and validates them with the Great
-Expectations suites in `twinstream.audit`: the published transactions' ranges tile the
+from where the previous audit ended up to the end the `up_to` Param chooses (by default
+everything the pipeline has committed), and validates them with the Great Expectations
+suites in `twinstream.audit`: the published transactions' ranges tile the
 inbound offsets from the last audited msg_id, each exactly once (every inbound offset
 accounted for, with or without output), each range's outputs and dead letters are as many
 as its progress record says, and the output values meet the pipeline's own expectations
 (`twinstream.contract`). The result is kept as JSON and as GX Data Docs in
 `<state>/audit/<pipeline>/`.
+
+**Where an audit ends** (the `up_to` Param, in each inbound partition, never inside a
+published transaction):
+
+- `committed` (default): the end of the last progress record committed, which the active
+  writes in the same transaction as its outputs: everything published so far, so an audit
+  triggered right after a test covers all of the test. Inputs not published yet are not
+  gaps (no committed record claims them): the next audit covers them.
+- `margin`: the inbound high watermark less `TWINSTREAM_AUDIT_INFLIGHT_MSGS` (20,000),
+  the audit's end before `up_to` existed; it leaves the newest inputs to the next audit.
+- `<partition>:<msg_id>[,...]`, e.g. `0:5000,1:4200`: the msg_ids below each end (moved
+  down to the start of a transaction that straddles it); a partition not named is not
+  audited this time. A msg_id below the end that no committed record covers is reported
+  missing (not published yet, or lost), and an end above the inbound high watermark is
+  refused.
 
 **Connections.** `spark_default` (`local[2]` locally, a Spark master in compose); Kafka and
 the state folder from the `TWINSTREAM_*` settings. Spark's Kafka connector comes from
@@ -23,7 +38,8 @@ beside the cursor; `verdict` fails the run when the audit found a problem. A cra
 unreachable job is retried; a finding is not (the same data gives the same finding, and
 the next scheduled run checks the range again).
 
-**Recovery.** A failed audit names the missing and the duplicated msg_id ranges, merged. Its
+**Recovery.** A failed audit names the missing and the duplicated msg_id ranges, merged,
+and each expectation that failed (its suite, type, column, bounds and observed value). Its
 cursor does not move, so the next run audits the same range again: find the cause (the
 engines' logs, `GET /pipeline` `uncovered_ranges`), then move the cursor past the range by
 hand (`<state>/audit/<pipeline>/cursor.json`) once it is understood. To audit other
@@ -41,7 +57,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, task, task_group
 
 from twinstream import registry
-from twinstream.audit import CURSOR_ID_PATTERN, TOPIC_NAME_PATTERN
+from twinstream.audit import CURSOR_ID_PATTERN, TOPIC_NAME_PATTERN, UP_TO_PATTERN
 from twinstream.config import REPO_ROOT, load_settings
 
 # Read from the environment and the pipelines file only (no network, no Variables, no
@@ -84,6 +100,19 @@ DEFAULT_ARGS = {
             description=(
                 "A cursor of its own, by id (kept in the pipeline's audit folder, "
                 "cursors/<id>/); empty for the pipeline's own."
+            ),
+        ),
+        "up_to": Param(
+            "committed",
+            type="string",
+            pattern=UP_TO_PATTERN,
+            examples=["committed", "margin"],
+            description=(
+                "Where the audit ends in each inbound partition: 'committed' (everything "
+                "the pipeline has published), 'margin' (the inbound end less "
+                "TWINSTREAM_AUDIT_INFLIGHT_MSGS), or an end per partition such as "
+                "'0:5000,1:4200' (the msg_ids below each end; unnamed partitions wait for "
+                "the next audit)."
             ),
         ),
     },

@@ -1,15 +1,18 @@
 """Audit a pipeline's published output since the last audit (a Spark batch job).
 
     spark-submit spark_jobs/audit_output.py [--outbound-topic T] [--dlq-topic T]
-        [--progress-topic T] [--cursor ID] [--run-id ID]
+        [--progress-topic T] [--cursor ID] [--up-to committed|margin|P:END,...] [--run-id ID]
 
 Reads `.progress`, `.out` and `.dlq` (read_committed) from where the last audit ended, up
-to the inbound high watermark minus TWINSTREAM_AUDIT_INFLIGHT_MSGS, checks that the
-progress records account for every inbound offset exactly once and the outputs for each,
-validates them with the Great Expectations suites of `twinstream.audit` and the pipeline's
-own expectations (`twinstream.contract`), writes the result as JSON and Data Docs under
-TWINSTREAM_STATE_DIR/audit/<pipeline>/, and moves the cursor on only when the audit passes.
-Every run writes its verdict to `last-audit.json` beside the cursor. Exit status 1 with
+to what `--up-to` says (`twinstream.audit.choose_ends`; by default the end of the last
+progress record committed, i.e. everything the pipeline has published; `margin`: the
+inbound high watermark minus TWINSTREAM_AUDIT_INFLIGHT_MSGS; or an end per partition),
+checks that the progress records account for every inbound offset exactly once and the
+outputs for each, validates them with the Great Expectations suites of `twinstream.audit`
+and the pipeline's own expectations (`twinstream.contract`), writes the result as JSON and
+Data Docs under TWINSTREAM_STATE_DIR/audit/<pipeline>/, and moves the cursor on only when
+the audit passes. Every run writes its verdict to `last-audit.json` beside the cursor (its
+summary names each failed expectation). Exit status 1 with
 the missing and duplicated msg_id ranges when it fails, 2 on bad input. With `--run-id`
 (the Airflow DAG) a failed audit exits 0 once its report is written: the DAG's `verdict`
 task fails the run from the report, without the retry a crashed job gets.
@@ -34,9 +37,13 @@ from twinstream.audit import (
     Cursor,
     Position,
     Span,
+    UpTo,
+    UpToError,
     Validation,
+    choose_ends,
     cursor_file,
     find_problems,
+    report_summary,
     validate,
 )
 from twinstream.config import Settings, SettingsError, load_settings
@@ -109,8 +116,8 @@ def next_offset(df: DataFrame, partition: int, end: int, start: int) -> int:
     return int(row["last"]) + 1
 
 
-def inbound_ends(settings: Settings) -> dict[int, int]:
-    """Each inbound partition's high watermark less the in-flight allowance."""
+def inbound_highs(settings: Settings) -> dict[int, int]:
+    """Each inbound partition's high watermark."""
     from confluent_kafka import Consumer, TopicPartition
 
     from twinstream.kafka import consumer_config
@@ -124,7 +131,7 @@ def inbound_ends(settings: Settings) -> dict[int, int]:
         ends = {}
         for p in sorted(meta.partitions):
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            ends[p] = max(0, int(high) - settings.audit_inflight_msgs)
+            ends[p] = int(high)
         return ends
     finally:
         consumer.close()
@@ -136,16 +143,21 @@ def write_report(
     findings: Audited,
     validation: Validation | None,
     run_name: str = "",
+    up_to: UpTo | None = None,
 ) -> None:
-    """What this audit found, pass or fail, machine-readable beside the cursor."""
+    """What this audit found, pass or fail, machine-readable beside the cursor: the summary
+    names each failed expectation (what `twinstream status` shows of a failed audit)."""
     expectations_met = validation is None or validation.success
+    failed = [] if validation is None else validation.failed
     report = {
         "run": run_name,
         "run_id": run_id,
         "ok": findings.ok and expectations_met,
-        "summary": findings.summary(),
+        "summary": report_summary(findings, failed),
         **findings.report(),
+        "up_to": str(up_to or UpTo()),
         "expectations_met": expectations_met,
+        "failed_expectations": failed,
         "results": None if validation is None else str(validation.results_path),
         "data_docs": None if validation is None else str(validation.data_docs),
     }
@@ -159,34 +171,46 @@ def audit(
     from pyspark.sql import functions as F
 
     contract = registry.load(settings)
+    up_to: UpTo = args.up_to
     cursor_path = cursor_file(settings.audit_dir, args.cursor)
     cursor_path.parent.mkdir(parents=True, exist_ok=True)
     cursor = Cursor.load(cursor_path)
-    inbound = inbound_ends(settings)
+    inbound = inbound_highs(settings)
+    up_to.check(inbound)  # before any Spark work: a bad end is the operator's to fix
     at = {p: cursor.at(p) for p in inbound}
-    limits = {p: max(at[p].next_msg_id, end) for p, end in inbound.items()}
     progress = read_topic(
         spark, settings, args.progress_topic, {p: a.progress_offset for p, a in at.items()}
     ).cache()
-    spans_df = (
+    all_spans_df = (
         progress.select("partition", F.from_json("value", PROGRESS_SCHEMA).alias("p"))
         .select("partition", "p.*")
-        .where(F.col("last") < per_partition(limits))
         .withColumn("size", F.col("last") - F.col("first") + 1)
         # Unique per partition's range start (the coverage suite's `start`).
         .withColumn(
             "start",
             F.shiftleft(F.col("partition").cast("long"), PARTITION_SHIFT).bitwiseOR(F.col("first")),
         )
-        .cache()
     )
-    spans: dict[int, list[Span]] = {p: [] for p in inbound}
-    for r in spans_df.collect():
-        spans.setdefault(r["partition"], []).append(
+    committed: dict[int, list[Span]] = {p: [] for p in inbound}
+    for r in all_spans_df.collect():
+        committed.setdefault(r["partition"], []).append(
             Span(r["first"], r["last"], r["outputs"], r["dead_letters"])
         )
-    # Down to a transaction's boundary: a range is audited whole or not yet.
-    ends = {p: max([at[p].next_msg_id, *(s.last + 1 for s in spans.get(p, []))]) for p in inbound}
+    # Each progress record is committed in the transaction of its outputs, and the outputs
+    # are read after it (seconds later): Kafka has written that transaction's commit marker
+    # to their partitions by then. Were one late, the transaction would be a mismatch this
+    # time, never lost: the cursor stays and the next audit reads it again.
+    ends = choose_ends(
+        up_to,
+        {p: a.next_msg_id for p, a in at.items()},
+        committed,
+        inbound,
+        settings.audit_inflight_msgs,
+    )
+    spans = {p: [s for s in committed.get(p, []) if s.last < ends[p]] for p in inbound}
+    # The same records for the suite, filtered by the ends again: a re-read of the topic
+    # (a cache evicted) may see records committed since, which this audit does not cover.
+    spans_df = all_spans_df.where(F.col("last") < per_partition(ends)).cache()
     out = read_topic(
         spark, settings, args.outbound_topic, {p: a.out_offset for p, a in at.items()}
     ).cache()
@@ -209,10 +233,10 @@ def audit(
             for p in sorted(inbound)
         }
     )
-    log.info("audit %s: %s", settings.pipeline, findings.summary())
+    log.info("audit %s (up to %s): %s", settings.pipeline, up_to, findings.summary())
     nothing = all(ends[p] <= at[p].next_msg_id for p in inbound)
     if nothing and findings.rows == 0 and not any(spans.values()):
-        write_report(cursor_path, args.run_id, findings, None)
+        write_report(cursor_path, args.run_id, findings, None, up_to=up_to)
         return findings, True
 
     values = None
@@ -248,7 +272,7 @@ def audit(
         validation.results_path,
         validation.data_docs,
     )
-    write_report(cursor_path, args.run_id, findings, validation, run_name)
+    write_report(cursor_path, args.run_id, findings, validation, run_name, up_to)
     if findings.ok and validation.success:
         cursor.moved(
             {
@@ -261,16 +285,19 @@ def audit(
                 for p in inbound
             }
         ).save(cursor_path)
-    elif findings.ok:
-        # Every msg_id is there once, but a value is malformed: name the expectations.
-        failed = [
-            e
-            for suite in validation.statistics.values()
-            for e in suite["expectations"]
-            if not e["success"]
-        ]
-        log.error("audit %s: failed expectations: %s", settings.pipeline, failed)
+    elif validation.failed:
+        log.error(
+            "audit %s: failed expectations: %s", settings.pipeline, "; ".join(validation.failed)
+        )
     return findings, validation.success
+
+
+def up_to_arg(text: str) -> UpTo:
+    """--up-to, refused by argparse (exit 2) with UpTo.parse's reason."""
+    try:
+        return UpTo.parse(text)
+    except UpToError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,6 +328,15 @@ def main(argv: list[str] | None = None) -> int:
         "pipeline's own, <state>/audit/<pipeline>/cursor.json)",
     )
     parser.add_argument(
+        "--up-to",
+        type=up_to_arg,
+        default=UpTo(),
+        help="where the audit ends in each partition: 'committed' (default: everything the "
+        "pipeline has committed), 'margin' (the inbound high watermark less "
+        "TWINSTREAM_AUDIT_INFLIGHT_MSGS) or an end per partition, '0:5000,1:4200' (the "
+        "msg_ids below each end; a partition not named is not audited)",
+    )
+    parser.add_argument(
         "--run-id",
         default="",
         help="the Airflow run: findings exit 0, the DAG's verdict task fails the run",
@@ -317,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         findings, expectations_met = audit(spark, settings, args)
-    except ContractError as exc:
+    except (ContractError, UpToError) as exc:
         print(f"audit_output: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -11,11 +11,16 @@ Partitions: everything here holds per inbound partition p (the progress records 
 partition p of `.progress` tile the offsets of inbound partition p); the cursor keeps a
 position per partition and the findings name the partition of each range.
 
-An audit covers the msg_ids [cursor.next_msg_id, end): `end` is the inbound high watermark
-less an in-flight allowance (messages the engines have not published yet are not gaps),
-moved down to a transaction's boundary. It reads each topic from the offset where the
-previous audit left it, so no range is skipped or read twice. A range below the cursor was
-already accounted for by an earlier audit: it is a late duplicate, and fails this one.
+An audit covers the msg_ids [cursor.next_msg_id, end) of each partition, where `end`
+(`UpTo`, `choose_ends`) is by default everything committed: the end of the last progress
+record the pipeline has committed, so an audit right after a test covers all of it (inputs
+the engines have not published yet are not gaps: no committed record claims them). On
+request it is the inbound high watermark less an in-flight allowance, moved down to a
+transaction's boundary, or an end given per partition, also moved down to a boundary
+(below it, a msg_id no committed record covers is missing). It reads each topic from the
+offset where the previous audit left it, so no range is skipped or read twice. A range
+below the cursor was already accounted for by an earlier audit: it is a late duplicate, and
+fails this one.
 The cursor moves only when the audit passes; a failed audit is repeated until an operator
 has dealt with it.
 
@@ -38,6 +43,10 @@ SUITE_IDS = "twinstream_msg_ids"
 SUITE_VALUES = "twinstream_output_values"
 # Every audit's verdict, beside its cursor.
 REPORT = "last-audit.json"
+
+
+class UpToError(ValueError):
+    """An `up_to` the audit cannot follow; the message names the forms it takes."""
 
 
 class AuditFailed(Exception):
@@ -314,6 +323,107 @@ def window(records: Iterable[tuple[str, int | None, str]], first: int, end: int)
     return find_problems(spans, rows, first, end, clip=True)
 
 
+UP_TO_COMMITTED = "committed"
+UP_TO_MARGIN = "margin"
+_PARTITION_END = re.compile(r"(\d{1,5}):(\d{1,19})")
+
+
+@dataclass(frozen=True)
+class UpTo:
+    """Where an audit ends in each partition (the DAG's `up_to` Param, the job's --up-to):
+    "committed", everything the pipeline has committed; "margin", the inbound high watermark
+    less the in-flight allowance (TWINSTREAM_AUDIT_INFLIGHT_MSGS); or `asked`, an end per
+    partition ("0:5000,1:4200": the msg_ids below 5000 of partition 0 and below 4200 of
+    partition 1; a partition not named is not audited this time)."""
+
+    mode: str = UP_TO_COMMITTED
+    asked: Mapping[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> UpTo:
+        """The Param's text as an UpTo; UpToError naming the accepted forms."""
+        text = text.strip()
+        if text in ("", UP_TO_COMMITTED):
+            return cls()
+        if text == UP_TO_MARGIN:
+            return cls(UP_TO_MARGIN)
+        asked: dict[int, int] = {}
+        for item in text.split(","):
+            match = _PARTITION_END.fullmatch(item.strip())
+            if match is None:
+                raise UpToError(
+                    f"up_to {text[:80]!r}: {item.strip()[:40]!r} is not <partition>:<msg_id>; "
+                    f"write {UP_TO_COMMITTED!r} (everything committed), {UP_TO_MARGIN!r} (the "
+                    "inbound end less the in-flight allowance) or an end per partition, e.g. "
+                    "'0:5000' or '0:5000,1:4200' (the msg_ids below each end)"
+                )
+            partition, end = int(match[1]), int(match[2])
+            if partition in asked:
+                raise UpToError(
+                    f"up_to {text[:80]!r} names partition {partition} twice: give each "
+                    "partition one end"
+                )
+            asked[partition] = end
+        return cls("explicit", asked)
+
+    def __str__(self) -> str:
+        if self.mode != "explicit":
+            return self.mode
+        return ",".join(f"{p}:{end}" for p, end in sorted(self.asked.items()))
+
+    def check(self, highs: Mapping[int, int]) -> None:
+        """An end per partition must name the inbound topic's partitions and ends no further
+        than each one's high watermark (no msg_id exists there to cover)."""
+        for partition, end in sorted(self.asked.items()):
+            if partition not in highs:
+                raise UpToError(
+                    f"up_to names partition {partition}, but the inbound topic has partitions "
+                    f"{', '.join(map(str, sorted(highs)))}: name only those"
+                )
+            if end > highs[partition]:
+                raise UpToError(
+                    f"up_to asks partition {partition} to be audited below msg_id {end}, but "
+                    f"its inbound high watermark is {highs[partition]} (msg_ids are inbound "
+                    f"offsets): ask for at most {partition}:{highs[partition]}, or 'committed'"
+                )
+
+
+def choose_ends(
+    up_to: UpTo,
+    starts: Mapping[int, int],
+    spans: Mapping[int, Sequence[Span]],
+    highs: Mapping[int, int],
+    inflight: int,
+) -> dict[int, int]:
+    """Each partition's end (exclusive) for an audit from `starts` (the cursor's next_msg_id),
+    given the committed progress records read from the cursor on (`spans`, partition ->
+    records) and the inbound high watermarks. Never below the start, and never inside a
+    transaction: a range is audited whole or not yet.
+
+    - committed: the end of the last committed record, so everything committed is covered;
+    - margin: the end of the last record below the high watermark less `inflight`;
+    - explicit: the asked end, or the first msg_id of a record that straddles it. Without a
+      record there (not published yet) the end stays as asked and the audit names the
+      uncovered msg_ids as missing: the operator asked for them."""
+    up_to.check(highs)
+    ends: dict[int, int] = {}
+    for p in sorted(highs):
+        start = starts.get(p, 0)
+        records = spans.get(p, ())
+        if up_to.mode == UP_TO_COMMITTED:
+            ends[p] = max([start, *(s.last + 1 for s in records)])
+        elif up_to.mode == UP_TO_MARGIN:
+            limit = max(start, highs[p] - inflight)
+            ends[p] = max([start, *(s.last + 1 for s in records if s.last < limit)])
+        elif p not in up_to.asked:
+            ends[p] = start
+        else:
+            asked = up_to.asked[p]
+            straddling = [s.first for s in records if s.first < asked <= s.last]
+            ends[p] = max(start, min([asked, *straddling]))
+    return ends
+
+
 def id_expectations(ranges: Mapping[int, tuple[int, int]]) -> list[Any]:
     """The progress ranges (partition -> (first, end)): each starts once in its partition
     (column `start`: the record id of its first msg_id, twinstream.core.rows.record_id),
@@ -342,6 +452,76 @@ class Validation:
     results_path: Path
     data_docs: Path
     statistics: dict[str, Any]
+    # Each failed expectation, said in a line (`failed_expectations`).
+    failed: list[str] = field(default_factory=list)
+
+
+# Arguments that say where an expectation looks (its column or columns), or nothing about
+# what it expects.
+_WHERE = ("column", "column_A", "column_B", "column_list")
+_NOT_BOUNDS = {*_WHERE, "batch_id", "result_format", "catch_exceptions", "meta", "rendered_content"}
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_expectation(suite: str, result: Mapping[str, Any]) -> str:
+    """One failed expectation of a checkpoint result (an entry of `expectations` in its
+    `describe_dict()`), as a line naming the suite, the expectation's type, its column(s),
+    its bounds and what was observed: "twinstream_output_values:
+    expect_column_values_to_be_between on mem_used_sum20 (min_value=0): 3 of 1000 values
+    unexpected, e.g. -12.5, -3.0"."""
+    kwargs = result.get("kwargs") or {}
+    line = f"{suite}: {result.get('expectation_type', 'an expectation')}"
+    where = [_short(kwargs[k]) for k in _WHERE if kwargs.get(k) is not None]
+    if where:
+        line += f" on {', '.join(where)}"
+    bounds = [
+        f"{k}={_short(v)}" for k, v in kwargs.items() if k not in _NOT_BOUNDS and v is not None
+    ]
+    if bounds:
+        line += f" ({', '.join(bounds)})"
+    exception = result.get("exception_info") or {}
+    observed = result.get("result") or {}
+    if isinstance(exception, Mapping) and exception.get("raised_exception"):
+        return f"{line}: raised {_short(exception.get('exception_message'), 200)}"
+    if "observed_value" in observed:
+        return f"{line}: observed {_short(observed['observed_value'])}"
+    if "unexpected_count" in observed:
+        examples = observed.get("partial_unexpected_list") or []
+        line += (
+            f": {observed['unexpected_count']} of {observed.get('element_count', '?')} values "
+            "unexpected"
+        )
+        if examples:
+            line += f", e.g. {', '.join(_short(v, 40) for v in examples[:3])}"
+        return line
+    return f"{line}: failed"
+
+
+def failed_expectations(results: Mapping[str, Any]) -> list[str]:
+    """Every failed expectation in the suites' results (suite name -> its checkpoint
+    result's `describe_dict()`, as `validate` keeps them), one line each."""
+    return [
+        describe_expectation(suite, expectation)
+        for suite, described in results.items()
+        for validation in described.get("validation_results", [])
+        for expectation in validation.get("expectations", [])
+        if not expectation.get("success")
+    ]
+
+
+def report_summary(findings: Audited, failed: Sequence[str], limit: int = 10) -> str:
+    """The report's one-line verdict: the failed expectations first, by name (a reader of
+    `twinstream status` sees what failed, not only that the msg_ids were all there), then
+    the coverage findings."""
+    if not failed:
+        return findings.summary()
+    more = f"; and {len(failed) - limit} more" if len(failed) > limit else ""
+    count = f"{len(failed)} expectation{'s' if len(failed) > 1 else ''}"
+    return f"{count} FAILED: {'; '.join(failed[:limit])}{more}. Coverage: {findings.summary()}"
 
 
 def validate(
@@ -407,7 +587,13 @@ def validate(
     results_path = gx_root / "results" / f"{run_name}.json"
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(results, indent=2, default=str))
-    return Validation(success, results_path, data_docs_site(gx_root) / "index.html", statistics)
+    return Validation(
+        success,
+        results_path,
+        data_docs_site(gx_root) / "index.html",
+        statistics,
+        failed_expectations(results),
+    )
 
 
 def data_docs_site(audit_dir: Path) -> Path:
@@ -429,6 +615,8 @@ def param_pattern(body: str) -> str:
 
 
 CURSOR_ID_PATTERN = param_pattern(f"({CURSOR_ID.pattern})?")
+# The forms UpTo.parse reads: committed, margin, or <partition>:<msg_id>[,...].
+UP_TO_PATTERN = param_pattern(r"committed|margin|\d{1,5}:\d{1,19}(,\d{1,5}:\d{1,19})*")
 # Kafka's own rule for a topic name (the DAG's Params for other copies of the topics).
 TOPIC_NAME_PATTERN = param_pattern(r"([A-Za-z0-9._-]{1,249})?")
 # What restore_and_resync's snapshot Param takes: latest, cold, or a snapshot's id.
@@ -496,9 +684,11 @@ def chosen_pipelines(stack: Sequence[str], params: Mapping[str, Any]) -> list[st
 
 
 def job_args(pipeline: str, params: Mapping[str, Any], run_id: str) -> list[str]:
-    """spark_jobs/audit_output.py's arguments for one pipeline of the run."""
+    """spark_jobs/audit_output.py's arguments for one pipeline of the run. An `up_to` the
+    job cannot follow fails here, before a Spark job is submitted."""
     args = ["--pipeline", pipeline]
     for key in COPY_PARAMS:
         if params.get(key):
             args += [f"--{key.replace('_', '-')}", str(params[key])]
-    return [*args, "--run-id", run_id]
+    up_to = UpTo.parse(str(params.get("up_to") or ""))
+    return [*args, "--up-to", str(up_to), "--run-id", run_id]

@@ -120,7 +120,14 @@ def test_the_audit_submits_the_spark_job_with_the_kafka_connector(dags):
     # The job leaves the verdict to a task of its own: a finding fails without a retry.
     assert "each_pipeline.audit_output" in dag.task_dict["each_pipeline.verdict"].upstream_task_ids
     job_args = dag.task_dict["each_pipeline.job_args"].python_callable
-    assert job_args("payments", _form(dag), "r1") == ["--pipeline", "payments", "--run-id", "r1"]
+    assert job_args("payments", _form(dag), "r1") == [
+        "--pipeline",
+        "payments",
+        "--up-to",
+        "committed",
+        "--run-id",
+        "r1",
+    ]
     copy = _form(dag, pipeline="payments", outbound_topic="c.out", cursor="c-audit")
     assert job_args("payments", copy, "r2") == [
         "--pipeline",
@@ -129,9 +136,33 @@ def test_the_audit_submits_the_spark_job_with_the_kafka_connector(dags):
         "c.out",
         "--cursor",
         "c-audit",
+        "--up-to",
+        "committed",
         "--run-id",
         "r2",
     ]
+    explicit = _form(dag, pipeline="payments", up_to="1:4200,0:5000")
+    assert job_args("payments", explicit, "r3")[2:4] == ["--up-to", "0:5000,1:4200"]
+
+
+def test_the_audit_covers_everything_committed_unless_told_where_to_end(dags):
+    """Issue 33 point 8: the audit stopped 20,000 msg_ids below the inbound end, so an
+    audit right after a test covered almost none of it. Its end is a Param now."""
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = dags["audit_output_topic"]
+    assert _form(dag)["up_to"] == "committed"  # the scheduled audit's
+    for good in ("margin", "committed", "0:5000", "0:5000,1:4200,2:0"):
+        assert _form(dag, up_to=good)["up_to"] == good
+    for bad in ("", "5000", "latest", "0:5000,", "0:-1", "0:5\n", "0:5; rm", "a:1", ["0:5"]):
+        with pytest.raises(ParamValidationError, match="up_to"):
+            _form(dag, up_to=bad)
+    # The form and the DAG's page say what each choice does.
+    param = dag.params.get_param("up_to")
+    for said in ("committed", "margin", "TWINSTREAM_AUDIT_INFLIGHT_MSGS", "0:5000,1:4200"):
+        assert said in param.description
+    assert param.schema["examples"] == ["committed", "margin"]
+    assert "**Where an audit ends** (the `up_to` Param" in dag.doc_md
 
 
 def test_the_audits_params_take_topic_names_and_a_cursor_id_never_a_path(dags):

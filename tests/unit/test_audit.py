@@ -2,28 +2,40 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from twinstream.audit import (
     REPORT,
+    SUITE_VALUES,
     Audited,
     AuditFailed,
     Cursor,
     Findings,
     Position,
     Span,
+    UpTo,
+    UpToError,
+    Validation,
+    choose_ends,
     cursor_file,
+    failed_expectations,
     find_id_problems,
     find_problems,
     format_ranges,
     from_records,
     id_expectations,
+    job_args,
     merge_ranges,
+    report_summary,
     verdict,
 )
+from twinstream.config import REPO_ROOT
 
 
 def test_ranges_are_merged_not_listed_one_by_one():
@@ -239,3 +251,207 @@ def test_param_patterns_refuse_a_trailing_newline_that_pythons_dollar_lets_throu
         assert Param(good, type="string", pattern=pattern).resolve(good) == good
         with pytest.raises(ParamValidationError, match="does not match"):
             Param(good, type="string", pattern=pattern).resolve(bad)
+
+
+# Where an audit ends (the DAG's `up_to`): issue 33 point 8. A user audited right after a
+# test and got "nothing to audit below msg_id 2142": the margin of 20,000 msg_ids below the
+# inbound high watermark left 93 % of the run unaudited.
+
+
+def test_up_to_reads_committed_margin_and_an_end_per_partition():
+    assert UpTo.parse("committed") == UpTo() == UpTo.parse("")
+    assert UpTo.parse("margin").mode == "margin"
+    explicit = UpTo.parse("1:4200,0:5000")
+    assert (explicit.mode, dict(explicit.asked)) == ("explicit", {0: 5000, 1: 4200})
+    assert str(explicit) == "0:5000,1:4200"  # what the DAG passes the job, and the report says
+    assert str(UpTo.parse("committed")) == "committed"
+
+
+@pytest.mark.parametrize("bad", ["5000", "latest", "0:5000,", "-1:5", "0:5;rm", "0:5 1:6"])
+def test_an_up_to_that_is_no_form_is_refused_naming_the_forms(bad):
+    with pytest.raises(UpToError, match="is not <partition>:<msg_id>; write 'committed'"):
+        UpTo.parse(bad)
+    with pytest.raises(UpToError, match="partition 0 twice"):
+        UpTo.parse("0:5,0:6")
+
+
+def test_the_default_end_is_everything_committed_however_far_behind_the_inbound_end():
+    # The user's run: 30,000 published in transactions of 1,000, the cursor at 0, the
+    # inbound topic 30,000 long. The margin covered 10,000 of them; committed covers all.
+    spans = {0: spans_of(*((i, i + 999) for i in range(0, 30_000, 1_000)))}
+    highs = {0: 30_000}
+    assert choose_ends(UpTo(), {0: 0}, spans, highs, inflight=20_000) == {0: 30_000}
+    assert choose_ends(UpTo("margin"), {0: 0}, spans, highs, inflight=20_000) == {0: 10_000}
+    # Still in flight (read, not published yet): not a gap, the next audit's.
+    assert choose_ends(UpTo(), {0: 0}, spans, {0: 31_500}, inflight=0) == {0: 30_000}
+
+
+def test_each_partition_ends_at_its_own_last_committed_record_never_below_its_cursor():
+    spans = {0: spans_of((0, 99), (100, 149)), 1: spans_of((40, 59))}
+    ends = choose_ends(UpTo(), {0: 0, 1: 40, 2: 7}, spans, {0: 200, 1: 60, 2: 7}, 0)
+    assert ends == {0: 150, 1: 60, 2: 7}  # partition 2: nothing committed past its cursor
+    # A late duplicate below the cursor moves no end back.
+    assert choose_ends(UpTo(), {0: 500}, {0: spans_of((0, 99))}, {0: 600}, 0) == {0: 500}
+
+
+def test_the_margin_end_is_moved_down_to_a_transactions_boundary():
+    spans = {0: spans_of((0, 99), (100, 199), (200, 299))}
+    # high 300 - margin 120 = 180, inside 100..199: the audit stops at 100.
+    assert choose_ends(UpTo("margin"), {0: 0}, spans, {0: 300}, 120) == {0: 100}
+    assert choose_ends(UpTo("margin"), {0: 0}, spans, {0: 300}, 0) == {0: 300}
+
+
+def test_an_asked_end_is_moved_down_to_a_boundary_and_unnamed_partitions_wait():
+    spans = {0: spans_of((0, 99), (100, 199)), 1: spans_of((0, 49))}
+    starts = {0: 0, 1: 0}
+    highs = {0: 300, 1: 50}
+    # 150 is inside 100..199: that transaction is audited whole, next time.
+    assert choose_ends(UpTo.parse("0:150"), starts, spans, highs, 0) == {0: 100, 1: 0}
+    assert choose_ends(UpTo.parse("0:200,1:50"), starts, spans, highs, 0) == {0: 200, 1: 50}
+    # Asked past what is committed: the end stays, and the audit names 200..249 missing.
+    assert choose_ends(UpTo.parse("0:250"), starts, spans, highs, 0)[0] == 250
+    findings = find_problems(spans[0], rows_of(range(200)), 0, 250)
+    assert findings.missing == [(200, 249)]
+
+
+def test_an_asked_end_past_the_inbound_end_or_of_no_partition_is_refused_with_the_fix():
+    spans: dict[int, list[Span]] = {0: []}
+    with pytest.raises(UpToError, match=r"high watermark is 300.*at most 0:300, or 'committed'"):
+        choose_ends(UpTo.parse("0:301"), {0: 0}, spans, {0: 300}, 0)
+    with pytest.raises(UpToError, match="partition 3, but the inbound topic has partitions 0, 1"):
+        UpTo.parse("3:10").check({0: 300, 1: 300})
+
+
+def test_the_job_is_told_where_to_end():
+    params = {"pipeline": "", "up_to": "committed", "cursor": ""}
+    assert job_args("payments", params, "r1") == [
+        "--pipeline",
+        "payments",
+        "--up-to",
+        "committed",
+        "--run-id",
+        "r1",
+    ]
+    assert job_args("payments", {**params, "up_to": "1:7,0:5"}, "r2")[2:4] == [
+        "--up-to",
+        "0:5,1:7",
+    ]
+    with pytest.raises(UpToError):
+        job_args("payments", {**params, "up_to": "0:5,0:6"}, "r3")
+
+
+# The failure summary (issue 33 point 9): a failed value expectation was reported as
+# "... every msg_id exactly once", which named the wrong expectation.
+
+
+def _great_expectations_result(values: list[float]) -> dict[str, Any]:
+    """A real Great Expectations checkpoint result (pandas, in memory) of the hostmetrics
+    pipeline's expectations on mem_used_sum20, as `validate` keeps it."""
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+    import pandas as pd
+
+    context = gx.get_context(mode="ephemeral")
+    batch = (
+        context.data_sources.add_pandas("outputs")
+        .add_dataframe_asset("values")
+        .add_batch_definition_whole_dataframe("all")
+    )
+    suite = context.suites.add(
+        gx.ExpectationSuite(
+            name=SUITE_VALUES,
+            expectations=[
+                gxe.ExpectColumnValuesToBeBetween(column="mem_used_sum20", min_value=0),
+                gxe.ExpectColumnValuesToNotBeNull(column="mem_used_sum20"),
+                gxe.ExpectColumnMinToBeBetween(column="window_count", min_value=1),
+            ],
+        )
+    )
+    definition = context.validation_definitions.add(
+        gx.ValidationDefinition(name="values", data=batch, suite=suite)
+    )
+    checkpoint = context.checkpoints.add(
+        gx.Checkpoint(name="values", validation_definitions=[definition], result_format="SUMMARY")
+    )
+    frame = pd.DataFrame({"mem_used_sum20": values, "window_count": [1] * len(values)})
+    described = checkpoint.run(batch_parameters={"dataframe": frame}).describe_dict()
+    return dict(described)
+
+
+def test_the_summary_names_each_failed_expectation_its_column_bound_and_values():
+    failed = failed_expectations({SUITE_VALUES: _great_expectations_result([5.0, -3.5, 7.0])})
+    assert failed == [
+        "twinstream_output_values: expect_column_values_to_be_between on mem_used_sum20 "
+        "(min_value=0.0): 1 of 3 values unexpected, e.g. -3.5"
+    ]
+    findings = Audited({0: find_problems(spans_of((0, 2)), rows_of(range(3)), 0, 3)})
+    summary = report_summary(findings, failed)
+    # What failed comes first: the msg_ids being all there is not the verdict.
+    assert summary.startswith("1 expectation FAILED: twinstream_output_values: expect_column_")
+    assert summary.endswith("Coverage: msg_id 0..2: 3 records; every msg_id exactly once")
+    # Passing expectations add nothing.
+    assert failed_expectations({SUITE_VALUES: _great_expectations_result([5.0])}) == []
+    assert report_summary(findings, []) == findings.summary()
+
+
+def test_observed_values_exceptions_and_many_failures_are_said():
+    from twinstream.audit import describe_expectation
+
+    observed = {
+        "expectation_type": "expect_column_min_to_be_between",
+        "success": False,
+        "kwargs": {"batch_id": "x", "column": "window_count", "min_value": 1, "max_value": None},
+        "result": {"observed_value": 0},
+    }
+    assert describe_expectation("s", observed) == (
+        "s: expect_column_min_to_be_between on window_count (min_value=1): observed 0"
+    )
+    raised = {
+        "expectation_type": "expect_column_pair_values_to_be_equal",
+        "success": False,
+        "kwargs": {"column_A": "msg_id", "column_B": "header_msg_id"},
+        "result": {},
+        "exception_info": {"raised_exception": True, "exception_message": "no column msg_id"},
+    }
+    assert describe_expectation("s", raised).endswith(
+        "on msg_id, header_msg_id: raised no column msg_id"
+    )
+    many = report_summary(Audited({0: Findings(0, 1, 1)}), [f"e{i}" for i in range(12)], 10)
+    assert many.startswith("12 expectations FAILED: e0; e1;")
+    assert "e9; and 2 more." in many
+
+
+def _audit_job():
+    spec = importlib.util.spec_from_file_location(
+        "audit_output_job", REPO_ROOT / "spark_jobs" / "audit_output.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_report_twinstream_status_reads_names_the_failed_expectation(tmp_path):
+    from twinstream.overview import latest_audit
+
+    failed = failed_expectations({SUITE_VALUES: _great_expectations_result([-3.5, 1.0])})
+    findings = Audited({0: find_problems(spans_of((0, 1)), rows_of(range(2)), 0, 2)})
+    validation = Validation(False, Path("/r.json"), tmp_path / "index.html", {}, failed)
+    _audit_job().write_report(
+        tmp_path / "cursor.json", "r1", findings, validation, "run-1", UpTo.parse("0:2")
+    )
+    report = json.loads((tmp_path / REPORT).read_text())
+    assert (report["ok"], report["up_to"], report["failed_expectations"]) == (False, "0:2", failed)
+    view = latest_audit(tmp_path)
+    assert view is not None
+    assert not view.ok
+    assert "expect_column_values_to_be_between on mem_used_sum20 (min_value=0.0)" in view.summary
+    assert "e.g. -3.5" in view.summary
+
+
+def test_the_job_refuses_a_bad_up_to_before_spark_starts(capsys):
+    with pytest.raises(SystemExit) as exited:
+        _audit_job().main(["--up-to", "5000"])
+    assert exited.value.code == 2
+    assert "write 'committed'" in capsys.readouterr().err
