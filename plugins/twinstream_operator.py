@@ -4,8 +4,11 @@ buttons that trigger the operating DAGs), served by the API server at /twinstrea
 
 This file only wires: the page is `twinstream.operator_ui.app`, its facts come from
 `twinstream.overview`. Importing it does no network work (the plugin manager test checks):
-the engines are read when the page asks, through the connections
-`AIRFLOW_CONN_TWINSTREAM_ENGINE_<ID>` (their admin APIs, tokens as passwords).
+the engines are read when the page asks, through the connections `twinstream_engine_<id>`
+(their admin APIs, tokens as passwords): the local stack's from the connections file `up`
+rewrites (Airflow's LocalFilesystemBackend reads it at every lookup), compose's from
+`AIRFLOW_CONN_TWINSTREAM_ENGINE_<ID>`. The pipelines file is read again when it changes, so
+a pipeline `up` adds appears on the page without a restart.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ TEST_ENV = {
     "TWINSTREAM_KAFKA_CONTROLLER_PORTS": "29192,29193,29194",
     "TWINSTREAM_KAFKA_BROKER_PORTS": "29292,29293,29294",
     "TWINSTREAM_AIRFLOW_PORT": "28080",
+    "TWINSTREAM_DAGS_PAUSED": "true",  # tests trigger DAGs: no scheduled run may disturb them
     "TWINSTREAM_ENGINE_ADMIN_PORTS": "28701,28702",
     # Both examples run on the test stack, as on `make up`; payments on 28703 and 28704.
     "TWINSTREAM_PIPELINES_FILE": str(REPO_ROOT / "tests" / "stack-pipelines.toml"),

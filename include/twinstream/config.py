@@ -69,6 +69,12 @@ class Settings(BaseSettings):
     # of kafka_ports + 200 (9292, 9293, 9294).
     kafka_broker_ports: PortList = []
     airflow_port: Port = 8080
+    # Whether a DAG Airflow sees for the first time starts paused (Airflow's
+    # dags_are_paused_at_creation). False: the housekeeping DAGs run on their schedules, as
+    # the README's "What runs by itself" says. The tests' stack sets it: they trigger DAGs
+    # themselves, and scheduled runs would disturb the engines under test. A DAG's state in
+    # an existing Airflow database is kept (toggle it in the UI or `airflow dags unpause`).
+    dags_paused: bool = False
     # Where clients find Kafka and ZooKeeper when they are not the local stack's own ports
     # on bind_host (compose: kafka-1:19092,..., zookeeper:2181). Empty: derived from ports.
     kafka_bootstrap: str = ""
@@ -231,8 +237,9 @@ class Settings(BaseSettings):
     # check_kafka_retention: inbound retention must exceed window retention + persist
     # interval + this margin (the time a restore may take to start and replay).
     restore_margin_s: int = Field(default=3600, ge=0)
-    # audit_output_topic: its schedule, and how far below the inbound high watermark an
-    # audit stops (messages still in flight through the engines are not gaps yet).
+    # audit_output_topic: its schedule, and, with its Param up_to=margin only, how far below
+    # the inbound high watermark an audit stops (messages still in flight through the
+    # engines are not gaps yet); by default an audit ends at what the engines committed.
     audit_interval_s: int = Field(default=600, ge=60)
     audit_inflight_msgs: int = Field(default=20_000, ge=0)
 

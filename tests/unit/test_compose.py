@@ -875,3 +875,16 @@ def test_without_the_profile_the_engines_run_spark_in_their_own_jvm(services):
     assert "spark-master" not in services
     for name in ENGINES:
         assert services[name]["environment"]["TWINSTREAM_SPARK_MASTER"] == "local[2]"
+
+
+def test_compose_airflow_runs_the_dags_scheduled_unless_told_to_pause_them(
+    services, compose_binary
+):
+    """As `make up` (twinstream.stack.launch): a DAG Airflow sees first is not paused, so
+    the housekeeping DAGs run by themselves; TWINSTREAM_DAGS_PAUSED=True pauses new ones."""
+    for name in AIRFLOW_SERVICES:
+        env = services[name]["environment"]
+        assert env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "False", name
+    paused = rendered_config(compose_binary, env={"TWINSTREAM_DAGS_PAUSED": "True"})
+    scheduler = paused["services"]["airflow-scheduler"]["environment"]
+    assert scheduler["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "True"

@@ -243,7 +243,7 @@ def test_each_engine_runs_under_supervision_with_its_id(tmp_path):
 def test_airflow_gets_engine_connections_and_not_the_callers_test_mode(tmp_path):
     import json
 
-    from twinstream.stack.launch import airflow_environment
+    from twinstream.stack.launch import LOCAL_FILESYSTEM_BACKEND, airflow_environment
 
     settings = _settings(tmp_path, admin_token="tok")
     env = airflow_environment(
@@ -251,14 +251,93 @@ def test_airflow_gets_engine_connections_and_not_the_callers_test_mode(tmp_path)
     )
     assert "AIRFLOW__CORE__UNIT_TEST_MODE" not in env
     assert env["KEEP"] == "1"
-    conn = json.loads(env["AIRFLOW_CONN_TWINSTREAM_ENGINE_B"])
-    assert conn == {
+    # The engines' connections are not in Airflow's environment but in the file `up` writes,
+    # which Airflow's own secrets backend reads.
+    assert not [k for k in env if k.startswith("AIRFLOW_CONN_TWINSTREAM_ENGINE")]
+    assert env["AIRFLOW__SECRETS__BACKEND"] == LOCAL_FILESYSTEM_BACKEND
+    kwargs = json.loads(env["AIRFLOW__SECRETS__BACKEND_KWARGS"])
+    assert kwargs == {"connections_file_path": str(Layout.of(settings).airflow_connections)}
+    conns = json.loads(render.airflow_connections(settings))
+    assert conns["twinstream_engine_b"] == {
         "conn_type": "http",
         "host": "127.0.0.1",
         "port": 8702,
         "schema": "http",
         "password": "tok",
     }
+
+
+def test_make_ups_airflow_runs_the_dags_scheduled_and_the_tests_keeps_them_paused(tmp_path):
+    from twinstream.stack.launch import airflow_environment
+
+    scheduled = airflow_environment(_settings(tmp_path, admin_token="tok"), {"PATH": "/bin"})
+    assert scheduled["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "False"
+    # A caller's own value does not win over the setting: the setting is what `up` means.
+    paused = airflow_environment(
+        _settings(tmp_path, admin_token="tok", dags_paused=True),
+        {"PATH": "/bin", "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"},
+    )
+    assert paused["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "True"
+
+
+def test_the_tests_stack_keeps_its_dags_paused():
+    from tests.conftest import TEST_ENV
+
+    assert TEST_ENV["TWINSTREAM_DAGS_PAUSED"].lower() == "true"
+
+
+def test_adding_a_pipeline_leaves_airflows_program_alone_and_changes_its_connections(tmp_path):
+    """supervisord restarts a program whose section changes: Airflow's must not change
+    when a pipeline is added (issue: `make up` restarted Airflow for two new engines), while
+    the connections file Airflow reads at every lookup gains the new engines."""
+    import json
+
+    path = tmp_path / "pipelines.toml"
+    one = '[hostmetrics]\nmodule = "m.h"\n'
+    path.write_text(one)
+    s = _settings(tmp_path, pipelines_file=path, admin_token="tok")
+    layout = Layout.of(s)
+
+    def airflow_section() -> str:
+        text = render.supervisord_conf(s, layout, "/venv/bin:/usr/bin")
+        return text.split("[program:airflow]")[1].split("\n\n")[0]
+
+    before, conns_before = airflow_section(), render.airflow_connections(s)
+    path.write_text(
+        one + '[shop]\nmodule = "m.s"\nengines = ["e", "f"]\nadmin_ports = [8705, 8706]\n'
+    )
+    after, conns_after = airflow_section(), render.airflow_connections(s)
+    assert "engine-e" in render.supervisord_conf(s, layout, "/venv/bin:/usr/bin")
+    assert after == before
+    assert conns_after != conns_before
+    assert json.loads(conns_after)["twinstream_engine_f"]["port"] == 8706
+    assert "twinstream_engine_f" not in json.loads(conns_before)
+
+
+def test_airflows_own_secrets_backend_reads_the_rewritten_file_at_every_lookup(tmp_path):
+    """The mechanism the stack relies on, Airflow's LocalFilesystemBackend as launch
+    configures it: one backend instance (Airflow builds it once per process) finds an engine
+    written into the file after its first lookup, with its token and CA."""
+    from airflow.secrets.local_filesystem import LocalFilesystemBackend
+
+    path = tmp_path / "pipelines.toml"
+    one = '[hostmetrics]\nmodule = "m.h"\n'
+    path.write_text(one)
+    s = _settings(tmp_path, pipelines_file=path, admin_token="secret-token")
+    file = Layout.of(s).airflow_connections
+    file.parent.mkdir(parents=True)
+    file.write_text(render.airflow_connections(s))
+    backend = LocalFilesystemBackend(connections_file_path=str(file))
+    first = backend.get_connection("twinstream_engine_a")
+    assert first is not None
+    assert first.port == 8701
+    assert backend.get_connection("twinstream_engine_e") is None
+    path.write_text(one + '[shop]\nmodule = "m.s"\nengines = ["e"]\nadmin_ports = [8705]\n')
+    file.write_text(render.airflow_connections(s))
+    conn = backend.get_connection("twinstream_engine_e")
+    assert conn is not None
+    assert (conn.host, conn.port, conn.schema) == ("127.0.0.1", 8705, "http")
+    assert conn.password == "secret-token"
 
 
 def test_https_engines_connections_carry_the_ca_the_dags_verify_them_with(tmp_path):
@@ -302,8 +381,6 @@ def test_every_pipelines_engines_run_and_each_finds_its_own_pipeline(tmp_path, m
         assert (mine.pipeline, mine.inbound_topic) == (expected, f"{expected}.in")
         assert engine_id in mine.engine_ids
     assert mine.engine_admin_port("d") == 8704
-    # Airflow restarts when the engines change: its launch gives it their connections.
-    assert programs["airflow"].environment["TWINSTREAM_STACK_ENGINES"] == "a,b,c,d"
 
 
 def test_launch_replaces_itself_with_the_rendered_spark_master_or_worker(tmp_path, monkeypatch):

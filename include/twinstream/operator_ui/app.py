@@ -29,7 +29,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from twinstream import registry
 from twinstream.audit import data_docs_site
-from twinstream.config import Settings, load_settings
+from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.engine_client import EngineClient
 from twinstream.operator_ui.datadocs import VENDOR, external_resources, offline, safe_file
 from twinstream.overview import (
@@ -75,13 +75,37 @@ class Sources:
     _history: dict[str, _History] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stack: dict[str, Settings] | None = None
+    # The pipelines file's (path, mtime, size) when _stack was read from it.
+    _stamp: tuple[str, int, int] | None = None
 
     def pipelines(self) -> dict[str, Settings]:
-        """The stack's pipelines, read once: the API server's environment and pipelines
-        file do not change while it runs (a change restarts it, as for any plugin)."""
-        if self._stack is None:
-            self._stack = dict(registry.stack(self.settings()))
-        return self._stack
+        """The stack's pipelines, read again whenever the pipelines file changes (its
+        modification time or size): `up` adds a pipeline without restarting Airflow, and
+        the page shows it at its next poll. A changed file that does not read (a typo being
+        edited) keeps the last good list and logs why; `up` refuses such a file by name."""
+        settings = self.settings()
+        path = settings.pipelines_file
+        try:
+            stat = path.stat()
+            stamp: tuple[str, int, int] | None = (str(path), stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            stamp = None  # registry.stack says what is wrong with a missing file
+        with self._lock:
+            if self._stack is not None and stamp is not None and stamp == self._stamp:
+                return self._stack
+            try:
+                stack = dict(registry.stack(settings))
+            except SettingsError as exc:
+                if self._stack is None:
+                    raise
+                log.warning("pipelines file %s changed but does not read: %s", path, exc)
+                return self._stack
+            if self._stack is not None and set(stack) != set(self._stack):
+                log.info("pipelines file %s changed: pipelines %s", path, ", ".join(stack))
+            # A removed pipeline's cached history goes with it.
+            self._history = {n: h for n, h in self._history.items() if n in stack}
+            self._stack, self._stamp = stack, stamp
+            return stack
 
     def overview(self) -> Overview:
         if self.engines is None:

@@ -2,7 +2,10 @@
 
 ``up`` renders every config from the settings, starts supervisord (which starts and restarts
 ZooKeeper, the Kafka brokers and Airflow), waits until each service answers its health
-probe, creates the topics, and prints where everything is. Running it again changes nothing.
+probe, creates the topics, and prints where everything is. Running it again changes nothing
+but what changed: a pipeline added to the pipelines file gets its topics, users and engines,
+and Airflow (which reads the engines' connections from a file `up` rewrites, and the
+pipelines file itself) keeps running.
 ``down`` stops everything by pid and checks that no process of the stack is left.
 """
 
@@ -112,7 +115,11 @@ def _render_files(settings: Settings, layout: Layout) -> list[str]:
     for node_id in render.node_ids(settings):
         path = layout.kafka_node_dir(node_id) / "server.properties"
         files[path] = render.kafka_server_properties(settings, layout, node_id)
-    private = {render.zookeeper_jaas_path(layout): render.zookeeper_jaas(settings)}
+    private = {
+        render.zookeeper_jaas_path(layout): render.zookeeper_jaas(settings),
+        # The engines' Airflow connections: the running Airflow reads them at every lookup.
+        layout.airflow_connections: render.airflow_connections(settings),
+    }
     return [
         str(p.relative_to(layout.root))
         for p, text in [*files.items(), *private.items()]

@@ -146,7 +146,7 @@ def engine(settings: Settings, engine_id: str, timeout_s: float = 3.0) -> tuple[
     role = server.role
     detail = (
         f"{role}, pipeline {info.state}, lag {info.lag}, "
-        f"buffer {info.buffer_fill}/{info.buffer_size}"
+        f"buffer {info.buffer_text()}"
     )
     if info.state != "running":
         return False, f"{detail} ({info.reason})", role

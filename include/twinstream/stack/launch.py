@@ -1,8 +1,11 @@
 """Entry point supervisord runs for programs that need more than a command line.
 
 ``python -m twinstream.stack.launch airflow`` builds Airflow's environment from the
-TWINSTREAM_* settings (connections as AIRFLOW_CONN_* JSON, ports, folders) and replaces
-itself with ``airflow standalone``, so supervisord supervises Airflow's own pid.
+TWINSTREAM_* settings alone (Kafka's and Spark's connections as AIRFLOW_CONN_* JSON, ports,
+folders, whether new DAGs start paused) and replaces itself with ``airflow standalone``, so
+supervisord supervises Airflow's own pid. Nothing in it depends on the pipelines file: the
+engines' connections are in a file Airflow's LocalFilesystemBackend reads at every lookup
+(render.airflow_connections, rewritten by `up`), so adding a pipeline restarts no Airflow.
 ``... spark-master`` and ``... spark-worker`` replace themselves with the Spark standalone
 master's or worker's JVM, as the stack renders them (compose's spark-cluster profile).
 """
@@ -14,12 +17,12 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from twinstream import registry
 from twinstream.config import Settings, load_settings
 from twinstream.kafka import client_config
 from twinstream.stack.layout import Layout
+
+LOCAL_FILESYSTEM_BACKEND = "airflow.secrets.local_filesystem.LocalFilesystemBackend"
 
 
 def airflow_environment(settings: Settings, base: Mapping[str, str]) -> dict[str, str]:
@@ -50,7 +53,19 @@ def airflow_environment(settings: Settings, base: Mapping[str, str]) -> dict[str
                 {"conn_type": "kafka", "extra": client_config(settings)}
             ),
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-            **engine_connections(settings),
+            # Every engine's connection, from the file `up` rewrites: Airflow's own secrets
+            # backend parses it at every lookup (no cache: [secrets] use_cache is off, and
+            # concerns DAG parsing only), in the API server and in every task process (a
+            # worker falls back to [secrets] backend), so a new pipeline's engines are
+            # found without a restart. Checked on Airflow 3.3.2 (airflow.secrets
+            # .local_filesystem, airflow.sdk.execution_time.context._get_connection).
+            "AIRFLOW__SECRETS__BACKEND": LOCAL_FILESYSTEM_BACKEND,
+            "AIRFLOW__SECRETS__BACKEND_KWARGS": json.dumps(
+                {"connections_file_path": str(layout.airflow_connections)}
+            ),
+            # A DAG seen for the first time runs on its schedule unless the settings say
+            # otherwise (the tests' stack: TWINSTREAM_DAGS_PAUSED).
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(settings.dags_paused),
             # Spark's Python workers must run the virtualenv's interpreter, not the system's.
             "PYSPARK_PYTHON": sys.executable,
         }
@@ -59,26 +74,15 @@ def airflow_environment(settings: Settings, base: Mapping[str, str]) -> dict[str
 
 
 def engine_connections(settings: Settings) -> dict[str, str]:
-    """AIRFLOW_CONN_TWINSTREAM_ENGINE_<ID>: the admin API of each engine of every pipeline
-    of the stack (engine ids are the stack's), its token as password."""
-    token = settings.secret("admin_token")
-    conns = {}
-    engines = [(p, e) for p in registry.stack(settings).values() for e in p.engine_ids]
-    # https with a private CA: the client verifies the engines against it.
-    ca = {"extra": {"ca": settings.admin_tls_cafile}} if settings.admin_tls_cafile else {}
-    for pipeline, engine_id in engines:
-        url = urlsplit(pipeline.engine_admin_url(engine_id))
-        conns[f"AIRFLOW_CONN_{settings.engine_conn_id(engine_id).upper()}"] = json.dumps(
-            {
-                "conn_type": "http",
-                "host": url.hostname,
-                "port": url.port,
-                "schema": url.scheme,
-                "password": token,
-                **ca,
-            }
-        )
-    return conns
+    """AIRFLOW_CONN_TWINSTREAM_ENGINE_<ID>: the connections of render.engine_connections as
+    environment variables, for an Airflow that is not the stack's (the tests' `dag.test()`
+    runs; compose sets its own in docker-compose.yaml)."""
+    from twinstream.stack.render import engine_connections as connections
+
+    return {
+        f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(fields)
+        for conn_id, fields in connections(settings).items()
+    }
 
 
 SPARK = ("spark-master", "spark-worker")

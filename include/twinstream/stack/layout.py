@@ -59,6 +59,11 @@ class Layout:
         return self.root / "airflow"
 
     @property
+    def airflow_connections(self) -> Path:
+        """The engines' Airflow connections, which `up` rewrites (render.airflow_connections)."""
+        return self.airflow_home / "connections.json"
+
+    @property
     def airflow_password_file(self) -> Path:
         return self.airflow_home / "simple_auth_manager_passwords.json.generated"
 

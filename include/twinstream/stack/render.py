@@ -7,12 +7,14 @@ Nothing here touches the disk or the network, so the whole configuration is unit
 from __future__ import annotations
 
 import base64
+import json
 import shlex
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings
@@ -371,14 +373,48 @@ def programs(
             name="airflow",
             command=[sys.executable, "-m", "twinstream.stack.launch", "airflow"],
             priority=30,
-            # Not a setting: it changes with the pipelines file's engines, so that supervisord
-            # restarts Airflow, whose launch gives it a connection per engine.
-            environment={**env, "TWINSTREAM_STACK_ENGINES": ",".join(engines)},
+            # The settings alone, nothing of the pipelines file: a pipeline added or removed
+            # leaves Airflow running. Its engines' connections live in a file Airflow reads
+            # at every lookup (airflow_connections), its DAGs and page read the pipelines file.
+            environment=env,
             startsecs=10,
             stopwaitsecs=60,
         )
     )
     return result
+
+
+def engine_connections(
+    settings: Settings, pipelines: Mapping[str, Settings] | None = None
+) -> dict[str, dict[str, object]]:
+    """conn_id -> Airflow connection (as JSON fields) of every engine of every pipeline in
+    `pipelines` (by default the stack's): its admin API, the token as password, and for https
+    with a private CA the CA's file as "ca" in the extra (twinstream.operate reads them)."""
+    token = settings.secret("admin_token")
+    stack = registry.stack(settings) if pipelines is None else pipelines
+    # https with a private CA: the client verifies the engines against it.
+    ca = {"extra": {"ca": settings.admin_tls_cafile}} if settings.admin_tls_cafile else {}
+    conns: dict[str, dict[str, object]] = {}
+    for pipeline in stack.values():
+        for engine_id in pipeline.engine_ids:
+            url = urlsplit(pipeline.engine_admin_url(engine_id))
+            conns[settings.engine_conn_id(engine_id)] = {
+                "conn_type": "http",
+                "host": url.hostname,
+                "port": url.port,
+                "schema": url.scheme,
+                "password": token,
+                **ca,
+            }
+    return conns
+
+
+def airflow_connections(settings: Settings, pipelines: Mapping[str, Settings] | None = None) -> str:
+    """The stack Airflow's connections file (JSON, conn_id -> fields): every engine's.
+    Airflow's LocalFilesystemBackend (launch.airflow_environment) parses it again at every
+    lookup, in the API server and in each task, so `up` rewriting it for a new pipeline
+    reaches Airflow without a restart. Holds the admin token: write it 0600."""
+    return json.dumps(engine_connections(settings, pipelines), indent=2, sort_keys=True) + "\n"
 
 
 def spark_home() -> Path:

@@ -94,6 +94,19 @@ class Supervisor:
             if "NOT_RUNNING" not in fault.faultString:
                 raise
 
+    def remove(self, name: str) -> None:
+        """Stop a program (its group: an engine is a group of one) and drop it from the
+        running supervisord, as `supervisorctl remove` does. The next `up` writes a
+        supervisord.conf without it, and its reload then finds nothing to change."""
+        info = self.process(name)
+        proxy = self._proxy()
+        try:
+            proxy.supervisor.stopProcessGroup(info.group, True)
+        except xmlrpc.client.Fault as fault:
+            if "NOT_RUNNING" not in fault.faultString:
+                raise
+        proxy.supervisor.removeProcessGroup(info.group)
+
     def reload(self) -> tuple[list[str], list[str], list[str]]:
         """Re-read the config file; apply it like `supervisorctl update`. Returns the
         (added, changed, removed) program names."""
