@@ -144,10 +144,7 @@ def engine(settings: Settings, engine_id: str, timeout_s: float = 3.0) -> tuple[
         what = "no answer" if exc.status is None else f"HTTP {exc.status}"
         return False, f"{what} at {url}: {exc.reason[:200]}", "none"
     role = server.role
-    detail = (
-        f"{role}, pipeline {info.state}, lag {info.lag}, "
-        f"buffer {info.buffer_text()}"
-    )
+    detail = f"{role}, pipeline {info.state}, lag {info.lag}, buffer {info.buffer_text()}"
     if info.state != "running":
         return False, f"{detail} ({info.reason})", role
     return role in ("active", "standby"), detail, role
