@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -23,7 +23,7 @@ from confluent_kafka.admin import (
 )
 
 from twinstream.config import DAY_MS, Settings
-from twinstream.kafka_auth import ADMIN_USER, MECHANISM, Credentials, user_name
+from twinstream.kafka_auth import ADMIN_USER, MECHANISM, Credentials, Grants, grants, user_name
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +31,15 @@ log = logging.getLogger(__name__)
 def client_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """Settings shared by every client: where the cluster is, who this client is (the
     settings' kafka_role, in their pipeline) and how fast to notice trouble."""
-    config: dict[str, Any] = {
+    return {**_where(settings), **security_config(settings), **overrides}
+
+
+def _where(settings: Settings) -> dict[str, Any]:
+    return {
         "bootstrap.servers": settings.bootstrap_servers,
         # The stack binds to loopback only; resolving "localhost" to ::1 first would stall.
         "broker.address.family": "v4",
-        **security_config(settings),
     }
-    config.update(overrides)
-    return config
 
 
 def kafka_user(settings: Settings) -> str:
@@ -56,7 +57,10 @@ def kafka_login(settings: Settings) -> tuple[str, str] | None:
 
 def security_config(settings: Settings) -> dict[str, Any]:
     """librdkafka's SASL/SCRAM-over-TLS settings (nothing without security)."""
-    login = kafka_login(settings)
+    return _librdkafka_security(settings, kafka_login(settings))
+
+
+def _librdkafka_security(settings: Settings, login: tuple[str, str] | None) -> dict[str, Any]:
     if login is None:
         return {}
     user, password = login
@@ -77,7 +81,10 @@ def spark_kafka_security(settings: Settings) -> dict[str, str]:
 
 def java_security_config(settings: Settings) -> dict[str, str]:
     """The same for a Java client (Spark's Kafka source, the baselines): PEM trust store."""
-    login = kafka_login(settings)
+    return _java_security(settings, kafka_login(settings))
+
+
+def _java_security(settings: Settings, login: tuple[str, str] | None) -> dict[str, str]:
     if login is None:
         return {}
     user, password = login
@@ -93,16 +100,26 @@ def java_security_config(settings: Settings) -> dict[str, str]:
     }
 
 
+# What makes a producer lose or reorder no acknowledged record: a write counts only once
+# every in-sync replica has it (min.insync.replicas=2 on the topics), so losing one broker
+# loses no acknowledged record; retries cannot duplicate or reorder records within a
+# partition. The same names and values in librdkafka and the Java client.
+PRODUCER_GUARANTEES: dict[str, Any] = {"acks": "all", "enable.idempotence": True}
+# What makes a reader see only committed output: aborted transactions and in-flight ones
+# must never reach it (it would see rows a takeover published again); a new reader starts
+# at the beginning of what the topic keeps.
+READER_GUARANTEES: dict[str, Any] = {
+    "isolation.level": "read_committed",
+    "auto.offset.reset": "earliest",
+}
+
+
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """A producer that never loses or reorders an acknowledged record."""
     return client_config(
         settings,
         **{
-            # A write counts only once every in-sync replica has it (min.insync.replicas=2
-            # on the topics), so losing one broker loses no acknowledged record.
-            "acks": "all",
-            # Retries cannot duplicate or reorder records within a partition.
-            "enable.idempotence": True,
+            **PRODUCER_GUARANTEES,
             # Small batches within 5 ms: latency matters more than throughput here.
             "linger.ms": 5,
             **overrides,
@@ -116,14 +133,72 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
         settings,
         **{
             "group.id": group_id,
-            # Aborted transactions and in-flight ones must never reach a reader.
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
+            **READER_GUARANTEES,
             # Twinstream readers track positions themselves (msg_id), not in the group.
             "enable.auto.commit": False,
             **overrides,
         },
     )
+
+
+UserRole = Literal["publisher", "reader"]
+
+
+@dataclass(frozen=True)
+class UserClient:
+    """A user's own client of a pipeline, as its publisher or reader: the settings to give
+    librdkafka or the Java client, and what the user's ACLs let it do."""
+
+    pipeline: str
+    role: UserRole
+    user: str | None  # None: the cluster runs without Kafka security
+    librdkafka: dict[str, str]
+    java: dict[str, str]
+    grants: Grants
+
+
+def user_client(settings: Settings, role: UserRole) -> UserClient:
+    """The settings `twinstream kafka-config` prints: the same as the platform's own
+    clients' (client_config, java_security_config, the guarantees above), never a copy.
+    Reads the credentials file once."""
+    as_role = settings.model_copy(update={"kafka_role": role})
+    login = kafka_login(as_role)
+    guarantees = PRODUCER_GUARANTEES if role == "publisher" else READER_GUARANTEES
+    librdkafka = {**_where(as_role), **_librdkafka_security(as_role, login), **guarantees}
+    java = {
+        "bootstrap.servers": as_role.bootstrap_servers,
+        **_java_security(as_role, login),
+        **guarantees,
+    }
+    return UserClient(
+        pipeline=settings.pipeline,
+        role=role,
+        user=login[0] if login else None,
+        librdkafka={k: _text(v) for k, v in librdkafka.items()},
+        java={k: _text(v) for k, v in java.items()},
+        grants=grants(as_role, role),
+    )
+
+
+def _text(value: object) -> str:
+    """A setting as a properties file writes it (`true`, not Python's `True`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class LibrdkafkaLog:
+    """librdkafka's log lines into Python logging at DEBUG (a client's `logger`), for a
+    command whose user must not see a connection librdkafka retries by itself (a transient
+    `SASL authentication error: ... Broker transport failure`): a failure that lasts reaches
+    them as the command's own error, which names the fix (see twinstream.subscriber)."""
+
+    def __init__(self, name: str = "twinstream.librdkafka") -> None:
+        self._log = logging.getLogger(name)
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        if self._log.isEnabledFor(logging.DEBUG):
+            self._log.debug("%s %s", logging.getLevelName(level), msg % args if args else msg)
 
 
 def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -167,6 +168,40 @@ def acl_bindings(settings: Settings) -> list[AclBinding]:
         AclBinding(kind, name, pattern, who, "*", op, AclPermissionType.ALLOW)
         for kind, name, pattern, who, op in grants
     ]
+
+
+@dataclass(frozen=True)
+class Grants:
+    """What one of a pipeline's users may do, as its ACLs say: topics by operation (READ,
+    WRITE, ...) and the consumer-group prefixes it may use."""
+
+    topics: dict[str, list[str]]
+    group_prefixes: list[str]
+
+
+def grants(settings: Settings, role: Role) -> Grants:
+    """One role's ACLs of the settings' pipeline, read from acl_bindings itself: what a
+    user is told it may do is what Kafka is told to let it do."""
+    from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
+
+    who = principal(user_name(settings.pipeline, role))
+    topics: dict[str, list[str]] = {}
+    prefixes: list[str] = []
+    for binding in acl_bindings(settings):
+        if binding.principal != who:
+            continue
+        if binding.restype == ResourceType.TOPIC:
+            op = binding.operation
+            names = topics.setdefault(op.name if isinstance(op, AclOperation) else str(op), [])
+            if binding.name not in names:
+                names.append(binding.name)
+        elif (
+            binding.restype == ResourceType.GROUP
+            and binding.resource_pattern_type == ResourcePatternType.PREFIXED
+            and binding.name not in prefixes
+        ):
+            prefixes.append(binding.name)
+    return Grants(topics, prefixes)
 
 
 def provision(

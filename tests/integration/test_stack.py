@@ -469,3 +469,218 @@ def test_down_leaves_no_process_and_up_down_works_twice(stack, settings):
         ]
         assert alive == [], f"still running after down: {alive}"
         assert core.status(settings, echo=lambda _line: None) == 3
+
+
+@pytest.fixture(scope="module")
+def hostmetrics_outputs(stack, stack_engines, settings) -> dict[int, int]:
+    """30 sample records through the stack's hostmetrics engines (their hosts key them to
+    all three partitions), all published; where each outbound partition was before them."""
+    contract = registry.load(settings)
+    assert contract.sample is not None
+    out = settings.outbound_topic
+    starts = partition_ends(settings, out)
+    publish(settings, contract.sample(30, 33, 0), key_field=contract.partition_by)
+
+    def published() -> bool:
+        # High watermarks count transaction markers too: count the committed records.
+        return len(list(read_committed(settings, out, starts, 1.0, partition=None))) >= 30
+
+    wait_for(published, 180, "the engines publishing an output for each of 30 records")
+    return starts
+
+
+def test_subscribe_writes_every_partition_in_the_declared_columns_and_nothing_else(
+    hostmetrics_outputs, settings, tmp_path, capfd
+):
+    """Issue 33: subscribe read partition 0 only, took its header from the first row (a row
+    of another shape lost columns), and librdkafka wrote its connection errors to stderr."""
+    import csv
+
+    from twinstream.core.rows import record_text
+
+    starts = hostmetrics_outputs
+    out = settings.outbound_topic
+    path = tmp_path / "out.csv"
+    capfd.readouterr()
+    args = ["subscribe", "--pipeline", settings.pipeline, "--output", str(path)]
+    from_offsets = ",".join(f"{p}:{o}" for p, o in sorted(starts.items()))
+    assert cli.main([*args, "--from-offset", from_offsets]) == 0
+    # Nothing but the command's own count: no librdkafka line (fd 2 captured, not sys.stderr).
+    assert capfd.readouterr().err.strip() == f"30 records from {out}"
+    with path.open(newline="") as handle:
+        header, *rows = list(csv.reader(handle))
+    assert header == cli.OutputShape.of(registry.load(settings)).header
+    assert header[:3] == ["partition", "msg_id", "host"]
+    assert len(rows) == 30
+    assert {row[0] for row in rows} == {"0", "1", "2"}
+    for row in rows:
+        cells = dict(zip(header, row, strict=True))
+        # The msg_id the transform saw (in the value) is the one the CSV names, as logs do.
+        assert cells["msg_id"] == record_text(int(cells["value.msg_id"]))
+        assert all(cells[f] != "" for f in ("host", "ts", "window_count")), cells
+
+
+def test_kafka_config_makes_a_reader_whose_printed_group_prefix_is_the_rule(
+    hostmetrics_outputs, settings, capsys
+):
+    """Issue 33: no client settings for users' own readers; a group id of the user's own
+    was refused with GROUP_AUTHORIZATION_FAILED, the prefix rule written nowhere."""
+    import re
+
+    capsys.readouterr()
+    assert cli.main(["kafka-config", "--pipeline", settings.pipeline, "--role", "reader"]) == 0
+    printed = capsys.readouterr().out
+    config = dict(
+        line.split("=", 1) for line in printed.splitlines() if line and not line.startswith("#")
+    )
+    found = re.search(r"group\.id must start with (\S+)", printed)
+    assert found is not None, printed
+    prefix = found.group(1)
+    assert config["security.protocol"] == "SASL_SSL"
+
+    refusals = {
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError._AUTHENTICATION,
+    }
+
+    def first_answer(group_id: str) -> tuple[bytes | None, KafkaError | None]:
+        """The first record a subscribed consumer of .out gets, or its first error."""
+        errors: list[KafkaError] = []
+        consumer = Consumer({**config, "group.id": group_id, "error_cb": errors.append})
+        consumer.subscribe([settings.outbound_topic])
+        try:
+
+            def answer() -> tuple[bytes | None, KafkaError | None] | None:
+                msg = consumer.poll(0.5)
+                if msg is not None and msg.error() is None:
+                    return msg.value(), None
+                error = msg.error() if msg is not None else None
+                # A refusal, not a connection librdkafka retries by itself.
+                refused = [e for e in [error, *errors] if e is not None and e.code() in refusals]
+                return (None, refused[0]) if refused else None
+
+            found: tuple[bytes | None, KafkaError | None] = wait_for(
+                answer, 60, f"a record or a refusal for group {group_id}"
+            )
+            return found
+        finally:
+            consumer.close()
+
+    value, error = first_answer(f"{prefix}kafka-config-test-{uuid.uuid4()}")
+    assert error is None
+    assert value is not None
+    value, error = first_answer(f"mine-{uuid.uuid4()}")
+    assert error is not None
+    assert error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, error
+
+
+def test_subscribe_with_a_wrong_password_ends_at_once_with_one_line_naming_the_fix(
+    stack, settings, tmp_path, capfd, monkeypatch
+):
+    """Issue 33: a refused login must not read as an empty topic (librdkafka retries it
+    forever), nor print librdkafka's lines: one line of the command's own, within seconds."""
+    import time
+
+    passwords = json.loads(settings.kafka_credentials_path.read_text())
+    passwords[f"{settings.pipeline}-reader"] = "0" * 48
+    wrong = tmp_path / "credentials.json"
+    wrong.write_text(json.dumps(passwords))
+    monkeypatch.setenv("TWINSTREAM_KAFKA_CREDENTIALS_FILE", str(wrong))
+    path = tmp_path / "out.csv"
+    capfd.readouterr()
+    started = time.monotonic()
+    assert cli.main(["subscribe", "--pipeline", settings.pipeline, "--output", str(path)]) == 2
+    assert time.monotonic() - started < 10  # not the whole metadata budget (15 s)
+    captured = capfd.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith(f"twinstream subscribe: Kafka refuses the login of {settings.pipeline}")
+    assert str(wrong) in line
+    assert not path.exists()
+
+
+# --- helper D: remove-pipeline (twinstream.stack.remove) on the real stack -------------------
+
+
+def test_remove_pipeline_deletes_a_throwaway_pipelines_topics_users_znode_and_table(
+    stack, settings, tmp_path
+):
+    """A pipeline that never ran (no engine: cheap) gets what `up` gives one, its topics,
+    users and ACLs, plus a znode and folders; remove_pipeline takes it all off the real
+    Kafka and ZooKeeper and its table out of the file, and restarts nothing."""
+    import tomllib
+
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    from twinstream.core.election import zk_client
+    from twinstream.kafka_auth import Credentials
+    from twinstream.stack.remove import remove_pipeline
+    from twinstream.stack.tls import kafka_superuser_config
+
+    path = tmp_path / "pipelines.toml"
+    original = settings.pipelines_file.read_text()
+    path.write_text(
+        original + '\n[throwaway]\nmodule = "nowhere.pipeline"\nengines = ["t9"]\n'
+        "admin_ports = [28799]\n"
+    )
+    mine = settings.model_copy(update={"pipelines_file": path})
+    throwaway = registry.settings_for(mine, "throwaway")
+    core.provision_kafka(mine, {"throwaway": throwaway}, echo=lambda _line: None)
+    zk = zk_client(settings)
+    zk.start(timeout=15)
+    try:
+        zk.ensure_path("/twinstream/throwaway/epoch")
+    finally:
+        zk.stop()
+        zk.close()
+    folders = [throwaway.engine_dir("t9") / "checkpoint", throwaway.audit_dir]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        (folder / "f").write_text("x")
+    supervisor = Supervisor(Layout.of(settings))
+    pids = {p.name: p.pid for p in supervisor.processes()}
+    connections = Layout.of(settings).airflow_connections.read_text()
+
+    lines: list[str] = []
+    code = remove_pipeline(mine, "throwaway", confirm=lambda _q: True, echo=lines.append)
+    assert code == 0, "\n".join(lines)
+
+    admin = AdminClient(kafka_superuser_config(settings))
+    topics = {throwaway.inbound_topic, throwaway.outbound_topic, throwaway.dlq_topic}
+    wait_for(
+        lambda: not topics & set(admin.list_topics(timeout=10).topics),
+        30,
+        "the throwaway pipeline's topics gone from Kafka's metadata",
+    )
+    for user in ("throwaway-engine", "throwaway-publisher", "throwaway-reader"):
+        # None: any name, any host (the library's types say str only).
+        fields: list[Any] = [ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{user}"]
+        fields += [None, AclOperation.ANY, AclPermissionType.ANY]
+        acls = AclBindingFilter(*fields)
+        assert admin.describe_acls(acls, request_timeout=30).result(timeout=30) == [], user
+        described: Any = admin.describe_user_scram_credentials([user])
+        with pytest.raises(KafkaException):
+            described[user].result(timeout=30)
+    passwords = Credentials.load(settings.kafka_credentials_path).passwords
+    assert not [u for u in passwords if u.startswith("throwaway-")]
+    zk = zk_client(settings)
+    zk.start(timeout=15)
+    try:
+        assert zk.exists("/twinstream/throwaway") is None
+        assert zk.exists(settings.election_path) is not None  # the stack's own stays
+    finally:
+        zk.stop()
+        zk.close()
+    assert not any(folder.exists() for folder in folders)
+    assert tomllib.loads(path.read_text()) == tomllib.loads(original)
+    # Nothing of the stack restarted, and Airflow's connections were already without it.
+    assert {p.name: p.pid for p in supervisor.processes()} == pids
+    assert Layout.of(settings).airflow_connections.read_text() == connections

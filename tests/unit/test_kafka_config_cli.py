@@ -1,0 +1,116 @@
+"""`twinstream kafka-config` (issue 33): a pipeline user's client settings, from the one
+config builder (twinstream.kafka) and the ACLs themselves (twinstream.kafka_auth), as
+librdkafka or Java properties or JSON, with the group prefix and the topics as comments."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from twinstream import cli
+from twinstream.config import load_settings
+from twinstream.kafka import client_config, java_security_config, user_client
+from twinstream.kafka_auth import GROUP_PREFIXES, Credentials, users
+
+
+@pytest.fixture
+def secured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Credentials:
+    """A stack with Kafka security: its state folder here, every user's password made."""
+    monkeypatch.setenv("TWINSTREAM_KAFKA_SECURITY", "true")
+    monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(tmp_path))
+    creds, _added = Credentials.ensure(
+        tmp_path / "kafka-credentials.json", users(["hostmetrics", "payments"])
+    )
+    return creds
+
+
+def printed(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, dict[str, str]]:
+    assert cli.main(["kafka-config", *args]) == 0
+    out = capsys.readouterr().out
+    settings = dict(
+        line.split("=", 1) for line in out.splitlines() if line and not line.startswith("#")
+    )
+    return out, settings
+
+
+def test_a_readers_librdkafka_settings_are_the_platforms_own_with_the_rules_as_comments(
+    secured: Credentials, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, settings = printed(capsys, "--pipeline", "payments", "--role", "reader")
+    reader = load_settings(pipeline="payments", kafka_role="reader")
+    # The platform's own reader's settings, one builder: only the group is the user's.
+    assert settings == {
+        **client_config(reader),
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "earliest",
+    }
+    assert settings["security.protocol"] == "SASL_SSL"
+    assert settings["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert settings["sasl.username"] == "payments-reader"
+    assert settings["sasl.password"] == secured.password("payments-reader")
+    assert settings["ssl.ca.location"] == str(reader.kafka_ca_path)
+    assert "group.id" not in settings
+    assert f"group.id must start with {' or '.join(GROUP_PREFIXES)}" in out
+    assert "# May read topics: payments.out, payments.dlq, payments.progress\n" in out
+    assert "May write" not in out
+    assert "keep this private" in out
+
+
+def test_a_publishers_java_settings_say_what_it_may_write_and_how_to_key(
+    secured: Credentials, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, settings = printed(
+        capsys, "--pipeline", "payments", "--role", "publisher", "--format", "java"
+    )
+    publisher = load_settings(pipeline="payments", kafka_role="publisher")
+    assert settings == {
+        "bootstrap.servers": publisher.bootstrap_servers,
+        **java_security_config(publisher),
+        "acks": "all",
+        "enable.idempotence": "true",
+    }
+    assert 'username="payments-publisher"' in settings["sasl.jaas.config"]
+    assert "# May write topics: payments.in\n" in out
+    assert "group.id" not in out  # a publisher is in no consumer group
+    assert "by its `card` member" in out
+
+
+def test_json_holds_both_clients_and_the_grants(
+    secured: Credentials, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["kafka-config", "--role", "reader", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    client = user_client(load_settings(), "reader")  # hostmetrics: TWINSTREAM_PIPELINE's
+    assert data["user"] == "hostmetrics-reader"
+    assert data["librdkafka"] == client.librdkafka
+    assert data["java"] == client.java
+    assert data["grants"]["group_prefixes"] == list(GROUP_PREFIXES)
+    assert data["grants"]["topics"]["READ"] == [
+        "hostmetrics.out",
+        "hostmetrics.dlq",
+        "hostmetrics.progress",
+    ]
+    assert data["key_by"] is None
+
+
+def test_without_kafka_security_only_where_the_cluster_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out, settings = printed(capsys, "--pipeline", "hostmetrics", "--role", "publisher")
+    assert "no Kafka security on this cluster" in out
+    assert "sasl.password" not in settings
+    assert settings["acks"] == "all"
+
+
+def test_missing_credentials_or_a_wrong_role_end_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TWINSTREAM_KAFKA_SECURITY", "true")
+    monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(tmp_path))
+    assert cli.main(["kafka-config", "--role", "reader"]) == 2
+    assert "run `make up`" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["kafka-config", "--role", "engine"])
+    assert "invalid choice: 'engine'" in capsys.readouterr().err
