@@ -9,8 +9,10 @@ Outbound value: the input fields, then ``msg_id``, ``window_count``, ``cpu_user_
 and ``mem_used_sum20`` over the host's last 20 events (fewer after a gap in the host's
 event time longer than TWINSTREAM_WINDOW_RETENTION_MS, which starts a fresh window).
 
-The framework validates the schema; the transform adds what only this pipeline knows: an
-RFC 3339 UTC time (`bad_time`) and a window whose sums stay in range (`overflow`). The
+The framework validates the schema and the `BOUNDS` (no negative CPU time or memory in
+use); the transform adds what only this pipeline knows: an RFC 3339 UTC time (`bad_time`)
+and a window whose sums stay in range (`overflow`). The audit's expectations on the
+statistics follow from the same `BOUNDS`, so nothing the guard lets through fails them. The
 value is serialised here, by Python's JSON encoder, so that its bytes are those of the
 first version of this example (`tests/data/hostmetrics-golden.jsonl.gz`).
 """
@@ -22,14 +24,33 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from examples.hostmetrics.generate import synthetic
-from examples.hostmetrics.logic import FIELDS, SCHEMA, Event, Overflow, Window, parse_time, step
+from examples.hostmetrics.logic import (
+    FIELDS,
+    SCHEMA,
+    WINDOW_SIZE,
+    Event,
+    Overflow,
+    Window,
+    parse_time,
+    step,
+)
 from twinstream.config import load_settings
-from twinstream.contract import Pipeline
+from twinstream.contract import Bound, Pipeline
 
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.state import GroupState
+
+# What a reading may be: one declaration for the guard (a record outside is dead-lettered,
+# `out_of_range: mem_used_mb is below 0`) and the audit (`expectations` below derive from it).
+# No upper bound on cpu_user: the first version published any finite one (its golden output,
+# tests/data/hostmetrics-golden.jsonl.gz, holds 1.8e308), so the averages expect none either.
+BOUNDS = {
+    "cpu_user": Bound(min=0),
+    "cpu_system": Bound(min=0),
+    "mem_used_mb": Bound(min=0),
+}
 
 OUTPUT = "msg_id BIGINT, host STRING, value STRING, dead_letter STRING, _raw BINARY"
 # The window as JSON text: pyspark 4.3's Python worker fails to read ARRAY fields of a state
@@ -107,18 +128,23 @@ def from_state(values: tuple[Any, ...]) -> Window:
 
 
 def expectations() -> list[Any]:
-    """The outbound values: the fields the pipeline writes, typed and in range."""
+    """The outbound values: the fields the pipeline writes, typed and in range. The ranges
+    come from `BOUNDS`, the ones the guard enforces: an echoed field and a mean keep their
+    member's bound, a sum of values >= 0 is >= 0 (`Bound.expectation`)."""
     import great_expectations.expectations as gxe
 
     return [
         gxe.ExpectColumnPairValuesToBeEqual(column_A="msg_id", column_B="header_msg_id"),
         gxe.ExpectColumnValuesToNotBeNull(column="host"),
         gxe.ExpectColumnValuesToNotBeNull(column="ts"),
-        gxe.ExpectColumnValuesToBeBetween(column="window_count", min_value=1, max_value=20),
+        gxe.ExpectColumnValuesToBeBetween(
+            column="window_count", min_value=1, max_value=WINDOW_SIZE
+        ),
         gxe.ExpectColumnValuesToNotBeNull(column="window_count"),
-        gxe.ExpectColumnValuesToBeBetween(column="cpu_user_avg20", min_value=0, max_value=100),
+        *(bound.expectation(member) for member, bound in BOUNDS.items()),
+        BOUNDS["cpu_user"].expectation("cpu_user_avg20"),
         gxe.ExpectColumnValuesToNotBeNull(column="cpu_user_avg20"),
-        gxe.ExpectColumnValuesToBeBetween(column="mem_used_sum20", min_value=0),
+        BOUNDS["mem_used_mb"].expectation("mem_used_sum20", of="sum"),
         gxe.ExpectColumnValuesToNotBeNull(column="mem_used_sum20"),
     ]
 
@@ -126,6 +152,7 @@ def expectations() -> list[Any]:
 pipeline = Pipeline(
     name="hostmetrics",
     schema=SCHEMA,
+    bounds=BOUNDS,
     checks={"wrong_type: host is empty": "host <> ''"},
     transform=transform,
     key="host",

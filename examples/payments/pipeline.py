@@ -11,9 +11,13 @@ Outbound, only for a payment that passes a limit (key: the card)::
      "spend_10m": 5310.5, "payments_10m": 4, "ts": "2026-01-01T10:00:00.000Z"}
 
 Most payments raise nothing: the progress records account for them (the audit checks it).
-The framework validates the schema and the `checks` (a time Spark cannot read is
-`bad_time`), and reads the time in the JVM; Python keeps only the per-card window. The
-value is serialised by the framework (`to_json`).
+The framework validates the schema, the `BOUNDS` (an amount above 0) and the `checks` (an
+amount in cents, a time Spark cannot read is `bad_time`), and reads the time in the JVM;
+Python keeps only the per-card window. The value is serialised by the framework
+(`to_json`). The audit's expectations hold for everything the guard lets through: the
+amount's from the same `BOUNDS`; `spend_10m >= amount` because every amount in a window is
+above 0 and has at most two decimals, so the window's sum rounded to cents cannot fall
+below the payment's own amount (`tests/integration/test_contract.py` runs it on edge cases).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from examples.payments.generate import payments
 from examples.payments.logic import SCHEMA, check
-from twinstream.contract import Pipeline
+from twinstream.contract import Bound, Pipeline
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,6 +43,13 @@ OUTPUT = (
 # the same instant. `try_`: a time that does not parse is NULL (the check), never an error.
 TIME_TEXT = "try_to_timestamp(ts)"
 BAD_TIME = f"{TIME_TEXT} IS NOT NULL AND ts rlike '(Z|[+-][0-9][0-9]:?[0-9][0-9])$'"
+# What an amount may be: the guard's rule and the audit's expectation on the published
+# amount, from one declaration.
+BOUNDS = {"amount": Bound(min=0, strict_min=True)}
+# The spend is rounded to cents (`check`): an amount with more would let the rounded spend
+# fall below it (6000.004 alone gives a spend of 6000.0). Spark's round reads the double's
+# shortest text, so an amount of two decimals or fewer equals its round exactly.
+CENTS = "round(amount, 2) = amount"
 # The card's window as JSON text ([[ts_ms, amount], ...]): see hostmetrics for why not an
 # ARRAY state field.
 STATE = "window STRING"
@@ -103,7 +114,7 @@ def expectations() -> list[Any]:
         gxe.ExpectColumnValuesToBeInSet(column="rule", value_set=["spend_limit", "velocity"]),
         gxe.ExpectColumnValuesToNotBeNull(column="payment_id"),
         gxe.ExpectColumnValuesToBeBetween(column="payments_10m", min_value=1),
-        gxe.ExpectColumnValuesToBeBetween(column="amount", min_value=0, strict_min=True),
+        BOUNDS["amount"].expectation("amount"),
         gxe.ExpectColumnPairValuesAToBeGreaterThanB(
             column_A="spend_10m", column_B="amount", or_equal=True
         ),
@@ -113,8 +124,9 @@ def expectations() -> list[Any]:
 pipeline = Pipeline(
     name="payments",
     schema=SCHEMA,
+    bounds=BOUNDS,
     checks={
-        "out_of_range: amount is not positive": "amount > 0",
+        "out_of_range: amount has more than two decimals": CENTS,
         "wrong_type: currency is not an ISO 4217 code": "currency rlike '^[A-Z]{3}$'",
         "wrong_type: card is empty": "card <> ''",
         "bad_time: ts is not an ISO 8601 time with its zone": BAD_TIME,

@@ -50,7 +50,7 @@ def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
     contract = registry.load(settings)
     records: Iterable[bytes]
     if args.file:
-        records = from_file(Path(args.file), field_types(contract.schema))
+        records = from_file(Path(args.file), field_types(contract.schema), contract.optional)
         total = None
     else:
         if contract.sample is None:

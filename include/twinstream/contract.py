@@ -10,7 +10,14 @@ the pipelines file (`pipelines.toml`) as `module:attribute`. It declares:
   framework parses it in the JVM (`from_json`) and dead-letters, with a reason, every record
   that is not such an object: not UTF-8, not JSON, a member missing, of the wrong type,
   named twice, a number that is not finite, over `max_record_bytes` (see
-  `twinstream.pipeline.validated`);
+  `twinstream.pipeline.validated`). Every member is required and not null, unless listed
+  in `optional`;
+- `optional`: members that may be absent or JSON `null` (the transform reads NULL); when
+  present with a value, still type-checked;
+- `bounds`: member -> `Bound(min, max)`, the values a numeric member may take; a record
+  outside is a dead letter (`out_of_range: amount is below 0`), and the same `Bound` gives
+  the audit's expectation on a published column computed from it (`Bound.expectation`),
+  so that nothing the guard publishes can fail the audit;
 - `checks`: more rules a valid record obeys, reason -> SQL condition (`"amount >= 0"`);
   a record for which a condition is false or NULL is a dead letter with that reason;
 - `transform`: typed records -> output rows. It receives a streaming DataFrame with
@@ -51,6 +58,7 @@ import importlib
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from math import isfinite
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -66,6 +74,83 @@ RAW = "_raw"
 
 class ContractError(ValueError):
     """A pipeline that does not keep the contract; the message says what to change."""
+
+
+_NUMERIC = ("tinyint", "smallint", "int", "bigint", "float", "double", "byte", "short", "long")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The values a numeric inbound member may take, inclusive unless `strict_min` /
+    `strict_max` (GX's own words). One declaration serves both sides of the platform: the
+    guard dead-letters a record outside it (`checks`) and the audit expects what follows
+    from it on the published columns (`expectation`), so the two cannot disagree."""
+
+    min: float | None = None
+    max: float | None = None
+    strict_min: bool = False
+    strict_max: bool = False
+
+    def __post_init__(self) -> None:
+        if self.min is None and self.max is None:
+            raise ContractError("a Bound needs min, max or both")
+        for side in (self.min, self.max):
+            if side is not None and (isinstance(side, bool) or not isfinite(side)):
+                raise ContractError(f"a Bound's min and max are finite numbers, not {side!r}")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ContractError(f"a Bound's min {self.min} is above its max {self.max}")
+
+    def checks(self, member: str) -> dict[str, str]:
+        """reason -> SQL condition, as in `Pipeline.checks`. NULL passes: only an optional
+        member can be NULL after the type checks, and absence is not out of range."""
+        found: dict[str, str] = {}
+        if self.min is not None:
+            word, op = ("is not above", ">") if self.strict_min else ("is below", ">=")
+            found[f"out_of_range: {member} {word} {self.min}"] = (
+                f"`{member}` IS NULL OR `{member}` {op} {_sql_number(self.min)}"
+            )
+        if self.max is not None:
+            word, op = ("is not below", "<") if self.strict_max else ("is above", "<=")
+            found[f"out_of_range: {member} {word} {self.max}"] = (
+                f"`{member}` IS NULL OR `{member}` {op} {_sql_number(self.max)}"
+            )
+        return found
+
+    def expectation(self, column: str, of: Literal["value", "sum"] = "value") -> Any:
+        """The Great Expectations expectation this bound implies for published `column`.
+
+        `of="value"`: the column holds values of the member, or a mean, min or max of them:
+        the same bound. `of="sum"`: a sum of one or more values: a min >= 0 holds (each
+        value adds at least 0 to the first, which is >= min), a max <= 0 likewise; a side
+        that does not hold for a sum is left out, and a bound with neither side that holds
+        is a ContractError (an expectation that checks nothing would be a test that cannot
+        fail)."""
+        import great_expectations.expectations as gxe
+
+        low, high = self.min, self.max
+        if of == "sum":
+            low = low if low is not None and low >= 0 else None
+            high = high if high is not None and high <= 0 else None
+            if low is None and high is None:
+                raise ContractError(
+                    f"{column}: a sum of values within {self} has no bound (only a min >= 0 "
+                    "or a max <= 0 bounds a sum): expect something else of it"
+                )
+        elif of != "value":
+            raise ContractError(f"{column}: of={of!r}; want 'value' or 'sum'")
+        return gxe.ExpectColumnValuesToBeBetween(
+            column=column,
+            min_value=low,
+            max_value=high,
+            strict_min=self.strict_min and low is not None,
+            strict_max=self.strict_max and high is not None,
+        )
+
+
+def _sql_number(value: float) -> str:
+    # repr gives the shortest text that reads back as the same double (`0.1`, `1e-05`):
+    # Spark SQL reads both; an integral int stays an integer literal (exact for BIGINT).
+    return str(value) if isinstance(value, int) else repr(float(value))
 
 
 @dataclass(frozen=True)
@@ -88,6 +173,12 @@ class Pipeline:
     # records share one (the transform's state is per key, and only a partition's order is
     # kept). `twinstream publish` keys records by it.
     partition_by: str | None = None
+    # Members that may be absent or JSON null: the transform reads NULL for them. Every
+    # other member is required, and not null.
+    optional: Sequence[str] = ()
+    # member -> the values it may take (see Bound): checked by the guard before `checks`,
+    # and the source of the audit's expectations on what is computed from it.
+    bounds: Mapping[str, Bound] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.value:
@@ -108,6 +199,68 @@ class Pipeline:
                 f"pipeline {self.name}: {sorted(reserved)} are the framework's columns, "
                 "not output columns"
             )
+        self._check_members()
+
+    def _check_members(self) -> None:
+        """optional, bounds and partition_by name members the schema declares, as they can."""
+        if isinstance(self.optional, str):
+            # ("amount") is a string, not a tuple: its letters are not members.
+            raise ContractError(
+                f"pipeline {self.name}: optional is a sequence of member names, not the string "
+                f"{self.optional!r}: write optional=({self.optional!r},)"
+            )
+        members = _members(self.schema)
+        declared = ", ".join(members) or "none"
+        for what, names in (
+            ("optional", list(self.optional)),
+            ("bounds", list(self.bounds)),
+            ("partition_by", [self.partition_by] if self.partition_by else []),
+        ):
+            unknown = [n for n in names if n not in members]
+            if unknown:
+                raise ContractError(
+                    f"pipeline {self.name}: {what} names {', '.join(map(repr, unknown))}, which "
+                    f"the schema does not declare (it declares {declared}): add it to the "
+                    "schema or fix the name"
+                )
+        for name in self.optional:
+            if members[name][1]:
+                raise ContractError(
+                    f"pipeline {self.name}: {name!r} is optional and declared NOT NULL in the "
+                    "schema: drop NOT NULL (every member not in optional is required anyway) or "
+                    "drop it from optional"
+                )
+        if self.partition_by in self.optional:
+            raise ContractError(
+                f"pipeline {self.name}: partition_by {self.partition_by!r} is optional, but a "
+                "record without it has no key to keep it in its partition: make it required"
+            )
+        for name, bound in self.bounds.items():
+            if not isinstance(bound, Bound):
+                raise ContractError(
+                    f"pipeline {self.name}: bounds[{name!r}] is {bound!r}: declare a "
+                    "twinstream.contract.Bound(min=..., max=...)"
+                )
+            kind = members[name][0]
+            if kind not in _NUMERIC and not kind.startswith("decimal"):
+                raise ContractError(
+                    f"pipeline {self.name}: bounds[{name!r}]: {name} is {kind}, and only a "
+                    "number has bounds (write a check for other rules)"
+                )
+        clash = set(self.checks) & {r for n, b in self.bounds.items() for r in b.checks(n)}
+        if clash:
+            raise ContractError(
+                f"pipeline {self.name}: checks repeat the bounds' reasons {sorted(clash)}: "
+                "drop the check, the bound makes it"
+            )
+
+    def rules(self) -> dict[str, str]:
+        """Every rule a valid record obeys after its types, reason -> SQL condition, in the
+        order the guard applies them: the bounds' (in `bounds` order), then `checks`."""
+        found: dict[str, str] = {}
+        for name, bound in self.bounds.items():
+            found.update(bound.checks(name))
+        return found | dict(self.checks)
 
     def struct(self) -> StructType:
         """The schema as a StructType (DDL parsed by Spark's own parser)."""
@@ -124,11 +277,18 @@ class Pipeline:
 def field_types(schema: str | StructType) -> dict[str, str]:
     """Top-level field -> type name (lower case), without Spark: for tools that type a CSV
     column or name a field. Nested types keep their text (`array<string>`)."""
+    return {name: kind for name, (kind, _) in _members(schema).items()}
+
+
+def _members(schema: str | StructType) -> dict[str, tuple[str, bool]]:
+    """Top-level field -> (type name in lower case, declared NOT NULL), without Spark."""
     if not isinstance(schema, str):
-        return {f.name: f.dataType.simpleString() for f in schema.fields}
-    fields: dict[str, str] = {}
+        return {f.name: (f.dataType.simpleString(), not f.nullable) for f in schema.fields}
+    fields: dict[str, tuple[str, bool]] = {}
     depth, start = 0, 0
     text = schema.strip()
+    if text.lower().startswith("struct<") and text.endswith(">"):
+        text = text[len("struct<") : -1]
     for i, char in enumerate(text + ","):
         if char in "<(":
             depth += 1
@@ -141,9 +301,10 @@ def field_types(schema: str | StructType) -> dict[str, str]:
                 continue
             name, _, kind = part.replace(":", " ", 1).partition(" ")
             kind = kind.strip()
-            if kind.upper().endswith(" NOT NULL"):
+            not_null = kind.upper().endswith(" NOT NULL")
+            if not_null:
                 kind = kind[: -len(" NOT NULL")]
-            fields[name.strip("`")] = kind.strip().lower()
+            fields[name.strip("`")] = (kind.strip().lower(), not_null)
     return fields
 
 

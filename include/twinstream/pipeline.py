@@ -103,9 +103,13 @@ def read_inbound(
     )
 
 
-def _type_check(name: str, data_type: DataType, found: Column, typed: Column) -> Column:
+def _type_check(
+    name: str, data_type: DataType, found: Column, typed: Column, optional: bool = False
+) -> Column:
     """The reason a present member does not fit its declared type, or NULL. `found` is the
-    JSON type the record holds (schema_of_variant), `typed` the value from_json read."""
+    JSON type the record holds (schema_of_variant; NULL when the member is absent), `typed`
+    the value from_json read. An optional member absent or null is no reason; present with
+    a value, it is checked as any other."""
     from pyspark.sql import functions as F
 
     kind = data_type.simpleString()
@@ -136,6 +140,8 @@ def _type_check(name: str, data_type: DataType, found: Column, typed: Column) ->
             F.isnan(typed) | (F.abs(typed) == F.lit(float("inf"))),
             F.lit(f"out_of_range: {name} is not finite"),
         )
+    if optional:
+        return F.when(found.isNotNull() & (found != "VOID"), reason)
     return reason
 
 
@@ -189,13 +195,17 @@ def validated(
         )
         .otherwise(F.lit("not_json: not a JSON document (syntax, nesting over 1000, NaN)"))
     )
+    optional = set(pipeline.optional)
+    required = [f for f in schema.fields if f.name not in optional]
     missing = F.array_compact(
         F.array(
             *(
                 F.when(F.expr(f"variant_get(_doc, '$.{f.name}')").isNull(), F.lit(f.name))
-                for f in schema.fields
+                for f in required
             )
         )
+        if required
+        else F.array().cast("array<string>")
     )
     members = [
         _type_check(
@@ -203,12 +213,14 @@ def validated(
             f.dataType,
             F.expr(f"schema_of_variant(variant_get(_doc, '$.{f.name}'))"),
             F.col(f"`{f.name}`"),
+            f.name in optional,
         )
         for f in schema.fields
     ]
+    # The bounds' checks, then the pipeline's own (Pipeline.rules).
     checks = [
         F.when(~F.coalesce(F.expr(condition), F.lit(False)), F.lit(reason))
-        for reason, condition in pipeline.checks.items()
+        for reason, condition in pipeline.rules().items()
     ]
     reason = (
         F.when(F.col(RAW).isNull(), F.lit("not_json: a record without a value (a tombstone)"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,12 +18,15 @@ from twinstream.kafka import producer_config
 FEEDER_LINGER_MS = 50
 
 
-def from_file(path: Path, fields: Mapping[str, str] | None = None) -> Iterator[bytes]:
+def from_file(
+    path: Path, fields: Mapping[str, str] | None = None, optional: Collection[str] = ()
+) -> Iterator[bytes]:
     """JSONL (one object per line, sent as is) or CSV with a header naming the fields,
     each value converted to its field's type in `fields` (name -> Spark type name, from
     the pipeline's schema: `twinstream.contract.field_types`); a value that does not convert
     is sent as text, so the pipeline dead-letters it with its reason rather than the tool
-    dropping it. Columns not in `fields` are left out."""
+    dropping it. Columns not in `fields` are left out, and so is an empty cell of an
+    `optional` member (the contract's: CSV has no null, and "" would be a wrong type)."""
     if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
         with path.open("rb") as lines:
             for line in lines:
@@ -36,12 +39,16 @@ def from_file(path: Path, fields: Mapping[str, str] | None = None) -> Iterator[b
         raise ValueError(f"{path}: a CSV file needs the pipeline's fields (--pipeline)")
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = [f for f in fields if f not in (reader.fieldnames or [])]
+        missing = [f for f in fields if f not in (reader.fieldnames or []) and f not in optional]
         if missing:
             raise ValueError(f"{path}: CSV header lacks {', '.join(missing)}")
         for row in reader:
             yield json.dumps(
-                {k: _typed(fields[k], v) for k, v in row.items() if k in fields}
+                {
+                    k: _typed(fields[k], v)
+                    for k, v in row.items()
+                    if k in fields and not (v == "" and k in optional)
+                }
             ).encode()
 
 

@@ -1,20 +1,22 @@
 """The pipeline contract in a local Spark (no stack): the framework's validation in the
-JVM gives every hostile record its reason, and hostmetrics on the contract publishes the
-same bytes as the first version of the example did for the same input."""
+JVM gives every hostile record its reason, optional members may be absent or null,
+hostmetrics on the contract publishes the same bytes as the first version of the example
+did for the same input, and nothing either example's guard publishes fails its audit."""
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
 import json
+from typing import Any
 
 import pytest
 
 from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings, load_settings
-from twinstream.contract import Pipeline
+from twinstream.contract import Bound, Pipeline
 from twinstream.pipeline import warm_up
-from twinstream.testing import hostile, reference
+from twinstream.testing import expect, hostile, reference
 
 GOLDEN = REPO_ROOT / "tests" / "data" / "hostmetrics-golden.jsonl.gz"
 
@@ -71,3 +73,111 @@ def test_the_warm_up_runs_the_whole_plan_over_the_pipelines_own_sample(
     unsampled = dataclasses.replace(hostmetrics, sample=None)
     assert warm_up(spark, settings, unsampled, tmp_path / "none", 300) == 0
     assert not (tmp_path / "none").exists()
+
+
+def _host(**changes: Any) -> bytes:
+    return json.dumps({**hostile.GOOD, **changes}).encode()
+
+
+def _payment(card: str, amount: Any, second: int) -> bytes:
+    return json.dumps(
+        {
+            "payment_id": f"edge-{card}-{second}",
+            "card": card,
+            "merchant": "m-1",
+            "amount": amount,
+            "currency": "EUR",
+            "ts": f"2026-03-01T00:00:{second:02d}Z",
+        }
+    ).encode()
+
+
+# Records at the edges of each example's ranges, with what the guard must make of them:
+# a reason code, or "" for published. Without the bounds, the negative ones were published
+# and failed the audit (hostmetrics' mem_used_sum20 below 0); without the cents check, a
+# spend rounded to cents fell below its payment's amount.
+EDGES: dict[str, list[tuple[bytes, str]]] = {
+    "hostmetrics": [
+        (_host(host="edge-neg", mem_used_mb=-5), "out_of_range: mem_used_mb is below 0"),
+        (_host(host="edge-neg", cpu_user=-0.5), "out_of_range: cpu_user is below 0"),
+        (_host(host="edge-neg", cpu_system=-1.0), "out_of_range: cpu_system is below 0"),
+        (_host(host="edge-neg", mem_used_mb=0, cpu_user=0.0), ""),
+    ],
+    "payments": [
+        (_payment("edge-a", -3.5, 0), "out_of_range: amount is not above 0"),
+        (_payment("edge-a", 0, 1), "out_of_range: amount is not above 0"),
+        (_payment("edge-a", 6000.004, 2), "out_of_range: amount has more than two decimals"),
+        (_payment("edge-a", 0.001, 3), "out_of_range: amount has more than two decimals"),
+        (_payment("edge-a", 6000.01, 4), ""),  # alone over the limit: spend == amount
+        *((_payment("edge-b", 0.01, s), "") for s in range(6)),  # velocity at a cent each
+    ],
+}
+
+
+@pytest.mark.parametrize("name", ["hostmetrics", "payments"])
+def test_nothing_the_guard_publishes_fails_the_pipelines_own_audit_expectations(name: str):
+    """The hostile corpus, the edges above and the pipeline's sample (broken records
+    included) through the example's guard and transform: every published row passes the
+    example's own expectations (Great Expectations on pandas, as the audit reads them)."""
+    settings = load_settings(pipeline=name)
+    pipeline = registry.load(settings)
+    assert pipeline.sample is not None
+    edges = EDGES[name]
+    records = [
+        *pipeline.sample(300, 5, 25),
+        *(c.raw for c in hostile.cases(settings.max_record_bytes)),
+        *(raw for raw, _ in edges),
+    ]
+    rows = reference.run(pipeline, list(enumerate(records)), settings, batches=1)
+    by_id: dict[int, list[Any]] = {}
+    for row in rows:
+        by_id.setdefault(row.msg_id, []).append(row)
+    assert sorted(by_id) == list(range(len(records)))
+    first_edge = len(records) - len(edges)
+    for offset, (raw, reason) in enumerate(edges, start=first_edge):
+        kinds = {row.kind for row in by_id[offset]}
+        if reason:
+            assert kinds == {"dlq"}, (raw, by_id[offset])
+            assert json.loads(by_id[offset][0].value)["reason"] == reason
+        else:
+            assert "dlq" not in kinds, (raw, by_id[offset])
+    assert sum(row.kind == "out" for row in rows) > 10
+    assert expect.failed(pipeline, rows) == []
+
+
+def test_an_optional_member_may_be_absent_or_null_and_is_typed_when_present():
+    """`amount` only purchases carry: absent or null it reads NULL (no missing_field, no
+    wrong_type); present, it is type-checked and bounded; a required member still is."""
+    events = Pipeline(
+        name="events",
+        schema="kind STRING, amount DOUBLE, items BIGINT",
+        optional=("amount", "items"),
+        bounds={"amount": Bound(min=0, strict_min=True)},
+        checks={"out_of_range: a purchase has no amount": "kind <> 'buy' OR amount IS NOT NULL"},
+        transform=lambda df: df.select("msg_id", "kind", "amount", "items"),
+        key="kind",
+        value=["kind", "amount", "items"],
+    )
+    records = [
+        (b'{"kind": "view"}', '{"kind":"view"}'),
+        (b'{"kind": "view", "amount": null, "items": null}', '{"kind":"view"}'),
+        (b'{"kind": "buy", "amount": 2.5, "items": 3}', '{"kind":"buy","amount":2.5,"items":3}'),
+        (b'{"kind": "buy", "amount": 2}', '{"kind":"buy","amount":2.0}'),
+        (b'{"kind": "buy"}', "out_of_range: a purchase has no amount"),
+        (b'{"kind": "buy", "amount": "2.5"}', "wrong_type: amount is STRING, want double"),
+        (b'{"kind": "buy", "amount": -1}', "out_of_range: amount is not above 0"),
+        (b'{"kind": "buy", "amount": 1, "items": 2e3}', "wrong_type: items is DOUBLE, want bigint"),
+        (b'{"kind": "buy", "amount": 1e400}', "out_of_range: amount is not finite"),
+        (b'{"amount": 1}', "missing_field: kind"),
+        (b'{"kind": null}', "wrong_type: kind is null"),
+    ]
+    rows = reference.run(
+        events, list(enumerate(r for r, _ in records)), load_settings(pipeline="events"), 1
+    )
+    assert len(rows) == len(records)
+    for row, (raw, want) in zip(rows, records, strict=True):
+        if want.startswith("{"):
+            assert (row.kind, row.value) == ("out", want), raw
+        else:
+            assert row.kind == "dlq", (raw, row.value)
+            assert json.loads(row.value)["reason"] == want, raw

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from twinstream import registry
 from twinstream.config import REPO_ROOT, SettingsError, load_settings
-from twinstream.contract import ContractError, Pipeline, field_types
+from twinstream.contract import Bound, ContractError, Pipeline, field_types
 
 
 def identity(df):
@@ -188,9 +189,136 @@ def test_new_pipeline_offers_engines_and_ports_no_pipeline_uses(tmp_path, capsys
     assert registry.free_engines(load_settings()) == [("e", 8705), ("f", 8706)]
     assert cli.main(["new-pipeline", "shop_totals", "--dir", str(tmp_path)]) == 0
     hint = capsys.readouterr().out
-    assert '[shop_totals]\nmodule = "shop_totals.pipeline"\nengines = ["e", "f"]' in hint
-    assert "admin_ports = [8705, 8706]" in hint
+    from twinstream.skeleton import pipelines_entry
+
+    # The entry as skeleton.pipelines_entry writes it (tests/unit/test_pipeline_fields_documented.py
+    # holds its keys to the registry's), with the engines and ports no pipeline uses.
+    assert pipelines_entry("shop_totals", [("e", 8705), ("f", 8706)]).rstrip() in hint
     # What it offers is what the pipelines file then accepts beside the examples.
     repo = (REPO_ROOT / "pipelines.toml").read_text()
     path = write(tmp_path, repo + hint[hint.index("[shop_totals]") : hint.index("\n\nand")])
     assert registry.engines(load_settings(pipelines_file=path))[-2:] == ["e", "f"]
+
+
+# Optional members and bounds: refused by name when they name nothing the schema declares.
+
+FIELDS: dict[str, Any] = {
+    "name": "p",
+    "schema": "kind STRING, amount DOUBLE, n BIGINT NOT NULL",
+    "transform": identity,
+    "key": "kind",
+    "value": ["kind"],
+}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"optional": ("amount", "price")},
+            r"optional names 'price', which the schema does not declare \(it declares kind, "
+            r"amount, n\): add it to the schema or fix the name",
+        ),
+        ({"optional": "amount"}, r"not the string 'amount': write optional=\('amount',\)"),
+        ({"optional": ("n",)}, r"'n' is optional and declared NOT NULL in the schema"),
+        ({"partition_by": "card"}, "partition_by names 'card', which the schema does not"),
+        (
+            {"partition_by": "amount", "optional": ("amount",)},
+            "partition_by 'amount' is optional, but a record without it has no key",
+        ),
+        ({"bounds": {"price": Bound(min=0)}}, "bounds names 'price', which the schema"),
+        ({"bounds": {"kind": Bound(min=0)}}, r"bounds\['kind'\]: kind is string, and only a"),
+        ({"bounds": {"amount": (0, 1)}}, r"bounds\['amount'\] is \(0, 1\): declare a"),
+        (
+            {
+                "bounds": {"amount": Bound(min=0)},
+                "checks": {"out_of_range: amount is below 0": "amount >= 0"},
+            },
+            "checks repeat the bounds' reasons",
+        ),
+    ],
+)
+def test_optional_bounds_and_partition_by_name_declared_members(changes, message):
+    with pytest.raises(ContractError, match=message):
+        Pipeline(**{**FIELDS, **changes})
+
+
+def test_a_struct_type_schema_is_read_for_members_too():
+    from pyspark.sql.types import DoubleType, StringType, StructField, StructType
+
+    schema = StructType(
+        [StructField("kind", StringType()), StructField("amount", DoubleType(), nullable=False)]
+    )
+    assert Pipeline(**{**FIELDS, "schema": schema, "optional": ("kind",)}).optional == ("kind",)
+    with pytest.raises(ContractError, match="'amount' is optional and declared NOT NULL"):
+        Pipeline(**{**FIELDS, "schema": schema, "optional": ("amount",)})
+    assert field_types("struct<a: INT, b: STRING NOT NULL>") == {"a": "int", "b": "string"}
+
+
+@pytest.mark.parametrize(
+    ("bound", "message"),
+    [
+        ({}, "needs min, max or both"),
+        ({"min": 2, "max": 1}, "min 2 is above its max 1"),
+        ({"min": float("nan")}, "finite numbers, not nan"),
+        ({"max": float("inf")}, "finite numbers, not inf"),
+        ({"min": True}, "finite numbers, not True"),
+    ],
+)
+def test_a_bound_that_bounds_nothing_is_refused(bound, message):
+    with pytest.raises(ContractError, match=message):
+        Bound(**bound)
+
+
+def test_bounds_are_the_guards_rules_first_then_the_checks():
+    fields: dict[str, Any] = {
+        **FIELDS,
+        "bounds": {
+            "amount": Bound(min=0, max=1e6, strict_min=True),
+            "n": Bound(min=-5, strict_max=True, max=10),
+        },
+        "checks": {"wrong_type: kind is empty": "kind <> ''"},
+    }
+    pipeline = Pipeline(**fields)
+    assert pipeline.rules() == {
+        "out_of_range: amount is not above 0": "`amount` IS NULL OR `amount` > 0",
+        "out_of_range: amount is above 1000000.0": "`amount` IS NULL OR `amount` <= 1000000.0",
+        "out_of_range: n is below -5": "`n` IS NULL OR `n` >= -5",
+        "out_of_range: n is not below 10": "`n` IS NULL OR `n` < 10",
+        "wrong_type: kind is empty": "kind <> ''",
+    }
+    assert list(pipeline.rules())[-1] == "wrong_type: kind is empty"
+
+
+def test_a_bound_gives_the_expectation_it_implies():
+    cpu = Bound(min=0, max=100)
+    mean = cpu.expectation("cpu_avg")
+    assert (mean.column, mean.min_value, mean.max_value) == ("cpu_avg", 0, 100)
+    # A sum of values >= 0 is >= 0, and no max carries over.
+    total = cpu.expectation("cpu_sum", of="sum")
+    assert (total.min_value, total.max_value, total.strict_max) == (0, None, False)
+    positive = Bound(min=0, strict_min=True).expectation("amount")
+    assert (positive.min_value, positive.strict_min) == (0, True)
+    negative = Bound(min=-10, max=-1).expectation("loss", of="sum")
+    assert (negative.min_value, negative.max_value) == (None, -1)
+    with pytest.raises(ContractError, match=r"a sum of values within .* has no bound"):
+        Bound(min=-1, max=1).expectation("drift", of="sum")
+    with pytest.raises(ContractError, match="of='mean'; want 'value' or 'sum'"):
+        cpu.expectation("cpu_avg", of="mean")  # type: ignore[arg-type]
+
+
+def test_the_examples_declare_their_ranges_once():
+    """hostmetrics' audit expects of mem_used_sum20 what its guard enforces on mem_used_mb:
+    one Bound, used by both (tests/integration/test_contract.py runs them)."""
+    from examples.hostmetrics import pipeline as hostmetrics
+    from examples.payments import pipeline as payments
+
+    assert hostmetrics.pipeline.bounds["mem_used_mb"] == Bound(min=0)
+    assert "out_of_range: mem_used_mb is below 0" in hostmetrics.pipeline.rules()
+    assert hostmetrics.pipeline.expectations is not None
+    by_column = {
+        e.column: e for e in hostmetrics.pipeline.expectations() if hasattr(e, "min_value")
+    }
+    assert by_column["mem_used_sum20"].min_value == 0
+    assert by_column["cpu_user_avg20"].min_value == 0
+    assert "out_of_range: amount is not above 0" in payments.pipeline.rules()

@@ -75,6 +75,8 @@ def test_a_bad_time_or_an_overflow_is_a_reason_and_leaves_the_window_as_it_was()
             (0, {"mem_used_mb": 2**63 - 1}),
             (1, {"ts": "22/11/2026 10:00"}),
             (2, {"mem_used_mb": 2**63 - 1}),
+            # The transform alone: on a stack the guard's bound (BOUNDS) dead-letters -5
+            # before the transform sees it.
             (3, {"mem_used_mb": -5}),
         ]
     )

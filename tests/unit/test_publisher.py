@@ -35,6 +35,21 @@ def test_csv_rows_become_typed_json_and_bad_values_pass_through_for_the_dead_let
     assert bad["cpu_user"] == "lots"
 
 
+def test_an_empty_cell_of_an_optional_member_is_left_out_and_of_a_required_one_sent(tmp_path):
+    # CSV has no null: an optional member's empty cell is the member absent (the contract
+    # reads it as NULL); a required member's stays "" for the pipeline to dead-letter.
+    path = tmp_path / "clicks.csv"
+    path.write_text("user,amount\nu-1,\nu-2,12.5\n,3\n")
+    fields = {"user": "string", "amount": "double"}
+    rows = [json.loads(r) for r in from_file(path, fields, optional=("amount",))]
+    assert rows == [{"user": "u-1"}, {"user": "u-2", "amount": 12.5}, {"user": "", "amount": 3.0}]
+    # An optional member's column may be missing from the header altogether.
+    path.write_text("user\nu-1\n")
+    assert [json.loads(r) for r in from_file(path, fields, optional=("amount",))] == [
+        {"user": "u-1"}
+    ]
+
+
 def test_jsonl_lines_are_sent_as_they_are(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"host": "a"}\n\n{not json}\r\n')

@@ -109,6 +109,9 @@ def cases(max_bytes: int) -> list[Case]:
         Case("int64_sum_overflow", _json(host="hostile-int64", mem_used_mb=INT64_MAX), "overflow"),
         Case("int64_past_max", _json(mem_free_mb=INT64_MAX + 1), "out_of_range"),
         Case("int64_min", _json(mem_free_mb=-(2**63)), "out"),
+        # A bound the pipeline declares (mem_used_mb >= 0): dead-lettered by the guard, so
+        # the audit's expectation derived from it (mem_used_sum20 >= 0) cannot fail.
+        Case("negative_mem_used", _json(mem_used_mb=-5), "out_of_range"),
         Case("double_max", _json(host="hostile-double", cpu_user=1.7976931348623157e308), "out"),
         # Two 1e308 for one host: math.fsum overflows on the second.
         Case("double_sum_overflow", _json(host="hostile-double", cpu_user=1e308), "overflow"),
