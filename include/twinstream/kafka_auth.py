@@ -19,19 +19,23 @@ stack formatted before Kafka security gets its users the same way.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import logging
 import os
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AclBinding, AdminClient
 
     from twinstream.config import Settings
+
+log = logging.getLogger(__name__)
 
 Role = Literal["engine", "publisher", "reader"]
 ROLES: tuple[Role, ...] = ("engine", "publisher", "reader")
@@ -234,14 +238,38 @@ def provision(
         for user in wanted
     ]
     done: list[str] = []
-    for future in admin.alter_user_scram_credentials(upserts).values():
-        future.result(timeout=timeout_s)
+    _idempotent(lambda: admin.alter_user_scram_credentials(upserts), "set passwords", timeout_s)
     done.append(f"{len(wanted)} users' passwords set")
     bindings = [b for p in pipelines for b in acl_bindings(p)]
-    for future in admin.create_acls(bindings, request_timeout=timeout_s).values():
-        future.result(timeout=timeout_s)
+    _idempotent(
+        lambda: admin.create_acls(bindings, request_timeout=timeout_s), "grant ACLs", timeout_s
+    )
     done.append(f"{len(bindings)} ACLs of {', '.join(p.pipeline for p in pipelines)} granted")
     return done
+
+
+def _idempotent(
+    submit: Callable[[], Mapping[Any, Any]], what: str, timeout_s: float, attempts: int = 3
+) -> None:
+    """Run an admin request whose repetition changes nothing until all its futures finish,
+    asking again when one times out: a request forwarded to a KRaft controller that loses
+    its leadership meanwhile is never answered (seen under load: the forwarding broker
+    switched controllers and the request's future waited out its timeout)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            for future in submit().values():
+                future.result(timeout=timeout_s)
+            return
+        except concurrent.futures.TimeoutError:
+            if attempt == attempts:
+                raise TimeoutError(
+                    f"Kafka did not answer the request to {what} within {timeout_s:.0f}s, "
+                    f"{attempts} times: check that the brokers and their controller quorum "
+                    "are up (make status) and run it again"
+                ) from None
+            log.warning(
+                "Kafka did not answer the request to %s in %.0fs; asking again", what, timeout_s
+            )
 
 
 def grant_read(

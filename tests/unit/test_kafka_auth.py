@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+from concurrent.futures import Future
 
 import pytest
 from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
@@ -13,6 +14,7 @@ from twinstream.kafka_auth import (
     Credentials,
     CredentialsError,
     acl_bindings,
+    provision,
     users,
 )
 
@@ -75,3 +77,37 @@ def test_each_role_gets_exactly_what_it_needs(tmp_path):
         for prefix in ("twinstream-", "spark-kafka-source-")
         for user in ("p-engine", "p-reader")
     }
+
+
+class _ControllerThatLosesOneRequest:
+    """Answers every admin request but the first `lost` ones, which it never answers: a
+    request forwarded to a controller that lost its leadership meanwhile."""
+
+    def __init__(self, lost: int) -> None:
+        self.lost = lost
+        self.calls: list[str] = []
+
+    def _answer(self, name: str, keys: list[object]) -> dict[object, Future[None]]:
+        self.calls.append(name)
+        futures: dict[object, Future[None]] = {k: Future() for k in keys}
+        if self.calls.count(name) > self.lost:
+            for future in futures.values():
+                future.set_result(None)
+        return futures
+
+    def alter_user_scram_credentials(self, upserts: list[object]) -> dict[object, Future[None]]:
+        return self._answer("passwords", list(range(len(upserts))))
+
+    def create_acls(self, bindings: list[object], **_: object) -> dict[object, Future[None]]:
+        return self._answer("acls", list(range(len(bindings))))
+
+
+def test_provisioning_asks_again_when_a_request_goes_unanswered_and_names_the_fix(tmp_path):
+    settings = load_settings().model_copy(update={"pipeline": "p"})
+    creds, _ = Credentials.ensure(tmp_path / "c.json", users(["p"]))
+    admin = _ControllerThatLosesOneRequest(lost=1)
+    done = provision(admin, [settings], creds, timeout_s=0.05)  # type: ignore[arg-type]
+    assert admin.calls == ["passwords", "passwords", "acls", "acls"]
+    assert done[0] == "4 users' passwords set"
+    with pytest.raises(TimeoutError, match=r"3 times: check that the brokers .*\(make status\)"):
+        provision(_ControllerThatLosesOneRequest(lost=3), [settings], creds, timeout_s=0.05)  # type: ignore[arg-type]
