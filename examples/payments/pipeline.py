@@ -124,6 +124,8 @@ def expectations() -> list[Any]:
 pipeline = Pipeline(
     name="payments",
     schema=SCHEMA,
+    # A transfer or a cash withdrawal has no merchant: the member may be absent or null.
+    optional=("merchant",),
     bounds=BOUNDS,
     checks={
         "out_of_range: amount has more than two decimals": CENTS,

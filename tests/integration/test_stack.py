@@ -98,6 +98,59 @@ def test_up_runs_every_pipeline_of_the_file_each_with_its_own_engines_and_electi
     ]
 
 
+def test_an_optional_member_may_be_absent_or_null_and_is_still_type_checked(stack, settings):
+    """Issue 33: a member present on some records only could not be declared (absent it was
+    missing_field, null it was wrong_type). payments declares `merchant` optional (a
+    transfer has none): on the stack's own payments engines, a payment without one and one
+    with null are processed (each passes the spend limit, so each has an alert), and one
+    with a number for it is a dead letter naming the member."""
+    import base64
+
+    payments = registry.settings_for(settings, "payments")
+    contract = registry.load(payments)
+    assert "merchant" in contract.optional
+    run = uuid.uuid4().hex[:8]
+    base: dict[str, object] = {"amount": 6000.0, "currency": "EUR", "ts": "2026-01-01T10:00:00Z"}
+    sent: dict[str, dict[str, object]] = {
+        "absent": {},
+        "null": {"merchant": None},
+        "number": {"merchant": 17},
+        "present": {"merchant": "m-1"},
+    }
+    records = {
+        kind: {"payment_id": f"{run}-{kind}", "card": f"card-{run}-{kind}", **base, **extra}
+        for kind, extra in sent.items()
+    }
+    starts = {t: partition_ends(settings, t) for t in (payments.outbound_topic, payments.dlq_topic)}
+    publish(payments, [json.dumps(r).encode() for r in records.values()], key_field="card")
+
+    def seen() -> tuple[set[str], dict[str, str]] | None:
+        alerts = {
+            json.loads(r.value)["payment_id"]
+            for r in read_committed(
+                settings,
+                payments.outbound_topic,
+                starts[payments.outbound_topic],
+                1.0,
+                partition=None,
+            )
+        }
+        dead = {}
+        for r in read_committed(
+            settings, payments.dlq_topic, starts[payments.dlq_topic], 1.0, partition=None
+        ):
+            letter = json.loads(r.value)
+            raw = json.loads(base64.b64decode(letter["raw"]))
+            dead[raw["payment_id"]] = letter["reason"]
+        mine = {p for p in alerts | set(dead) if p.startswith(run)}
+        return (alerts, dead) if len(mine) == len(records) else None
+
+    alerts, dead = wait_for(seen, 120, "payments answering each of 4 records")
+    assert {f"{run}-{k}" for k in ("absent", "null", "present")} <= alerts
+    assert dead[f"{run}-number"].startswith("wrong_type: merchant is"), dead
+    assert not {p for p in dead if p.startswith(run)} - {f"{run}-number"}, dead
+
+
 def test_kazoo_connects_and_zookeeper_ticks_every_500ms(stack, settings):
     from twinstream.core.election import zk_client
 
