@@ -285,9 +285,10 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
 
     token = settings.secret("admin_token")
     chosen = getattr(args, "pipeline", None)
-    pipelines = registry.stack(settings)
-    if chosen:
-        pipelines = {chosen: registry.settings_for(settings, chosen)}
+    # With --pipeline, main() has made `settings` that pipeline's already. The stack's list
+    # is read from the environment's settings only: from a pipeline's, whose engine ids are
+    # its own, a pipeline without an engines entry (hostmetrics) would claim them too.
+    pipelines = {chosen: settings} if chosen else registry.stack(settings)
 
     def engine(pipeline: Settings, engine_id: str) -> EngineClient:
         return EngineClient.from_settings(pipeline, engine_id, token, 5.0)
@@ -448,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         metavar="N",
-        help="make every Nth sample record invalid (each kind the pipeline rejects in turn)",
+        help="make every Nth sample record invalid, as the pipeline's sample() breaks one "
+        "(the examples' cycle through each kind they reject; new-pipeline's skeleton makes a "
+        "negative amount)",
     )
 
     subp = sub.add_parser(

@@ -260,6 +260,8 @@ HOSTILE_PARAMS: dict[str, list[tuple[dict[str, Any], str]]] = {
         ({"outbound_topic": "out\n"}, "outbound_topic"),
         ({"outbound_topic": "out; rm -rf /"}, "outbound_topic"),
         ({"dlq_topic": "x" * 300}, "dlq_topic"),
+        ({"up_to": "0:5\n"}, "up_to"),
+        ({"up_to": "../x"}, "up_to"),
         ({"progress_topic": ["a"]}, "progress_topic"),
         ({"pipeline": "../hostmetrics"}, "pipeline"),
     ],

@@ -131,6 +131,14 @@ def test_status_covers_every_pipeline_and_names_one_without_a_single_active(
     out = capsys.readouterr().out
     assert "pipeline hostmetrics" in out
     assert "payments" not in out
+    # A pipeline with engines of its own (payments: c, d): its settings name them, and the
+    # stack's list read from them gave hostmetrics (no engines entry) the same ids (a user's
+    # `status --pipeline clicks` failed: "engine 'e' belongs to both").
+    assert cli.main(["status", "--pipeline", "payments"]) == 1
+    out = capsys.readouterr().out
+    assert "pipeline payments  NO SINGLE ACTIVE" in out
+    assert "hostmetrics" not in out
+    assert [row(out.splitlines(), e)[1] for e in "cd"] == ["active", "active"]
 
 
 def test_status_as_json_is_the_overview_model(
