@@ -12,6 +12,7 @@ is all that happens at import or DAG-parse time; a pipeline's module is imported
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,10 @@ class Entry:
     partitions: int | None = None
 
 
+# The keys a pipeline's table may hold (Entry's fields that the file gives).
+KEYS = ("module", "partitions", "engines", "admin_ports")
+
+
 def entries(path: Path) -> dict[str, Entry]:
     """The pipelines the file lists, in its order."""
     try:
@@ -49,6 +54,15 @@ def entries(path: Path) -> dict[str, Entry]:
     for name, table in data.items():
         if not isinstance(table, dict) or not isinstance(table.get("module"), str):
             raise SettingsError(f'{path}: [{name}] needs module = "package.module[:attribute]"')
+        unknown = sorted(set(table) - set(KEYS))
+        if unknown:
+            # A typo (`partition = 3`) would otherwise be lost without a word.
+            close = difflib.get_close_matches(unknown[0], KEYS, n=1)
+            raise SettingsError(
+                f"{path}: [{name}] has {unknown[0]!r}, which is no key of a pipeline"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f": a pipeline's table takes {', '.join(KEYS)} (docs/pipelines.md)"
+            )
         engines = tuple(str(e) for e in table.get("engines", ()))
         ports = tuple(int(p) for p in table.get("admin_ports", ()))
         if len(engines) != len(ports):

@@ -89,6 +89,10 @@ def test_a_bad_pipelines_file_says_what_to_write(tmp_path):
     broken = load_settings(pipelines_file=write(tmp_path, "[flow]\nmodule = 3\n"))
     with pytest.raises(SettingsError, match=r'\[flow\] needs module = "package.module'):
         registry.names(broken)
+    # A typo is named, with the key meant, not silently dropped (partitions stayed 1).
+    typo = load_settings(pipelines_file=write(tmp_path, '[flow]\nmodule = "a.b"\npartition = 3\n'))
+    with pytest.raises(SettingsError, match=r"\[flow\] has 'partition'.*did you mean 'partitions'"):
+        registry.names(typo)
     unimportable = load_settings(
         pipelines_file=write(tmp_path, '[hostmetrics]\nmodule = "no.such.module"\n')
     )

@@ -21,6 +21,11 @@ PIPELINE_FIELDS = [f.name for f in dataclasses.fields(Pipeline)]
 TOML_KEYS = [f.name for f in dataclasses.fields(registry.Entry) if f.name not in ("name", "root")]
 
 
+def test_the_registry_accepts_exactly_the_keys_an_entry_holds():
+    # registry.KEYS refuses every other key by name: it must name each field the file gives.
+    assert sorted(registry.KEYS) == sorted(TOML_KEYS)
+
+
 def table(heading: str) -> set[str]:
     """The names in the first column of the doc's table whose header cell is `heading`."""
     lines = DOC.read_text().splitlines()
