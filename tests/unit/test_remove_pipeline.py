@@ -270,9 +270,13 @@ def test_a_failure_half_way_leaves_the_table_so_that_a_second_run_finishes(stack
 
 
 def test_a_table_that_cannot_be_taken_out_line_by_line_is_refused_before_anything(stack):
-    # A sub-table elsewhere in the file: taking out the [shop] lines would leave a shop
-    # entry behind, so nothing is done and the message says how to write it.
-    text = FILE + "\n[shop.extra]\nnote = 1\n"
+    # The entry as an inline table, not a [shop] section: no lines to take out, so nothing
+    # is done and the message says how to write it.
+    shop = FILE.index("# The shop's own comment.")
+    text = (
+        'shop = { module = "shop.pipeline", engines = ["e", "f"], admin_ports = [8705, 8706] }\n'
+        + FILE[:shop]
+    )
     stack.path.write_text(text)
     code, questions, lines = _remove(stack, "shop", True)
     assert (code, questions) == (2, [])

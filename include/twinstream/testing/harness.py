@@ -33,10 +33,11 @@ from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.contract import Pipeline as Contract
 from twinstream.core.rows import Output
 from twinstream.engine_client import EngineClient, EngineError
-from twinstream.kafka import admin_config, consumer_config, ensure_topics, topic_specs
+from twinstream.kafka import consumer_config, ensure_topics, topic_specs
 from twinstream.kafka_auth import Credentials, provision, users
 from twinstream.publisher import publish
 from twinstream.stack.render import ENGINE_KAFKA_ROLE
+from twinstream.stack.tls import kafka_superuser_config
 from twinstream.subscriber import Record, read_committed
 from twinstream.testing import reference
 
@@ -305,7 +306,12 @@ class Pipeline:
         }
         self.settings = self._settings()
         self.contract: Contract = registry.load(self.settings)
-        admin = AdminClient(admin_config(self.settings))
+        # As `up` provisions the stack's own pipelines: the stack's identity over the brokers'
+        # mutual-TLS listeners (kafka_superuser_config), no SCRAM login. In full runs the
+        # broker the chaos tests had killed refused the admin's SCRAM login for minutes
+        # after its restart, and this setup failed ("invalid credentials", then "Failed
+        # while waiting for controller").
+        admin = AdminClient(kafka_superuser_config(stack))
         ensure_topics(admin, topic_specs(self.settings))
         if self.settings.kafka_security:
             # This pipeline's users and ACLs, as `up` makes them for the stack's.
