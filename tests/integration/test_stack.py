@@ -658,6 +658,7 @@ def test_subscribe_with_a_wrong_password_ends_at_once_with_one_line_naming_the_f
 # --- helper D: remove-pipeline (twinstream.stack.remove) on the real stack -------------------
 
 
+@pytest.mark.after_broker_restarts
 def test_remove_pipeline_deletes_a_throwaway_pipelines_topics_users_znode_and_table(
     stack, settings, tmp_path
 ):
