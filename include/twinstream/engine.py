@@ -292,7 +292,10 @@ class Engine:
         log where its batches spent their time (called from the engine's main loop, once a
         second: the lag's trend must not depend on anyone reading the status)."""
         self.batch_timings.add(self._progress())
-        self.sample_lag(self._lag(self.gate.status().processed))
+        # The lag costs a high-watermark read: only when the history would keep it (one
+        # sample per SAMPLE_EVERY_S), not at every pass of the loop.
+        if self.lag_history.due():
+            self.sample_lag(self._lag(self.gate.status().processed))
         now = time.monotonic()
         if now - self._timings_logged < every_s:
             return

@@ -52,6 +52,12 @@ class LagHistory:
         self._lock = threading.Lock()
         self._samples: deque[tuple[float, int]] = deque()
 
+    def due(self) -> bool:
+        """Whether a sample taken now would be kept: a caller whose lag costs a Kafka read
+        asks first, instead of reading it to have it dropped."""
+        with self._lock:
+            return not self._samples or self._clock() - self._samples[-1][0] >= self.every_s
+
     def add(self, lag: int | None) -> None:
         """Record the lag now; an unknown lag records nothing (it leaves a hole, which
         makes the trend unknown rather than wrong)."""
