@@ -19,9 +19,8 @@ first version of this example (`tests/data/hostmetrics-golden.jsonl.gz`).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from examples.hostmetrics.generate import synthetic
 from examples.hostmetrics.logic import (
@@ -35,12 +34,7 @@ from examples.hostmetrics.logic import (
     step,
 )
 from twinstream.config import load_settings
-from twinstream.contract import Bound, Pipeline
-
-if TYPE_CHECKING:
-    import pandas as pd
-    from pyspark.sql import DataFrame
-    from pyspark.sql.streaming.state import GroupState
+from twinstream.contract import Bound, Keyed, Pipeline, Reject
 
 # What a reading may be: one declaration for the guard (a record outside is dead-lettered,
 # `out_of_range: mem_used_mb is below 0`) and the audit (`expectations` below derive from it).
@@ -52,30 +46,28 @@ BOUNDS = {
     "mem_used_mb": Bound(min=0),
 }
 
-OUTPUT = "msg_id BIGINT, host STRING, value STRING, dead_letter STRING, _raw BINARY"
-# The window as JSON text: pyspark 4.3's Python worker fails to read ARRAY fields of a state
-# schema (KeyError 'elementType' in ArrayType.fromJson), and JSON round-trips floats exactly.
-STATE = "window STRING, last_ts_ms BIGINT"
+# The window as the step keeps it per host: the last events' values and the latest time.
+STATE = "cpu_user ARRAY<DOUBLE>, mem_used_mb ARRAY<BIGINT>, last_ts_ms BIGINT"
 
 
 def advance(
-    window: Window | None, record: Any, retention_ms: int
+    window: Window | None, record: Mapping[str, Any], retention_ms: int
 ) -> tuple[Window | None, str | None, str | None]:
     """One record through the window: (the new window, its output value, a dead letter's
     reason). A rejected record leaves the window as it was."""
     try:
-        ts_ms = parse_time(record.ts)
+        ts_ms = parse_time(record["ts"])
     except (ValueError, OverflowError):
-        return window, None, f"bad_time: {record.ts[:64]!r} is not RFC 3339 UTC"
+        return window, None, f"bad_time: {record['ts'][:64]!r} is not RFC 3339 UTC"
     event = Event(
-        msg_id=int(record.msg_id),
-        host=record.host,
-        ts=record.ts,
+        msg_id=int(record["msg_id"]),
+        host=record["host"],
+        ts=record["ts"],
         ts_ms=ts_ms,
-        cpu_user=float(record.cpu_user),
-        cpu_system=float(record.cpu_system),
-        mem_used_mb=int(record.mem_used_mb),
-        mem_free_mb=int(record.mem_free_mb),
+        cpu_user=float(record["cpu_user"]),
+        cpu_system=float(record["cpu_system"]),
+        mem_used_mb=int(record["mem_used_mb"]),
+        mem_free_mb=int(record["mem_free_mb"]),
     )
     try:
         new_window, output = step(window, event, retention_ms)
@@ -84,47 +76,24 @@ def advance(
     return new_window, output.value, None
 
 
-def transform(records: DataFrame) -> DataFrame:
-    """Per host, in msg_id order: advance the host's window, one output per record."""
-    from pyspark.sql.streaming.state import GroupStateTimeout
+class HostStep:
+    """`Keyed.step` for hostmetrics: one record through its host's window. The window
+    retention is read from the settings at the first call, in the process that runs it."""
 
-    retention_ms = load_settings().window_retention_ms
+    retention_ms: int | None = None
 
-    def per_host(
-        key: tuple[Any, ...], batches: Iterator[pd.DataFrame], state: GroupState
-    ) -> Iterator[pd.DataFrame]:
-        import pandas as pd
-
-        frame = pd.concat(list(batches), ignore_index=True).sort_values("msg_id")
-        # itertuples renames a column that starts with an underscore.
-        frame = frame.rename(columns={"_raw": "raw"})
-        window = from_state(state.get) if state.exists else None
-        rows: dict[str, list[Any]] = {c: [] for c in ("msg_id", "value", "dead_letter", "_raw")}
-        for record in frame.itertuples(index=False):
-            window, value, reason = advance(window, record, retention_ms)
-            rows["msg_id"].append(record.msg_id)
-            rows["value"].append(value)
-            rows["dead_letter"].append(reason)
-            rows["_raw"].append(record.raw if reason is not None else None)
-        if window is not None:
-            state.update((json.dumps([window.cpu_user, window.mem_used_mb]), window.last_ts_ms))
-        yield pd.DataFrame({"host": key[0], **rows})
-
-    return records.groupBy("host").applyInPandasWithState(
-        per_host,
-        outputStructType=OUTPUT,
-        stateStructType=STATE,
-        outputMode="append",
-        # Expiry is decided by event time inside the window logic, so it does not depend on
-        # batch boundaries (a watermark timeout would, and engines batch differently).
-        timeoutConf=GroupStateTimeout.NoTimeout,
-    )
-
-
-def from_state(values: tuple[Any, ...]) -> Window:
-    encoded, last_ts = values
-    cpu, mem = json.loads(encoded)
-    return Window(tuple(float(c) for c in cpu), tuple(int(m) for m in mem), int(last_ts))
+    def __call__(
+        self, state: tuple[Any, ...] | None, record: dict[str, Any]
+    ) -> tuple[tuple[Any, ...] | None, dict[str, Any]]:
+        if self.retention_ms is None:
+            self.retention_ms = load_settings().window_retention_ms
+        window = None if state is None else Window(*state)
+        new_window, value, reason = advance(window, record, self.retention_ms)
+        if reason is not None:
+            raise Reject(reason)
+        assert new_window is not None
+        new_state = (new_window.cpu_user, new_window.mem_used_mb, new_window.last_ts_ms)
+        return new_state, {"host": record["host"], "value": value}
 
 
 def expectations() -> list[Any]:
@@ -154,7 +123,8 @@ pipeline = Pipeline(
     schema=SCHEMA,
     bounds=BOUNDS,
     checks={"wrong_type: host is empty": "host <> ''"},
-    transform=transform,
+    # Per host, in msg_id order: advance the host's window, one output per record.
+    keyed=Keyed(step=HostStep(), output="host STRING, value STRING", state=STATE),
     key="host",
     partition_by="host",
     value=["value"],

@@ -20,6 +20,11 @@ the pipelines file (`pipelines.toml`) as `module:attribute`. It declares:
   so that nothing the guard publishes can fail the audit;
 - `checks`: more rules a valid record obeys, reason -> SQL condition (`"amount >= 0"`);
   a record for which a condition is false or NULL is a dead letter with that reason;
+- `keyed` (or `transform`, one of the two): state per key at any key count. A `Keyed`
+  declares `step(state, record) -> (new_state, outputs)`, a pure Python function the
+  framework calls once per valid record, in msg_id order, with the state of the record's
+  key (`partition_by`): its Python calls per micro-batch do not grow with the number of
+  keys (`twinstream.state`). The way to write a stateful pipeline;
 - `transform`: typed records -> output rows. It receives a streaming DataFrame with
   `msg_id` (the record's identity: its inbound offset; with several partitions, the
   partition x 2^48 + the offset, `twinstream.core.rows.record_id`), the schema's fields
@@ -74,6 +79,63 @@ RAW = "_raw"
 
 class ContractError(ValueError):
     """A pipeline that does not keep the contract; the message says what to change."""
+
+
+class Reject(Exception):
+    """Raised by a `Keyed.step` for a record it will not process: the record becomes its own
+    dead letter with this reason, word for word (`bad_time: ...`), and the key's state stays
+    as it was. Any other exception from the step does the same with the reason
+    `error: <type>: <message>`."""
+
+
+@dataclass(frozen=True)
+class Keyed:
+    """State per key at any key count: the framework's runner (`twinstream.state`) calls
+    `step` once per valid record of a key, in msg_id order, and keeps each key's state.
+
+    - `step(state, record) -> (new_state, outputs)`: `state` is the key's last new_state
+      (None for a key not seen, or forgotten); `record` a dict of the schema's members, the
+      `derive`d columns and `msg_id`. `new_state` None forgets the key; `outputs` is None,
+      one dict or a list of dicts of the `output` columns (a missing column is NULL), each
+      published with the record's msg_id. Raise `Reject(reason)` to dead-letter the
+      record. Pure and deterministic: the same records in the same order give the same
+      outputs, whatever the batch boundaries.
+    - `output`: the output columns, Spark DDL (`"host STRING, value STRING"`).
+    - `state`: the state's shape, Spark DDL, for people and for `twinstream.testing`'s
+      runner, which checks every new_state against it: a tuple of these fields in order.
+      The engine stores the tuple pickled (about 40 bytes plus the values' own per key).
+    - `derive`: column -> SQL expression over the record, computed in the JVM before the
+      step (a time parsed by Spark, say); NULL for an invalid record.
+    - `expire_after_ms` with `event_time` (a record column of epoch milliseconds): a key
+      whose latest record is that much older than the newest record of its partition so
+      far is forgotten: its next record sees state None. Decided in msg_id order, so every
+      engine forgets the same keys at the same record (a processing-time TTL would not).
+    """
+
+    step: Callable[[Any, dict[str, Any]], tuple[Any, Any]]
+    output: str
+    state: str
+    derive: Mapping[str, str] = field(default_factory=dict)
+    expire_after_ms: int | None = None
+    event_time: str | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.step):
+            raise ContractError(f"Keyed.step is {self.step!r}: give a function(state, record)")
+        if (self.expire_after_ms is None) != (self.event_time is None):
+            raise ContractError(
+                "Keyed: expire_after_ms and event_time go together (a key expires by the "
+                "event time of its partition): give both or neither"
+            )
+        if self.expire_after_ms is not None and self.expire_after_ms <= 0:
+            raise ContractError(f"Keyed: expire_after_ms is {self.expire_after_ms}; want > 0")
+        reserved = {MSG_ID, DEAD_LETTER, RAW} & set(_members(self.output))
+        if reserved:
+            raise ContractError(
+                f"Keyed.output names {sorted(reserved)}, the framework's columns: rename them"
+            )
+        if not _members(self.state):
+            raise ContractError("Keyed.state declares no field: give its DDL, 'count BIGINT'")
 
 
 _NUMERIC = ("tinyint", "smallint", "int", "bigint", "float", "double", "byte", "short", "long")
@@ -157,9 +219,10 @@ def _sql_number(value: float) -> str:
 class Pipeline:
     name: str
     schema: str | StructType
-    transform: Callable[[DataFrame], DataFrame]
-    key: str | None
-    value: Sequence[str]
+    # One of the two: `keyed` (state per key, see Keyed) or a DataFrame `transform`.
+    transform: Callable[[DataFrame], DataFrame] | None = None
+    key: str | None = None
+    value: Sequence[str] = ()
     value_format: Literal["json", "text"] = "json"
     checks: Mapping[str, str] = field(default_factory=dict)
     expectations: Callable[[], list[Any]] | None = None
@@ -179,8 +242,16 @@ class Pipeline:
     # member -> the values it may take (see Bound): checked by the guard before `checks`,
     # and the source of the audit's expectations on what is computed from it.
     bounds: Mapping[str, Bound] = field(default_factory=dict)
+    keyed: Keyed | None = None
 
     def __post_init__(self) -> None:
+        if (self.transform is None) == (self.keyed is None):
+            raise ContractError(
+                f"pipeline {self.name}: declare keyed=Keyed(...) (state per key) or a "
+                "transform, exactly one of them"
+            )
+        if self.keyed is not None:
+            self._check_keyed(self.keyed)
         if not self.value:
             raise ContractError(f"pipeline {self.name}: value names no column")
         if self.value_format == "text" and len(self.value) != 1:
@@ -200,6 +271,33 @@ class Pipeline:
                 "not output columns"
             )
         self._check_members()
+
+    def _check_keyed(self, keyed: Keyed) -> None:
+        if not self.partition_by:
+            raise ContractError(
+                f"pipeline {self.name}: keyed state is per key: set partition_by to the member "
+                "that is the key (producers partition by it, so a key's records keep order)"
+            )
+        columns = set(_members(keyed.output)) | ({self.key} if self.key else set())
+        unknown = [c for c in (*self.value, *([self.key] if self.key else [])) if c not in columns]
+        if unknown:
+            raise ContractError(
+                f"pipeline {self.name}: value/key name {unknown}, which Keyed.output does not "
+                f"declare ({keyed.output}): add them to output"
+            )
+        clash = set(keyed.derive) & set(_members(self.schema))
+        if clash:
+            raise ContractError(
+                f"pipeline {self.name}: Keyed.derive names members of the schema {sorted(clash)}: "
+                "give derived columns new names"
+            )
+        if keyed.event_time is not None and keyed.event_time not in (
+            set(_members(self.schema)) | set(keyed.derive)
+        ):
+            raise ContractError(
+                f"pipeline {self.name}: Keyed.event_time {keyed.event_time!r} is neither a "
+                "member nor a derived column: name one holding epoch milliseconds"
+            )
 
     def _check_members(self) -> None:
         """optional, bounds and partition_by name members the schema declares, as they can."""

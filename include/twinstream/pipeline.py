@@ -45,6 +45,12 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 # the quarantine's reason (which lives in ZooKeeper, not in the plan).
 QUARANTINED = "quarantined"
 
+KEYED_CONF = {
+    # A Keyed pipeline's integer members reach the step as int or None (pandas' Int64),
+    # never as a float: a BIGINT beyond 2**53 would not survive one. Only for Keyed
+    # pipelines: a transform's own pandas code may expect numpy's int64.
+    "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype": "true",
+}
 _INTEGRAL = ("tinyint", "smallint", "int", "bigint")
 _FRACTIONAL = ("float", "double")
 
@@ -66,6 +72,7 @@ def spark_conf(settings: Settings, pipeline: Pipeline | None = None) -> dict[str
         # state-store partition costs each micro-batch a task and a RocksDB commit.
         "spark.sql.shuffle.partitions": "1",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        **(KEYED_CONF if pipeline is not None and pipeline.keyed is not None else {}),
         "spark.ui.enabled": "false",
         # The engine's own stop/start must not wait for Spark's default 10 s grace.
         "spark.sql.streaming.stopTimeout": "30s",
@@ -266,8 +273,80 @@ def plan(validated_records: DataFrame, pipeline: Pipeline) -> DataFrame:
     """The rows of every record (msg_id, kind, key, value, raw): the transform's outputs
     of the valid ones, the dead letters and quarantined records, a coverage row per valid
     record."""
+    if pipeline.keyed is not None:
+        return keyed_plan(validated_records, pipeline)
+    return _transform_plan(validated_records, pipeline)
+
+
+def _row_columns(out: DataFrame, pipeline: Pipeline) -> tuple[Column, Column]:
+    """The Kafka key and value of an output row, from the pipeline's `key` and `value`."""
     from pyspark.sql import functions as F
 
+    if pipeline.value_format == "text":
+        value = F.col(pipeline.value[0]).cast("string")
+    else:
+        value = F.to_json(F.struct(*(F.col(c) for c in pipeline.value)))
+    key = F.col(pipeline.key).cast("string") if pipeline.key else F.lit(None).cast("string")
+    return key, value
+
+
+def keyed_plan(validated_records: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """A `Keyed` pipeline's rows in one pass: every record, valid or not, goes once through
+    one stateful operator grouped by its inbound partition (`twinstream.state.processor`),
+    which runs the step on the valid ones and gives every record its row: outputs, a
+    coverage row, or a dead letter. One source scan and one trip to Python per batch."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    from twinstream.state.processor import KIND, PARTITION, REASON, KeyedProcessor, output_schema
+
+    keyed = pipeline.keyed
+    assert keyed is not None
+    assert pipeline.partition_by is not None
+    valid = F.col("reason").isNull()
+    members = [f.name for f in pipeline.struct().fields]
+    derived = [F.when(valid, F.expr(sql)).alias(name) for name, sql in keyed.derive.items()]
+    records = validated_records.select(
+        MSG_ID,
+        F.shiftright(F.col(MSG_ID), PARTITION_SHIFT).cast("int").alias(PARTITION),
+        F.col("reason").alias(REASON),
+        RAW,
+        *members,
+        *derived,
+    )
+    schema = output_schema(keyed.output)
+    parsed = _parse_datatype_string(keyed.output)
+    assert isinstance(parsed, StructType)
+    output_columns = [f.name for f in parsed.fields]
+    integral = [f.name for f in pipeline.struct().fields if f.dataType.simpleString() in _INTEGRAL]
+    processor = KeyedProcessor(
+        keyed,
+        pipeline.partition_by,
+        [MSG_ID, *members, *keyed.derive],
+        output_columns,
+        integral,
+    )
+    out = records.groupBy(PARTITION).transformWithStateInPandas(
+        statefulProcessor=processor,
+        outputStructType=schema,
+        outputMode="Append",
+        timeMode="None",
+    )
+    key, value = _row_columns(out, pipeline)
+    kind = F.col(KIND)
+    return out.select(
+        F.col(MSG_ID).alias("msg_id"),
+        kind.alias("kind"),
+        F.when(kind == OUT, key).alias("key"),
+        F.when(kind == OUT, value).otherwise(F.col(REASON)).alias("value"),
+        F.when(kind != OUT, F.col(RAW)).alias("raw"),
+    )
+
+
+def _transform_plan(validated_records: DataFrame, pipeline: Pipeline) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    assert pipeline.transform is not None
     valid = validated_records.where(F.col("reason").isNull()).drop("reason")
     out = pipeline.transform(valid)
     columns = set(out.columns)
@@ -277,11 +356,7 @@ def plan(validated_records: DataFrame, pipeline: Pipeline) -> DataFrame:
             f"pipeline {pipeline.name}: the transform's output lacks {sorted(needed - columns)} "
             f"(it has {sorted(columns)})"
         )
-    if pipeline.value_format == "text":
-        value = F.col(pipeline.value[0]).cast("string")
-    else:
-        value = F.to_json(F.struct(*(F.col(c) for c in pipeline.value)))
-    key = F.col(pipeline.key).cast("string") if pipeline.key else F.lit(None).cast("string")
+    key, value = _row_columns(out, pipeline)
     letter = F.col(DEAD_LETTER) if DEAD_LETTER in columns else F.lit(None).cast("string")
     outputs = out.select(
         F.col(MSG_ID).cast("long").alias("msg_id"),

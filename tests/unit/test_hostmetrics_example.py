@@ -3,7 +3,6 @@ expiry, the output's field order, and its generator. (Validation is the framewor
 JVM: tests/integration/test_contract.py.)"""
 
 import json
-from types import SimpleNamespace
 
 from examples.hostmetrics.generate import BROKEN_KINDS, synthetic
 from examples.hostmetrics.logic import FIELDS, WINDOW_SIZE, parse_time
@@ -25,7 +24,7 @@ def run(records):
     window = None
     results = []
     for msg_id, fields in records:
-        record = SimpleNamespace(msg_id=msg_id, **{**GOOD, **fields})
+        record = {"msg_id": msg_id, **GOOD, **fields}
         window, value, reason = advance(window, record, HOUR_MS)
         results.append(json.loads(value) if value is not None else reason)
     return window, results

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from twinstream.config import Settings
 from twinstream.contract import Pipeline
 from twinstream.core.rows import Output
-from twinstream.pipeline import run_on_records, spark_conf
+from twinstream.pipeline import KEYED_CONF, run_on_records, spark_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -37,6 +37,11 @@ def session(settings: Settings, pipeline: Pipeline) -> SparkSession:
     spark = new_session(settings, "twinstream-reference", master="local[1]", conf=conf)
     for key in _RUNTIME:
         spark.conf.set(key, conf[key])
+    for key in KEYED_CONF:
+        if key in conf:
+            spark.conf.set(key, conf[key])
+        else:
+            spark.conf.unset(key)
     return spark
 
 
