@@ -108,7 +108,12 @@ def restore_and_resync() -> None:
 
         settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast():
-            return choose_snapshot(settings, params["snapshot"], inbound_log_starts(settings))
+            return choose_snapshot(
+                settings,
+                params["snapshot"],
+                inbound_log_starts(settings),
+                registry.load(settings).state_layout,
+            )
 
     @task
     def restore(snapshot_id: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -352,6 +352,13 @@ class Pipeline:
                 "drop the check, the bound makes it"
             )
 
+    @property
+    def state_layout(self) -> str:
+        """How the plan keeps state in the checkpoint; a snapshot resumes only its own
+        layout (`twinstream.snapshot.verify`). Bump the version when the keyed store's
+        variables change."""
+        return "keyed/1" if self.keyed is not None else "transform"
+
     def rules(self) -> dict[str, str]:
         """Every rule a valid record obeys after its types, reason -> SQL condition, in the
         order the guard applies them: the bounds' (in `bounds` order), then `checks`."""

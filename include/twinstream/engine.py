@@ -465,6 +465,7 @@ class Engine:
                     checkpoint=self.settings.checkpoint_dir(self.engine_id),
                     topic=self.settings.inbound_topic,
                     buffer=self.gate.buffered(),
+                    state_layout=self.pipeline.state_layout,
                 )
             finally:
                 log.info(
@@ -510,7 +511,10 @@ class Engine:
                 source, next_offsets = "cold", dict(starting)
             else:
                 manifest = snapshot.choose(
-                    self.settings.snapshot_dir, self.settings.pipeline, requested
+                    self.settings.snapshot_dir,
+                    self.settings.pipeline,
+                    requested,
+                    self.pipeline.state_layout,
                 )
                 next_offsets = manifest.positions()
                 for partition, offset in sorted(next_offsets.items()):

@@ -216,14 +216,20 @@ def inbound_log_starts(settings: Settings) -> dict[int, int]:
         marks.close()
 
 
-def choose_snapshot(settings: Settings, requested: str, log_starts: Mapping[int, int]) -> str:
+def choose_snapshot(
+    settings: Settings,
+    requested: str,
+    log_starts: Mapping[int, int],
+    layout: str | None = None,
+) -> str:
     """The snapshot id to restore (or `cold`), checked before the engine is touched: its
-    checksums, and that Kafka still holds, in every partition, the offset it continues at."""
+    checksums, that its state layout is the pipeline's `layout` (`Pipeline.state_layout`),
+    and that Kafka still holds, in every partition, the offset it continues at."""
     if requested == COLD:
         log.info("cold rebuild: replay from the inbound offset at now - window retention")
         return COLD
     try:
-        manifest = snapshot.choose(settings.snapshot_dir, settings.pipeline, requested)
+        manifest = snapshot.choose(settings.snapshot_dir, settings.pipeline, requested, layout)
     except snapshot.SnapshotError as exc:
         raise OperateError(f"cannot restore {requested!r}: {exc}") from exc
     positions = manifest.positions()

@@ -58,6 +58,9 @@ class Manifest(BaseModel):
     buffer_rows: int
     buffer_last_msg_id: int | None
     files: dict[str, str]
+    # How the checkpoint keeps the pipeline's state (`Pipeline.state_layout`): a checkpoint
+    # resumes only the plan that wrote it. Snapshots from before Keyed state had none.
+    state_layout: str = "transform"
 
     def positions(self) -> dict[int, int]:
         """The inbound offset the restored query reads first, per partition."""
@@ -186,6 +189,7 @@ def write_snapshot(
     checkpoint: Location,
     topic: str,
     buffer: Sequence[Output],
+    state_layout: str = "transform",
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> Manifest:
     """Copy a stopped query's checkpoint and the buffer into a new snapshot, atomically."""
@@ -218,6 +222,7 @@ def write_snapshot(
             buffer_rows=rows,
             buffer_last_msg_id=buffer[-1].msg_id if buffer else None,
             files=files,
+            state_layout=state_layout,
         )
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2))
         storage.sync_tree(tmp)
@@ -242,8 +247,10 @@ def write_snapshot(
 # -- reading ----------------------------------------------------------------------------
 
 
-def verify(path: Location, pipeline: str | None = None) -> Manifest:
-    """The snapshot's manifest, once every file matches it; SnapshotError says what does not."""
+def verify(path: Location, pipeline: str | None = None, layout: str | None = None) -> Manifest:
+    """The snapshot's manifest, once every file matches it; SnapshotError says what does not.
+    `layout`, if given, is the state layout the pipeline's plan keeps now: a snapshot of
+    another one is refused (its checkpoint cannot resume the plan)."""
     if path.name.endswith(TMP_SUFFIX):
         raise SnapshotError(f"{path.name} is a half-written snapshot (its persist never finished)")
     if not path.is_dir():
@@ -256,6 +263,13 @@ def verify(path: Location, pipeline: str | None = None) -> Manifest:
         raise SnapshotError(
             f"{path.name}: {MANIFEST} is damaged ({exc.errors()[0]['msg']})"
         ) from None
+    if layout is not None and manifest.state_layout != layout:
+        raise SnapshotError(
+            f"{path.name}: its checkpoint keeps the state as {manifest.state_layout!r}, the "
+            f"pipeline now keeps it as {layout!r} (a new version of the pipeline): Spark "
+            "cannot resume the new plan from it; restore 'cold' (rebuild the state from "
+            "Kafka) or a snapshot taken since"
+        )
     if manifest.snapshot_id != path.name:
         raise SnapshotError(f"{path.name}: the manifest names snapshot {manifest.snapshot_id}")
     if pipeline is not None and manifest.pipeline != pipeline:
@@ -283,7 +297,9 @@ def snapshot_ids(snapshot_dir: Location) -> list[str]:
     return sorted((n for n in names if not n.endswith(TMP_SUFFIX)), reverse=True)
 
 
-def list_snapshots(snapshot_dir: Location, pipeline: str | None = None) -> list[SnapshotInfo]:
+def list_snapshots(
+    snapshot_dir: Location, pipeline: str | None = None, layout: str | None = None
+) -> list[SnapshotInfo]:
     """Every snapshot folder, newest first, each verified (half-written ones included, as
     invalid, so that an operator sees them)."""
     if not snapshot_dir.is_dir():
@@ -294,26 +310,33 @@ def list_snapshots(snapshot_dir: Location, pipeline: str | None = None) -> list[
             continue
         snapshot_id = path.name.removesuffix(TMP_SUFFIX)
         try:
-            infos.append(SnapshotInfo(snapshot_id, path, verify(path, pipeline), None))
+            infos.append(SnapshotInfo(snapshot_id, path, verify(path, pipeline, layout), None))
         except SnapshotError as exc:
             infos.append(SnapshotInfo(snapshot_id, path, None, str(exc)))
     return infos
 
 
-def choose(snapshot_dir: Location, pipeline: str, requested: str) -> Manifest:
+def choose(
+    snapshot_dir: Location, pipeline: str, requested: str, layout: str | None = None
+) -> Manifest:
     """`latest` (the newest snapshot that verifies, skipping damaged ones with a warning) or
     a snapshot id (refused with the reason when it does not verify)."""
     if requested == "latest":
-        for info in list_snapshots(snapshot_dir, pipeline):
+        problem = ""
+        for info in list_snapshots(snapshot_dir, pipeline, layout):
             if info.manifest is not None:
                 return info.manifest
+            problem = info.problem or ""
             log.warning(
                 "pipeline %s: skipping snapshot %s: %s", pipeline, info.snapshot_id, info.problem
             )
-        raise SnapshotError(f"no valid snapshot of pipeline {pipeline} in {snapshot_dir}")
+        raise SnapshotError(
+            f"no valid snapshot of pipeline {pipeline} in {snapshot_dir}"
+            + (f" (the newest: {problem})" if problem else "")
+        )
     if "/" in requested or requested in ("", ".", ".."):
         raise SnapshotError(f"{requested!r} is not a snapshot id")
-    return verify(snapshot_dir / requested, pipeline)
+    return verify(snapshot_dir / requested, pipeline, layout)
 
 
 def install(snapshot_dir: Location, manifest: Manifest, checkpoint: Location) -> list[Output]:

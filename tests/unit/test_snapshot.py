@@ -273,3 +273,34 @@ def test_the_buffer_keeps_each_rows_partition(tmp_path):
     rows_in = [Output(3, "out", "k", "v", 0), Output(3, "dlq", None, "x", 2)]
     snapshot.write_buffer(tmp_path / "b.jsonl", rows_in)
     assert snapshot.read_buffer(tmp_path / "b.jsonl") == rows_in
+
+
+def test_a_snapshot_of_the_state_layout_before_keyed_is_refused_naming_cold(tmp_path, clock):
+    """A snapshot taken before the pipeline kept its state with Keyed (no state_layout in
+    its manifest) holds a checkpoint Spark cannot resume into the keyed plan: refused by
+    id and skipped by `latest`, the message naming the fix; the same layout restores."""
+    snaps = tmp_path / "snaps"
+    cp = fake_checkpoint(tmp_path / "engine")
+    old = write(snaps, cp, clock)
+    manifest = json.loads((snaps / old.snapshot_id / snapshot.MANIFEST).read_text())
+    del manifest["state_layout"]  # as every snapshot before this version was written
+    (snaps / old.snapshot_id / snapshot.MANIFEST).write_text(json.dumps(manifest))
+    assert snapshot.choose(snaps, PIPELINE, old.snapshot_id, "transform").state_layout == (
+        "transform"
+    )
+    with pytest.raises(SnapshotError, match=r"keeps the state as 'transform'.*restore 'cold'"):
+        snapshot.choose(snaps, PIPELINE, old.snapshot_id, "keyed/1")
+    with pytest.raises(SnapshotError, match=r"no valid snapshot.*restore 'cold'"):
+        snapshot.choose(snaps, PIPELINE, "latest", "keyed/1")
+    new = snapshot.write_snapshot(
+        snaps,
+        pipeline=PIPELINE,
+        engine_id="b",
+        pipeline_version="0.2.0",
+        checkpoint=cp,
+        topic=TOPIC,
+        buffer=rows(0, 65),
+        state_layout="keyed/1",
+        now=clock,
+    )
+    assert snapshot.choose(snaps, PIPELINE, "latest", "keyed/1").snapshot_id == new.snapshot_id
