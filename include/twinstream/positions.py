@@ -59,8 +59,9 @@ def lag(high_watermarks: Mapping[int, int], read_up_to: Mapping[int, int]) -> in
 
 def events_per_s(progress: Mapping[str, Any], topic: str) -> float | None:
     """Inbound records the last batch consumed, per second of it. From the source's offsets,
-    not Spark's processedRowsPerSecond: the plan reads its one source in two branches (the
-    transform's and the dead letters'), and Spark counts every record twice."""
+    not Spark's processedRowsPerSecond: a `transform` pipeline's plan reads its one source in
+    two branches (the transform's and the dead letters'), and Spark counts every record
+    twice (a Keyed pipeline's reads it once)."""
     duration_ms = (progress.get("durationMs") or {}).get("triggerExecution")
     for source in progress.get("sources") or []:
         start = _offsets(source.get("startOffset"), topic) or {}
