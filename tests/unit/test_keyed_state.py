@@ -272,3 +272,25 @@ def test_the_processor_keeps_the_store_equal_to_the_runner_through_retries_and_n
     processor_module._cache.clear()
     partition, _ = processor(store)._load()
     assert partition.states == reference.states[0]
+
+
+def test_an_output_naming_an_undeclared_column_is_a_dead_letter_not_a_dropped_value():
+    odd = Pipeline(
+        name="odd",
+        schema=SCHEMA,
+        keyed=Keyed(
+            step=lambda s, r: ((1,), {"user": r["user"], "totl": 3}),
+            output="user STRING, total BIGINT",
+            state="n BIGINT",
+        ),
+        key="user",
+        value=["user", "total"],
+        partition_by="user",
+    )
+    outcome = keyed_testing.run(odd, records(2, 2))
+    assert outcome.records[0] == (
+        "dlq",
+        "error: the step's output names ['totl'], which Keyed.output does not declare "
+        "(user, total)",
+    )
+    assert outcome.states == {0: {}}

@@ -55,6 +55,7 @@ class Runner:
         self.step = keyed.step
         self.key = key
         self.columns = list(output_columns)
+        self.known = frozenset(self.columns)
         self.ttl = keyed.expire_after_ms
         self.event_time = keyed.event_time
 
@@ -79,6 +80,14 @@ class Runner:
             except Exception as exc:  # every failure on a record's path is its dead letter
                 kinds.append(LETTER)
                 letters.append(f"error: {type(exc).__name__}: {exc}"[:MAX_REASON])
+                continue
+            unknown = self._unknown(outputs)
+            if unknown:
+                kinds.append(LETTER)
+                letters.append(
+                    f"error: the step's output names {unknown}, which Keyed.output does not "
+                    f"declare ({', '.join(self.columns)})"[:MAX_REASON]
+                )
                 continue
             if new_state is None:
                 if key in states:
@@ -139,6 +148,15 @@ class Runner:
                 changed[key] = None
             gone += 1
         return gone
+
+    def _unknown(self, outputs: Any) -> list[str]:
+        """Columns an output names that `Keyed.output` does not: its record is a dead letter
+        (its state unchanged), never a value silently dropped."""
+        if outputs is None:
+            return []
+        rows = [outputs] if isinstance(outputs, Mapping) else outputs
+        known = self.known
+        return sorted({str(c) for row in rows for c in row if c not in known})
 
     def _emit(self, result: Result, msg_id: int, outputs: Any) -> int:
         if outputs is None:
