@@ -87,7 +87,16 @@ def drain_plain(pipeline: Pipeline, total: int) -> OutputSampler:
     s = pipeline.settings
     sampler = OutputSampler(s, [s.outbound_topic])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.plain_pipe", s.inbound_topic, s.outbound_topic, str(total)],
+        [
+            sys.executable,
+            "-m",
+            "bench.plain_pipe",
+            s.inbound_topic,
+            s.outbound_topic,
+            str(total),
+            # Every inbound partition (bench/keys.py's backlogs have the stack's three).
+            str(s.partitions),
+        ],
         env={**os.environ, **pipeline.env, "PYTHONPATH": str(REPO_ROOT)},
         cwd=REPO_ROOT,
     )

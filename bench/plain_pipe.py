@@ -11,7 +11,10 @@ Spark (no state store, no checkpoint, no micro-batch planning), no standby, no e
 no dead-letter reasons beyond "not valid", no failover. A record the logic rejects goes
 to the output as a dead letter all the same, so every input gives one output record.
 
-    .venv/bin/python -m bench.plain_pipe INBOUND OUTBOUND TOTAL    # the stack from TWINSTREAM_*
+    .venv/bin/python -m bench.plain_pipe INBOUND OUTBOUND TOTAL [PARTITIONS]  # TWINSTREAM_*
+
+TOTAL is the backlog's record count over every inbound partition; PARTITIONS (1 unless
+given, as bench/drain.py's backlog) the inbound partitions it reads, one consumer for all.
 """
 
 from __future__ import annotations
@@ -54,9 +57,18 @@ def transform(
     return output.key, output.value
 
 
-def drain(settings: Settings, inbound: str, outbound: str, total: int, batch: int = 5_000) -> float:
-    """Consume offsets [0, total) of `inbound` and publish their outputs; the seconds from
-    the first record read to the last transaction committed."""
+def drain(
+    settings: Settings,
+    inbound: str,
+    outbound: str,
+    total: int,
+    batch: int = 5_000,
+    partitions: int = 1,
+) -> float:
+    """Consume `total` records from the start of `inbound`'s first `partitions` partitions
+    (offsets [0, total) of a single one) and publish their outputs; the seconds from the
+    first record read to the last transaction committed. The backlog is written without
+    transactions, so a partition's offsets count its records."""
     group = f"twinstream-plain-pipe-{uuid.uuid4()}"
     # Its position is committed inside each transaction (consumer_config never auto-commits).
     consumer = Consumer(consumer_config(settings, group))
@@ -65,9 +77,11 @@ def drain(settings: Settings, inbound: str, outbound: str, total: int, batch: in
     windows: dict[str, Window] = {}
     try:
         producer.init_transactions(30)
-        consumer.assign([TopicPartition(inbound, 0, 0)])
-        done, started = 0, None
-        while done < total:
+        consumer.assign([TopicPartition(inbound, p, 0) for p in range(partitions)])
+        # The next offset of each partition: the position committed with each transaction.
+        positions: dict[int, int] = {}
+        started = None
+        while sum(positions.values()) < total:
             messages = consumer.consume(batch, timeout=1.0)
             if not messages:
                 continue
@@ -85,9 +99,11 @@ def drain(settings: Settings, inbound: str, outbound: str, total: int, batch: in
                     headers=[("msg_id", str(msg_id).encode())],
                 )
                 producer.poll(0)
-            done = int(messages[-1].offset() or 0) + 1
+                positions[message.partition() or 0] = msg_id + 1
             producer.send_offsets_to_transaction(
-                [TopicPartition(inbound, 0, done)], consumer.consumer_group_metadata(), 30
+                [TopicPartition(inbound, p, end) for p, end in positions.items()],
+                consumer.consumer_group_metadata(),
+                30,
             )
             producer.commit_transaction(60)
         return time.monotonic() - (started or time.monotonic())
@@ -98,7 +114,8 @@ def drain(settings: Settings, inbound: str, outbound: str, total: int, batch: in
 
 def main(argv: list[str]) -> int:
     inbound, outbound, total = argv[0], argv[1], int(argv[2])
-    seconds = drain(load_settings(), inbound, outbound, total)
+    partitions = int(argv[3]) if len(argv) > 3 else 1
+    seconds = drain(load_settings(), inbound, outbound, total, partitions=partitions)
     print(json.dumps({"events": total, "seconds": round(seconds, 2)}), flush=True)
     return 0
 

@@ -54,8 +54,11 @@ def plot(
     marks: Sequence[tuple[float, str]] = (),
     xlabel: str = "seconds",
     second: tuple[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]] | None = None,
+    logx: bool = False,
+    marker: str | None = None,
 ) -> Path:
-    """One panel (two with `second`: its y label and series), vertical lines at `marks`."""
+    """One panel (two with `second`: its y label and series), vertical lines at `marks`;
+    `logx` for a logarithmic x axis, `marker` to show each point (a series of a few)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,9 +69,11 @@ def plot(
     groups = [(ylabel, series)] + ([second] if second else [])
     for ax, (label, lines) in zip(axes[:, 0], groups, strict=True):
         for name, (xs, ys) in lines.items():
-            ax.plot(xs, ys, label=name, linewidth=1)
+            ax.plot(xs, ys, label=name, linewidth=1, marker=marker)
         for x, colour, legend in mark_styles(marks):
             ax.axvline(x, color=colour, alpha=0.5, linewidth=0.8, label=legend)
+        if logx:
+            ax.set_xscale("log")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper right", fontsize=8)
