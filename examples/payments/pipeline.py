@@ -12,33 +12,25 @@ Outbound, only for a payment that passes a limit (key: the card)::
 
 Most payments raise nothing: the progress records account for them (the audit checks it).
 The framework validates the schema, the `BOUNDS` (an amount above 0) and the `checks` (an
-amount in cents, a time Spark cannot read is `bad_time`), and reads the time in the JVM;
-Python keeps only the per-card window. The value is serialised by the framework
-(`to_json`). The audit's expectations hold for everything the guard lets through: the
-amount's from the same `BOUNDS`; `spend_10m >= amount` because every amount in a window is
-above 0 and has at most two decimals, so the window's sum rounded to cents cannot fall
-below the payment's own amount (`tests/integration/test_contract.py` runs it on edge cases).
+amount in cents, a time Spark cannot read is `bad_time`), reads the time in the JVM
+(`derive`) and keeps each card's window as the `Keyed` step `per_card` returns it: Python
+only moves the window on. The value is serialised by the framework (`to_json`), so its
+bytes are those of the first version of this example, which kept the window with
+`applyInPandasWithState` (`tests/data/payments-golden.jsonl.gz`). The audit's expectations
+hold for everything the guard lets through: the amount's from the same `BOUNDS`;
+`spend_10m >= amount` because every amount in a window is above 0 and has at most two
+decimals, so the window's sum rounded to cents cannot fall below the payment's own amount
+(`tests/integration/test_contract.py` runs it on edge cases).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from examples.payments.generate import payments
 from examples.payments.logic import SCHEMA, check
-from twinstream.contract import Bound, Pipeline
+from twinstream.contract import Bound, Keyed, Pipeline, Reject
 
-if TYPE_CHECKING:
-    import pandas as pd
-    from pyspark.sql import DataFrame
-    from pyspark.sql.streaming.state import GroupState
-
-OUTPUT = (
-    "msg_id BIGINT, card STRING, payment_id STRING, rule STRING, amount DOUBLE, "
-    "spend_10m DOUBLE, payments_10m BIGINT, ts STRING"
-)
 # Read in the JVM; UTC for a time without a zone (spark_conf below), so every engine reads
 # the same instant. `try_`: a time that does not parse is NULL (the check), never an error.
 TIME_TEXT = "try_to_timestamp(ts)"
@@ -50,61 +42,45 @@ BOUNDS = {"amount": Bound(min=0, strict_min=True)}
 # fall below it (6000.004 alone gives a spend of 6000.0). Spark's round reads the double's
 # shortest text, so an amount of two decimals or fewer equals its round exactly.
 CENTS = "round(amount, 2) = amount"
-# The card's window as JSON text ([[ts_ms, amount], ...]): see hostmetrics for why not an
-# ARRAY state field.
-STATE = "window STRING"
+# The alert: the output columns, of which the value is all but none (the key is the card).
+OUTPUT = (
+    "payment_id STRING, card STRING, rule STRING, amount DOUBLE, spend_10m DOUBLE, "
+    "payments_10m BIGINT, ts STRING"
+)
+# The card's window, oldest first, as two columns of equal length: (event time, amount) of
+# each payment `check` keeps. Floats and ints as they are: the sums, and so the bytes of
+# every alert, are those of the window the first version kept.
+STATE = "ts_ms ARRAY<BIGINT>, amount ARRAY<DOUBLE>"
+
+Window = tuple[tuple[int, ...], tuple[float, ...]]
 
 
-def per_card(
-    key: tuple[Any, ...], batches: Iterator[pd.DataFrame], state: GroupState
-) -> Iterator[pd.DataFrame]:
-    """One card's payments in msg_id order: an alert row for each that passes a limit,
-    nothing for the rest."""
-    import pandas as pd
-
-    frame = pd.concat(list(batches), ignore_index=True).sort_values("msg_id")
-    window = [(int(t), float(a)) for t, a in json.loads(state.get[0])] if state.exists else []
-    out: list[dict[str, Any]] = []
-    for p in frame.itertuples(index=False):
-        window, alert = check(window, int(p.ts_ms), float(p.amount))
-        if alert is not None:
-            out.append(
-                {
-                    "msg_id": p.msg_id,
-                    "card": key[0],
-                    "payment_id": p.payment_id,
-                    "rule": alert.rule,
-                    "amount": float(p.amount),
-                    "spend_10m": alert.spend_10m,
-                    "payments_10m": alert.payments_10m,
-                    "ts": p.ts,
-                }
-            )
-    state.update((json.dumps(window),))
-    columns = [c.split(" ")[0] for c in OUTPUT.split(", ")]
-    yield pd.DataFrame(out, columns=columns).astype({"msg_id": "int64", "payments_10m": "int64"})
-
-
-def transform(records: DataFrame) -> DataFrame:
-    from pyspark.sql import functions as F
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
-    timed = records.select(
-        "msg_id",
-        "card",
-        "payment_id",
-        "amount",
-        "ts",
-        F.unix_millis(F.expr(TIME_TEXT)).alias("ts_ms"),
-    )
-    return timed.groupBy("card").applyInPandasWithState(
-        per_card,
-        outputStructType=OUTPUT,
-        stateStructType=STATE,
-        outputMode="append",
-        # The window is cut by event time inside `check`, never by batch timing.
-        timeoutConf=GroupStateTimeout.NoTimeout,
-    )
+def per_card(state: Window | None, record: dict[str, Any]) -> tuple[Window, dict[str, Any] | None]:
+    """`Keyed.step`: one payment through its card's window, in msg_id order; the alert it
+    raises, or None. No expiry (`Keyed.expire_after_ms`): a late payment counts against the
+    card's window however long the card has been idle (`check`), so forgetting a window
+    would change the alerts that follow."""
+    ts_ms = record["ts_ms"]
+    if ts_ms is None:
+        # The guard's `bad_time` check lets no such record through; a direct call (a unit
+        # test of the step) gets the same reason.
+        raise Reject("bad_time: ts is not an ISO 8601 time with its zone")
+    amount = float(record["amount"])
+    window = [] if state is None else list(zip(*state, strict=True))
+    # ts_ms is a float when a NULL shared its batch's column (pandas): exact below 2^53 ms.
+    kept, alert = check(window, int(ts_ms), amount)
+    new_state: Window = (tuple(t for t, _ in kept), tuple(a for _, a in kept))
+    if alert is None:
+        return new_state, None
+    return new_state, {
+        "payment_id": record["payment_id"],
+        "card": record["card"],
+        "rule": alert.rule,
+        "amount": amount,
+        "spend_10m": alert.spend_10m,
+        "payments_10m": alert.payments_10m,
+        "ts": record["ts"],
+    }
 
 
 def expectations() -> list[Any]:
@@ -133,15 +109,19 @@ pipeline = Pipeline(
         "wrong_type: card is empty": "card <> ''",
         "bad_time: ts is not an ISO 8601 time with its zone": BAD_TIME,
     },
-    transform=transform,
+    # Per card, in msg_id order: the window moves on, an alert when a limit is passed.
+    keyed=Keyed(
+        step=per_card,
+        output=OUTPUT,
+        state=STATE,
+        # The time as the first version read it: Spark's parse, epoch milliseconds.
+        derive={"ts_ms": f"unix_millis({TIME_TEXT})"},
+    ),
     key="card",
     partition_by="card",
     value=["payment_id", "card", "rule", "amount", "spend_10m", "payments_10m", "ts"],
     expectations=expectations,
-    value_schema=(
-        "payment_id STRING, card STRING, rule STRING, amount DOUBLE, spend_10m DOUBLE, "
-        "payments_10m BIGINT, ts STRING"
-    ),
+    value_schema=OUTPUT,
     sample=lambda count, seed, broken_every: payments(count, seed, broken_every),
     spark_conf={"spark.sql.session.timeZone": "UTC"},
     description=__doc__ or "",

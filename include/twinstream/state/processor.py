@@ -142,7 +142,11 @@ class KeyedProcessor(StatefulProcessor):
         columns = []
         for name in self.inputs:
             values = picked[name].tolist()
-            if name in self.integral or picked[name].dtype.kind == "f":
+            if name in self.integral and picked[name].dtype.kind == "f":
+                # Only if pandas fell back to float64 for a column with NULLs (the Int64
+                # setting not in force): exact up to 2**53.
+                values = [None if v != v else int(v) for v in values]
+            elif name in self.integral or picked[name].dtype.kind == "f":
                 values = [None if v is pd.NA or v != v else v for v in values]
             columns.append(values)
         names = self.inputs
