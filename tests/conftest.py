@@ -24,7 +24,7 @@ from twinstream.config import REPO_ROOT, Settings
 from twinstream.stack import core
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
-from twinstream.testing.harness import Pipeline, wait_for
+from twinstream.testing.harness import Pipeline, at_once, wait_for
 
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
@@ -124,8 +124,9 @@ def quiet_stack_engines(stack, settings) -> None:
     (`stack_engines`) starts them: restarting them after each module cost about a minute
     of Spark start-up per module, only for the next module to stop them again."""
     supervisor = Supervisor(Layout.of(settings))
-    for engine_id in registry.engines(settings):
-        supervisor.stop(f"engine-{engine_id}")
+    # All at once: each stop waits for its engine's shutdown (the batch in flight, leaving
+    # the election, Spark), seconds each, and one after the other added them up.
+    at_once(supervisor.stop, [f"engine-{e}" for e in registry.engines(settings)])
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +135,9 @@ def stack_engines(stack, settings) -> str:
     the active's id. (Payments' engines stay as they are: stopped once a module quieted
     them.)"""
     supervisor = Supervisor(Layout.of(settings))
-    for engine_id in settings.engine_ids:
-        supervisor.start(f"engine-{engine_id}")
+    # Both at once: supervisord's start returns only after the program's `startsecs` (10 s
+    # for an engine), and the second JVM's start need not wait for the first's.
+    at_once(supervisor.start, [f"engine-{e}" for e in settings.engine_ids])
 
     def settled() -> str | None:
         roles = core.engine_roles(settings)
@@ -212,6 +214,13 @@ def dag_run_env(monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> Callable[[
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark),
             # SparkSubmitOperator calls spark-submit from PATH, as the stack's Airflow does.
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+            # The driver JVM of a job SparkSubmitOperator submits (the audit) is
+            # spark-submit's own, which takes its options from here, not from the
+            # pipeline's Spark settings: the engines' quick compiler (TEST_ENV's
+            # TWINSTREAM_SPARK_CONF) for it too. Each audit's JVM lives under a minute.
+            "SPARK_SUBMIT_OPTS": pipeline.settings.spark_conf.get(
+                "spark.driver.extraJavaOptions", ""
+            ),
         }.items():
             monkeypatch.setenv(key, value)
 
