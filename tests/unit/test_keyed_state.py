@@ -294,3 +294,32 @@ def test_an_output_naming_an_undeclared_column_is_a_dead_letter_not_a_dropped_va
         "(user, total)",
     )
     assert outcome.states == {0: {}}
+
+
+def test_a_rejected_record_still_moves_its_keys_time_in_the_store(monkeypatch):
+    """A key accepted at 0 s, rejected at 25 s (its state kept, its last time now 25 s),
+    then seen at 40 s with a 30 s ttl: alive. A partition rebuilt from the store in
+    between (a restart, another worker) must agree: the store learnt the 25 s."""
+    monkeypatch.setattr(processor_module, "_cache", OrderedDict())
+    given = [
+        {"msg_id": 0, "user": "a", "amount": 2, "ts_ms": 0},
+        {"msg_id": 1, "user": "a", "amount": 13, "ts_ms": 25_000},
+        {"msg_id": 2, "user": "b", "amount": 1, "ts_ms": 40_000},
+        {"msg_id": 3, "user": "a", "amount": 3, "ts_ms": 40_000},
+    ]
+    reference = keyed_testing.run(pipeline(expire=30_000), given)
+    assert reference.records[3][1] == [{"user": "a", "count": 2, "total": 5}]
+    store = Store()
+
+    def fresh() -> KeyedProcessor:
+        processor_module._cache.clear()
+        p = pipeline(expire=30_000)
+        assert p.keyed is not None
+        proc = KeyedProcessor(
+            p.keyed, "user", ["msg_id", "user", "amount", "ts_ms"], ["user", "count", "total"]
+        )
+        proc.init(Handle(store))  # type: ignore[arg-type]
+        return proc
+
+    seen = [row for record in given for row in outputs(fresh(), [record])]
+    assert (3, "out", None, "a", 2, 5) in seen

@@ -130,6 +130,10 @@ class Runner:
             partition.last_seen[key] = (
                 moment if last is None or state is None else max(last, moment)
             )
+            if state is not None:
+                # Its last time moved: the store must learn it even if the step then rejects
+                # the record, or a partition rebuilt from the store expires the key earlier.
+                changed[key] = state
         return state
 
     def sweep(self, partition: Partition, changed: dict[Any, Any], budget: int = 10_000) -> int:
