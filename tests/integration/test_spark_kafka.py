@@ -100,3 +100,61 @@ def test_structured_streaming_reads_and_writes_kafka(spark, settings, tmp_path):
     )
     assert sorted(int(r.offset) for r in back) == list(range(500))
     assert {r.value for r in back} == {f"value-{i}" for i in range(500)}
+
+
+def test_a_keyed_pipeline_scans_kafka_once_per_batch_a_transform_twice(spark, settings, tmp_path):
+    """Issue 34: a Keyed pipeline's plan (`twinstream.pipeline.keyed_plan`) sends every
+    record, valid or not, through one stateful operator, so a micro-batch reads its Kafka
+    offsets once: one MicroBatchScan in the started query's physical plan. A transform
+    pipeline's plan unions the transform's branch with the coverage branch, each reading the
+    source: two. Both on the same few records of a topic of their own."""
+    from examples.hostmetrics.generate import synthetic
+    from examples.hostmetrics.pipeline import pipeline as hostmetrics
+    from tests.pipelines.orders import pipeline as orders
+    from twinstream.pipeline import plan, read_inbound, spark_conf, validated
+
+    topic = f"spark-plan-{uuid.uuid4().hex[:8]}"
+    ensure_topics(AdminClient(admin_config(settings)), [TopicSpec(topic, 1, 3)])
+    records = spark.createDataFrame([(r,) for r in synthetic(5, seed=3)], "value BINARY")
+    login = spark_kafka_security(settings)
+    records.write.format("kafka").options(**login).option(
+        "kafka.bootstrap.servers", settings.bootstrap_servers
+    ).option("topic", topic).save()
+    own = settings.model_copy(update={"inbound_topic": topic})
+
+    def physical_plan(pipeline, name: str) -> str:
+        # The runtime settings the engines run the plan with (RocksDB: transformWithState
+        # needs it), this session's own restored after.
+        conf = spark_conf(own, pipeline)
+        saved = {k: spark.conf.get(k, None) for k in conf}
+        for key, value in conf.items():
+            if not key.startswith("spark.ui."):
+                spark.conf.set(key, value)
+        try:
+            query = (
+                plan(validated(read_inbound(spark, own), pipeline, own), pipeline)
+                # Run whole (Spark refuses a batch whose state store did not commit).
+                .writeStream.format("noop")
+                .option("checkpointLocation", str(tmp_path / name))
+                .trigger(availableNow=True)
+                .start()
+            )
+            assert query.awaitTermination(120), f"{name}: one batch did not run in 120 s"
+            assert query.exception() is None, query.exception()
+            # The last batch's executed plan (physical only: the logical ones name the scan
+            # as a relation).
+            text: str = query._jsq.explainInternal(False)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    spark.conf.unset(key)
+                elif not key.startswith("spark.ui."):
+                    spark.conf.set(key, value)
+        # The plan is the one asked for: the keyed one has its stateful operator.
+        assert ("transformwithstate" in text.lower()) == (pipeline.keyed is not None), text
+        return text
+
+    keyed_text = physical_plan(hostmetrics, "keyed")
+    assert keyed_text.count("MicroBatchScan") == 1, keyed_text
+    transform_text = physical_plan(orders, "transform")
+    assert transform_text.count("MicroBatchScan") == 2, transform_text
