@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import random
 import threading
 import time
@@ -49,10 +48,8 @@ from confluent_kafka.admin import AdminClient
 from bench.baseline import FLINK, KAFKA_STREAMS
 from bench.drain import LABELS, drain_java, drain_plain
 from bench.plots import plot, write_figures
-from bench.throughput import drain_with_engines
+from bench.throughput import drain_with_engines, on_backlog, stack_env
 from twinstream.config import REPO_ROOT, Settings, load_settings
-from twinstream.kafka import admin_config
-from twinstream.kafka_auth import grant_read
 from twinstream.stack.tls import kafka_superuser_config
 from twinstream.testing.harness import (
     Load,
@@ -205,26 +202,6 @@ def drained_at(samples: Sequence[tuple[float, int]], total: int) -> float:
     if end is None:
         raise ValueError(f"the output samples never reach {total}: {list(samples)[-3:]}")
     return end
-
-
-def stack_env() -> dict[str, str]:
-    """The stack's own TWINSTREAM_* settings, as bench_pipeline takes them: the base of
-    every pipeline here. Not a pipeline's env: its TWINSTREAM_STATE_DIR is that pipeline's
-    folder, where Pipeline would look for the stack's Kafka CA and fail."""
-    return {k: v for k, v in os.environ.items() if k.startswith("TWINSTREAM_")}
-
-
-def on_backlog(backlog: Pipeline, name: str) -> Pipeline:
-    """As bench/throughput.py's on_backlog, with the backlog's partitions (an engine writes
-    each output to its record's partition number: its topics need as many)."""
-    other = Pipeline(stack_env(), backlog.workdir / name, partitions=backlog.settings.partitions)
-    other.env["TWINSTREAM_INBOUND_TOPIC"] = backlog.settings.inbound_topic
-    other.settings = other._settings()
-    if other.settings.kafka_security:
-        # Its engine user may read its own inbound topic only: grant it the backlog's.
-        admin = AdminClient(admin_config(other.settings))
-        grant_read(admin, other.settings, backlog.settings.inbound_topic, role="engine")
-    return other
 
 
 def load_backlog(backlog: Pipeline, count: int, keys: int) -> int:

@@ -21,6 +21,7 @@ docs/bench/throughput.json and the output rate over time to docs/bench/throughpu
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,9 +78,18 @@ def plain_spark(settings: Settings, workdir: Path, total: int) -> OutputSampler:
     return sampler
 
 
+def stack_env() -> dict[str, str]:
+    """The stack's own TWINSTREAM_* settings, as bench_pipeline takes them: the base of
+    every pipeline here. Not a pipeline's env: its TWINSTREAM_STATE_DIR is that pipeline's
+    folder, where Pipeline would look for the stack's Kafka CA and fail."""
+    return {k: v for k, v in os.environ.items() if k.startswith("TWINSTREAM_")}
+
+
 def on_backlog(backlog: Pipeline, name: str) -> Pipeline:
-    """A pipeline of its own (outputs, election, checkpoints) reading `backlog`'s inbound."""
-    other = Pipeline(backlog.env, backlog.workdir / name)
+    """A pipeline of its own (outputs, election, checkpoints) reading `backlog`'s inbound,
+    with its partitions (an engine writes each output to its record's partition number:
+    its topics need as many)."""
+    other = Pipeline(stack_env(), backlog.workdir / name, partitions=backlog.settings.partitions)
     other.env["TWINSTREAM_INBOUND_TOPIC"] = backlog.settings.inbound_topic
     other.settings = other._settings()
     if other.settings.kafka_security:
