@@ -278,7 +278,7 @@ def plan(validated_records: DataFrame, pipeline: Pipeline) -> DataFrame:
     return _transform_plan(validated_records, pipeline)
 
 
-def _row_columns(out: DataFrame, pipeline: Pipeline) -> tuple[Column, Column]:
+def _row_columns(pipeline: Pipeline) -> tuple[Column, Column]:
     """The Kafka key and value of an output row, from the pipeline's `key` and `value`."""
     from pyspark.sql import functions as F
 
@@ -332,7 +332,7 @@ def keyed_plan(validated_records: DataFrame, pipeline: Pipeline) -> DataFrame:
         outputMode="Append",
         timeMode="None",
     )
-    key, value = _row_columns(out, pipeline)
+    key, value = _row_columns(pipeline)
     kind = F.col(KIND)
     return out.select(
         F.col(MSG_ID).alias("msg_id"),
@@ -356,7 +356,7 @@ def _transform_plan(validated_records: DataFrame, pipeline: Pipeline) -> DataFra
             f"pipeline {pipeline.name}: the transform's output lacks {sorted(needed - columns)} "
             f"(it has {sorted(columns)})"
         )
-    key, value = _row_columns(out, pipeline)
+    key, value = _row_columns(pipeline)
     letter = F.col(DEAD_LETTER) if DEAD_LETTER in columns else F.lit(None).cast("string")
     outputs = out.select(
         F.col(MSG_ID).cast("long").alias("msg_id"),
