@@ -38,7 +38,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from bench.baseline import FLINK, KAFKA_STREAMS
 from bench.drain import LABELS, drain_java, drain_plain
 from bench.plots import plot, write_figures
 from bench.throughput import drain_with_engines, on_backlog, stack_env
+from examples.hostmetrics.generate import reading
 from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.stack.tls import kafka_superuser_config
 from twinstream.testing.harness import (
@@ -124,16 +125,7 @@ def backlog_records(count: int, keys: int, seed: int = 1) -> Iterator[bytes]:
     start = datetime(2026, 1, 1, tzinfo=UTC)
     width = len(str(keys - 1))
     for i in range(count):
-        ts = start + timedelta(milliseconds=10 * i)
-        record = {
-            "host": f"host-{i % keys:0{width}d}",
-            "ts": ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z",
-            "cpu_user": round(rng.uniform(0, 100), 2),
-            "cpu_system": round(rng.uniform(0, 30), 2),
-            "mem_used_mb": rng.randrange(256, 32_768),
-            "mem_free_mb": rng.randrange(0, 16_384),
-        }
-        yield json.dumps(record).encode()
+        yield json.dumps(reading(f"host-{i % keys:0{width}d}", start, i, rng)).encode()
 
 
 class MemorySampler(threading.Thread):

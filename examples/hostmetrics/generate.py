@@ -26,20 +26,26 @@ def synthetic(
     start = start or datetime(2026, 1, 1, tzinfo=UTC)
     broken = 0
     for i in range(count):
-        ts = start + timedelta(milliseconds=10 * i)
-        record = {
-            "host": f"host-{rng.randrange(hosts):03d}",
-            "ts": ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z",
-            "cpu_user": round(rng.uniform(0, 100), 2),
-            "cpu_system": round(rng.uniform(0, 30), 2),
-            "mem_used_mb": rng.randrange(256, 32_768),
-            "mem_free_mb": rng.randrange(0, 16_384),
-        }
+        record = reading(f"host-{rng.randrange(hosts):03d}", start, i, rng)
         if broken_every and (i + 1) % broken_every == 0:
             yield break_record(record, BROKEN_KINDS[broken % len(BROKEN_KINDS)], max_record_bytes)
             broken += 1
         else:
             yield json.dumps(record).encode()
+
+
+def reading(host: str, start: datetime, i: int, rng: random.Random) -> dict[str, object]:
+    """The `i`-th reading from `start` (event time 10 ms apart), its figures drawn from
+    `rng`: one shape for every generator of hostmetrics events."""
+    ts = start + timedelta(milliseconds=10 * i)
+    return {
+        "host": host,
+        "ts": ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z",
+        "cpu_user": round(rng.uniform(0, 100), 2),
+        "cpu_system": round(rng.uniform(0, 30), 2),
+        "mem_used_mb": rng.randrange(256, 32_768),
+        "mem_free_mb": rng.randrange(0, 16_384),
+    }
 
 
 def break_record(record: dict[str, object], kind: str, max_record_bytes: int) -> bytes:
