@@ -20,6 +20,7 @@ from tests.integration.engines import (
     processed,
 )
 from twinstream import snapshot
+from twinstream.engine_client import EngineError
 from twinstream.kafka import admin_config
 from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
 
@@ -84,11 +85,24 @@ class Stalls(threading.Thread):
 
 def _standby(pipeline: Pipeline) -> EngineProcess:
     """The in-sync standby, whichever engine that is now (a ZooKeeper session that expires
-    on two busy cores may have swapped the roles)."""
+    on two busy cores may have swapped the roles). By its own role: an active whose session
+    is SUSPENDED for a moment is no `pipeline.active()`, yet still the active."""
+
+    def standby(engine: EngineProcess) -> bool:
+        try:
+            return engine.client.server().role == "standby"
+        except EngineError:
+            return False
 
     def find() -> EngineProcess | None:
-        active = pipeline.active()
-        return next((e for e in pipeline.engines.values() if e is not active and _in_sync(e)), None)
+        return next(
+            (
+                e
+                for e in pipeline.engines.values()
+                if e.proc.poll() is None and standby(e) and _in_sync(e)
+            ),
+            None,
+        )
 
     found: EngineProcess = wait_for(find, 120, "an in-sync standby")
     return found
