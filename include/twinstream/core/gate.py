@@ -608,7 +608,7 @@ class Gate:
     def _pending(self, fresh: list[Output]) -> list[Output]:
         """Rows above each partition's last published msg_id, in (partition, msg_id)
         order: those held back by a failed or suspended commit, the buffered ones, and the
-        new batch's."""
+        new batch's (`fresh`, in that order already)."""
 
         def unpublished(row: Output) -> bool:
             last = self._parts[row.partition].last_published
@@ -621,9 +621,12 @@ class Gate:
             for _, part in sorted(self._parts.items())
             for row in list(takewhile(unpublished, reversed(part.buffer)))[::-1]
         ]
-        return merge(
-            *([r for r in rows if unpublished(r)] for rows in (self._held, buffered, fresh))
-        )
+        held = [r for r in self._held if unpublished(r)]
+        if not held and not buffered:
+            # The usual batch of an active that keeps up: `fresh` alone, already in
+            # (partition, msg_id) order (`_take`), is what merge would return.
+            return [r for r in fresh if unpublished(r)]
+        return merge(held, buffered, [r for r in fresh if unpublished(r)])
 
     def _publish(self, rows: list[Output], batch_id: int | None) -> int:
         if self._role != "active" or self._publisher is None:
