@@ -7,8 +7,10 @@ key space grows, against the plain pipe, Kafka Streams and Flink, in one run.
 
 What one run guarantees: every contender drains the same number of valid hostmetrics events
 (`--backlog`, 1,000,000 by default, so that a million distinct keys exist) at each key count
-of `--keys` (10, 1,000, 10,000, 100,000 and 1,000,000), with the stack's own engines stopped
-so that each has the two cores, one after the other. For each key count:
+of `--keys` (10, 1,000, 10,000, 100,000 and 1,000,000), one contender after the other, with
+the stack's own engines running idle beside them as a user's other pipelines would
+(`--pause-stack` stops them meanwhile: a friendlier setup, ~0.2 of a core more for each
+contender; the JSON says which). For each key count:
  1. a backlog of valid events over exactly that many hosts, round-robin (record i is host
     i mod keys), in an inbound topic of its own with `--partitions` partitions (3, as
     `make up`'s pipelines; bench/drain.py's backlog has one), keyed by host;
@@ -102,6 +104,11 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--partitions", type=int, default=3, help="inbound partitions, as make up's pipelines"
     )
     parser.add_argument("--only", nargs="+", choices=CONTENDERS, help="run only these contenders")
+    parser.add_argument(
+        "--pause-stack",
+        action="store_true",
+        help="stop the stack's own engines meanwhile (not a user's setup: they run idle)",
+    )
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
     args = parser.parse_args(argv)
     if args.partitions < 1:
@@ -326,9 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     contenders = [c for c in CONTENDERS if c in set(args.only or CONTENDERS)]
     runs: dict[int, dict[str, dict[str, Any]]] = {}
     stack = load_settings()
-    # bench_pipeline stops the stack's engines meanwhile; its pipeline is only the base
-    # (environment, folder) of each key count's: its own topics hold nothing.
-    with bench_pipeline("twinstream-bench-keys-") as base:
+    # Its pipeline is only the base (environment, folder) of each key count's: its own
+    # topics hold nothing.
+    with bench_pipeline("twinstream-bench-keys-", pause_stack=args.pause_stack) as base:
         try:
             for keys in args.keys:
                 runs[keys] = run_key_count(
@@ -339,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures = {
         "backlog_events": args.backlog,
         "partitions": args.partitions,
+        "stack_engines": "stopped" if args.pause_stack else "running idle",
         "what": {c: LABELS[c] for c in contenders},
         "drains": {str(k): v for k, v in runs.items()},
         "ratios": ratios(runs),
