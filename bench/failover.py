@@ -2,6 +2,7 @@
 
     make up                      # the local stack must be running
     .venv/bin/python -m bench.failover --rounds 20 --rate 1000
+    .venv/bin/python -m bench.failover --kinds kill --rounds 5 --hosts 10000   # a real key space
 
 Works on the running local stack's own two engines, under its supervisord (autorestart),
 with steady synthetic load on its inbound topic. Three failures of the active, `--rounds`
@@ -152,6 +153,12 @@ def main() -> int:
     parser.add_argument("--baseline-rounds", type=int, default=5)
     parser.add_argument("--rate", type=float, default=1000.0, help="inbound events per second")
     parser.add_argument(
+        "--hosts",
+        type=int,
+        default=10,
+        help="distinct hosts (keys) in the load: 10,000 and more as a real key space",
+    )
+    parser.add_argument(
         "--settle", type=float, default=60.0, help="seconds of load before the first round"
     )
     parser.add_argument(
@@ -173,7 +180,7 @@ def main() -> int:
     sampler = OutputSampler(settings, [settings.outbound_topic, settings.dlq_topic])
     # Before waiting for the pair: a standby counts as in sync only once it has
     # processed input.
-    load = SteadyLoad(settings, args.rate).start()
+    load = SteadyLoad(settings, args.rate, args.hosts).start()
     try:
         warm_up(engines, time.monotonic(), args.settle)
     except BaseException:
@@ -205,6 +212,7 @@ def main() -> int:
 
     figures: dict[str, Any] = {
         "rate_per_s": args.rate,
+        "hosts": args.hosts,
         "messages": sent,
         "takeover_to_first_output_s": per_kind(rounds, lambda r: r.takeover.first_output_s),
         "takeover_to_active_s": per_kind(rounds, lambda r: r.takeover.role_s),

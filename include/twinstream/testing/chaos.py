@@ -282,11 +282,13 @@ def failover_round(
 
 @dataclass
 class SteadyLoad:
-    """Synthetic records to the inbound topic at `rate`/s until stopped; `stop()` returns
-    how many were sent (each acknowledged, or it raises)."""
+    """Synthetic records over `hosts` distinct hosts (the key) to the inbound topic at
+    `rate`/s until stopped; `stop()` returns how many were sent (each acknowledged, or it
+    raises)."""
 
     settings: Settings
     rate: float
+    hosts: int = 10
     _load: Load | None = None
 
     @property
@@ -294,7 +296,9 @@ class SteadyLoad:
         return 0 if self._load is None else self._load.sent
 
     def start(self) -> SteadyLoad:
-        records = synthetic(10**10, max_record_bytes=self.settings.max_record_bytes)
+        records = synthetic(
+            10**10, hosts=self.hosts, max_record_bytes=self.settings.max_record_bytes
+        )
         # Keyed by host with several partitions, as the hostmetrics contract's partition_by
         # asks: a host's events stay in one partition, in order.
         key = "host" if self.settings.partitions > 1 else None
