@@ -62,7 +62,7 @@ $(JARS)/spark-classes.jsa: $(VENV)/.installed $(JARS)/.installed
 	$(BIN)/python -m twinstream.spark archive
 
 $(JARS)/.installed: java/pom.xml java/settings.xml java/kafka/pom.xml java/zookeeper/pom.xml java/spark-kafka/pom.xml \
-		java/kafka-streams/pom.xml java/flink/pom.xml java/baseline-common/pom.xml $(wildcard java/*/src/main/java/io/twinstream/baseline/*.java)
+		java/kafka-streams/pom.xml java/flink/pom.xml java/baseline-common/pom.xml java/profiler/pom.xml $(wildcard java/*/src/main/java/io/twinstream/baseline/*.java)
 	@echo "== fetching jars from Maven Central into $(JARS)"
 	rm -rf $(JARS)
 	$(MVN) package -Dtwinstream.jars=$(JARS)

