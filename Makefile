@@ -29,11 +29,12 @@ help:
 	@echo "             both engines killed at once"
 	@echo "make clean   stop the stack and delete its state (.twinstream/) and the virtualenv"
 
-# The Python packages and the jars side by side (each mostly one core: ~2 min one after
-# the other on a fresh clone), each output line whole; then the class archive,
-# which needs both.
+# The Python packages, the jars and, for the targets that drive a browser, Debian's
+# Chromium (INSTALL_ALSO) side by side: on a fresh machine each is mostly downloads, and
+# one after the other they took minutes. Each output line stays whole. Then the class
+# archive, which needs the first two.
 install: system-deps
-	@$(MAKE) --no-print-directory -j2 --output-sync=line $(VENV)/.installed $(JARS)/.installed
+	@$(MAKE) --no-print-directory -j3 --output-sync=line $(VENV)/.installed $(JARS)/.installed $(INSTALL_ALSO)
 	@$(MAKE) --no-print-directory $(JARS)/spark-classes.jsa
 
 # Java 17 and Maven come from Debian where they are missing (CI machines are Debian).
@@ -95,7 +96,8 @@ unit: install
 dags: install
 	$(BIN)/pytest tests/dags
 
-integration: install browser
+integration: INSTALL_ALSO := browser
+integration: install
 	$(BIN)/pytest tests/integration
 
 # The whole chaos suite; `make test` runs it with 1 failover instead of 100 and without
@@ -109,7 +111,8 @@ chaos: install
 # mypy (one core, ~40 s from a cold cache) runs beside the unit and DAG tests (one core,
 # ~70 s) on CI's two cores, its report printed after theirs; the integration and chaos
 # tests start after both, on an idle machine: they time failovers.
-test: install browser
+test: INSTALL_ALSO := browser
+test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	@typecheck=$$(mktemp); \
@@ -133,7 +136,8 @@ browser:
 	fi
 
 # Screenshots of the Airflow UI for the README; the stack must be up (`make up`).
-screenshots: install browser
+screenshots: INSTALL_ALSO := browser
+screenshots: install
 	$(BIN)/python docs/screenshots.py
 
 # Re-pin every transitive dependency after changing requirements.txt.
