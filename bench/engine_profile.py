@@ -113,7 +113,9 @@ class EngineProfile(threading.Thread):
             active = self.pipeline.active()
             if active is not None:
                 info = active.try_get("/pipeline") or {}
-                if info.get("last_msg_id_published") is not None:
+                # Each partition's last published msg_id (`last_msg_id_published` is
+                # None for a pipeline of several partitions).
+                if info.get("published"):
                     return active
         return None
 
