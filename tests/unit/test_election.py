@@ -55,9 +55,14 @@ class FakeClient:
     def add_listener(self, listener):
         self.listeners.append(listener)
 
-    def restart(self):
-        self.restarts = getattr(self, "restarts", 0) + 1
+    def start(self, timeout=15):
+        self.starts = getattr(self, "starts", 0) + 1
         self.client_state = KeeperState.CONNECTED
+
+    def restart(self):
+        # kazoo's restart on a client whose connection thread has ended leaves its close
+        # request queued for the next session, which then closes itself (Election._revive).
+        raise AssertionError("restart() on a client kazoo gave up on ends the next session")
 
     def exists(self, path):
         return None if path in self.gone else object()
@@ -313,7 +318,7 @@ def test_a_client_kazoo_gave_up_on_after_a_sasl_drop_gets_a_new_session():
     election.start()
     assert election._thread is not None
     election._thread.join(5)
-    assert client.restarts == 1
+    assert client.starts == 1
     assert client.runs == 2
     assert client.client_state == KeeperState.CONNECTED
 

@@ -293,7 +293,14 @@ class Election:
         during the SASL handshake for a refusal (AUTH_FAILED) and stops reconnecting for
         good, and a process starved of CPU meets that on any reconnect under load: as on a
         lost session, the engine has stepped down; it starts a new session and queues again.
-        A real refusal (a wrong password) is retried every few seconds, logged each time."""
+        A real refusal (a wrong password) is retried every few seconds, logged each time.
+
+        `start`, never `restart`: kazoo's `stop` queues a close request for the connection
+        thread, and on a client it gave up on that thread has already ended, so the request
+        waits in the queue and the next session sends it the moment it connects. Each new
+        session then closed itself within ~0.1 s and the next restart queued another: an
+        engine under load churned through 148 sessions in 70 s and never stood for election
+        again (bench.keys, 2026-11-27), while ZooKeeper logged every one authenticated."""
         if self._stop.is_set() or self._client.client_state not in (
             KeeperState.AUTH_FAILED,
             KeeperState.CLOSED,
@@ -305,7 +312,7 @@ class Election:
             self._client.client_state,
         )
         try:
-            self._client.restart()
+            self._client.start()
         except Exception as exc:
             log.warning(
                 "election %s: no new ZooKeeper session (%r); check the ZooKeeper password "
