@@ -22,7 +22,9 @@ from typing import Any
 
 import psutil
 
-from twinstream.testing.harness import OutputSampler, Pipeline
+from twinstream.config import Settings
+from twinstream.kafka import partition_ends
+from twinstream.testing.harness import Pipeline
 
 PY_SPY_RATE = 100  # samples per second, per process
 JVM_INTERVAL_MS = 10  # async-profiler's CPU sampling interval
@@ -119,6 +121,13 @@ class EngineProfile(threading.Thread):
                     return active
         return None
 
+    @staticmethod
+    def _published(settings: Settings) -> int:
+        return sum(
+            sum(partition_ends(settings, topic).values())
+            for topic in (settings.outbound_topic, settings.dlq_topic)
+        )
+
     def _profile(self) -> dict[str, Any]:
         active = self._active()
         if active is None:
@@ -129,7 +138,10 @@ class EngineProfile(threading.Thread):
         self.folder.mkdir(parents=True, exist_ok=True)
         python_out, jvm_out = self.folder / "python.collapsed", self.folder / "jvm.collapsed"
         s = self.pipeline.settings
-        sampler = OutputSampler(s, [s.outbound_topic, s.dlq_topic])
+        # The output topics' ends, read at both ends of the window (a sampler thread's last
+        # sample lagged the window by tens of seconds on two busy cores); a transaction's
+        # marker adds one offset per partition, a few per 20,000 records.
+        first = self._published(s)
         seconds = str(round(self.seconds))
         print(f"  profile: engine {active.engine_id} (active) for {seconds} s", flush=True)
         py_spy = subprocess.Popen(
@@ -183,8 +195,7 @@ class EngineProfile(threading.Thread):
                     proc.kill()
                     proc.wait(10)
             window = time.monotonic() - started
-            sampler.stop()
-        records = sampler.latest
+        records = self._published(s) - first
         if not python_out.exists() or not jvm_out.exists():
             raise RuntimeError(
                 f"a profiler wrote nothing: py-spy said {py_err.decode()[-300:]!r}, "
