@@ -6,12 +6,14 @@ of a running drain; the samples split into the parts of the record's path.
 distinct keys. Both profilers sample CPU only (py-spy leaves idle threads out; async-profiler
 `-e cpu`), so a part's share is of the CPU the engine used, and its µs per record are its
 CPU seconds over the records the pair published in the window. The collapsed stacks stay
-beside the JSON (`python.collapsed`, `jvm.collapsed`) for a flame graph.
+beside the JSON, gzipped (`python.collapsed.gz`, `jvm.collapsed.gz`), for a flame graph.
 """
 
 from __future__ import annotations
 
 import collections
+import gzip
+import shutil
 import subprocess
 import sys
 import threading
@@ -75,6 +77,15 @@ def split(
         part = next((name for name, marks in parts if any(m in joined for m in marks)), "other")
         counts[part] += count
     return dict(counts)
+
+
+def gzipped(path: Path) -> Path:
+    """`path` compressed beside itself (collapsed stacks shrink ~10x), the original removed."""
+    target = path.with_name(path.name + ".gz")
+    with path.open("rb") as src, gzip.open(target, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    path.unlink()
+    return target
 
 
 class EngineProfile(threading.Thread):
@@ -203,6 +214,7 @@ class EngineProfile(threading.Thread):
             )
         python = split(load_collapsed(python_out), PYTHON_PARTS, self.step_frames)
         jvm_parts = split(load_collapsed(jvm_out), JVM_PARTS)
+        stacks = [str(gzipped(python_out)), str(gzipped(jvm_out))]
         cpu = {f"python: {k}": v / PY_SPY_RATE for k, v in python.items()}
         cpu |= {f"jvm: {k}": v * JVM_INTERVAL_MS / 1000 for k, v in jvm_parts.items()}
         total = sum(cpu.values())
@@ -215,7 +227,7 @@ class EngineProfile(threading.Thread):
             "cpu_s_by_part": {k: round(v, 2) for k, v in sorted(cpu.items())},
             "us_per_record_by_part": dict(sorted(per_record.items())),
             "us_per_record": round(total / records * 1e6, 1) if records else None,
-            "stacks": [str(python_out), str(jvm_out)],
+            "stacks": stacks,
         }
 
 
