@@ -89,7 +89,7 @@ def gzipped(path: Path) -> Path:
 
 
 class EngineProfile(threading.Thread):
-    """Profiles the pair's active for `seconds` once its first output is out."""
+    """Profiles the pair's active for `seconds` once it has published `after` records."""
 
     def __init__(
         self,
@@ -98,6 +98,7 @@ class EngineProfile(threading.Thread):
         seconds: float,
         step_frames: Sequence[str],
         profiler_jar: Path,
+        after: int = 40_000,
     ) -> None:
         super().__init__(daemon=True, name="engine-profile")
         self.pipeline = pipeline
@@ -105,6 +106,9 @@ class EngineProfile(threading.Thread):
         self.seconds = seconds
         self.step_frames = list(step_frames)
         self.jar = profiler_jar
+        # Records the active publishes before the window opens: past a young engine's
+        # first batches (its JIT compiling), so that the window shows the steady cost.
+        self.after = after
         self.result: dict[str, Any] = {}
         self.error: str | None = None
         self._stop_event = threading.Event()
@@ -126,9 +130,10 @@ class EngineProfile(threading.Thread):
             active = self.pipeline.active()
             if active is not None:
                 info = active.try_get("/pipeline") or {}
-                # Each partition's last published msg_id (`last_msg_id_published` is
-                # None for a pipeline of several partitions).
-                if info.get("published"):
+                # Each partition's last published msg_id (-1 before any; and
+                # `last_msg_id_published` is None for a pipeline of several partitions).
+                published = sum(v + 1 for v in (info.get("published") or {}).values())
+                if published >= self.after:
                     return active
         return None
 
