@@ -31,10 +31,11 @@ help:
 
 # The Python packages, the jars and, for the targets that drive a browser, Debian's
 # Chromium (INSTALL_ALSO) side by side: on a fresh machine each is mostly downloads, and
-# one after the other they took minutes. Each output line stays whole. Then the class
-# archive, which needs the first two.
+# one after the other they took minutes. Their lines interleave as they come (make's
+# --output-sync would hold each command's output until it ends: minutes without a line).
+# Then the class archive, which needs the first two.
 install: system-deps
-	@$(MAKE) --no-print-directory -j3 --output-sync=line $(VENV)/.installed $(JARS)/.installed $(INSTALL_ALSO)
+	@$(MAKE) --no-print-directory -j3 $(VENV)/.installed $(JARS)/.installed $(INSTALL_ALSO)
 	@$(MAKE) --no-print-directory $(JARS)/spark-classes.jsa
 
 # Java 17 and Maven come from Debian where they are missing (CI machines are Debian).
