@@ -300,7 +300,9 @@ class Election:
         waits in the queue and the next session sends it the moment it connects. Each new
         session then closed itself within ~0.1 s and the next restart queued another: an
         engine under load churned through 148 sessions in 70 s and never stood for election
-        again (bench.keys, 2026-11-27), while ZooKeeper logged every one authenticated."""
+        again (bench.keys, 2026-11-27), while ZooKeeper logged every one authenticated.
+        (The same close-after-reset ordering is python-zk/kazoo#688, where it made stop()
+        wait forever.)"""
         if self._stop.is_set() or self._client.client_state not in (
             KeeperState.AUTH_FAILED,
             KeeperState.CLOSED,
