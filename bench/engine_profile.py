@@ -110,7 +110,6 @@ class EngineProfile(threading.Thread):
         # first batches (its JIT compiling), so that the window shows the steady cost.
         self.after = after
         self.result: dict[str, Any] = {}
-        self.error: str | None = None
         self._stop_event = threading.Event()
         self.start()
 
@@ -122,8 +121,7 @@ class EngineProfile(threading.Thread):
         try:
             self.result = self._profile()
         except Exception as exc:  # the drain's figures stand without the profile
-            self.error = f"{type(exc).__name__}: {exc}"
-            print(f"  profile: not taken: {self.error}", flush=True)
+            print(f"  profile: not taken: {type(exc).__name__}: {exc}", flush=True)
 
     def _active(self) -> Any:
         while not self._stop_event.wait(0.5):

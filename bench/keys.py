@@ -53,7 +53,7 @@ from bench.drain import LABELS, drain_java, drain_plain
 from bench.engine_profile import EngineProfile
 from bench.engine_profile import table as engine_profile_table
 from bench.plots import plot, write_figures
-from bench.throughput import drain_with_engines, on_backlog, stack_env
+from bench.throughput import drain_with_engines, on_backlog
 from examples.hostmetrics.generate import reading
 from twinstream.config import REPO_ROOT, Settings, load_settings
 from twinstream.stack.tls import kafka_superuser_config
@@ -64,6 +64,7 @@ from twinstream.testing.harness import (
     bench_pipeline,
     inbound_ends,
     machine,
+    stack_env,
 )
 
 DEFAULT_KEYS = (10, 1_000, 10_000, 100_000, 1_000_000)

@@ -21,7 +21,6 @@ docs/bench/throughput.json and the output rate over time to docs/bench/throughpu
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +32,14 @@ from bench.plots import plot_drains, write_figures
 from twinstream.config import REPO_ROOT, Settings
 from twinstream.kafka import TopicSpec, admin_config, ensure_topics, watermarks
 from twinstream.kafka_auth import grant_read
-from twinstream.testing.harness import OutputSampler, Pipeline, bench_pipeline, machine, wait_for
+from twinstream.testing.harness import (
+    OutputSampler,
+    Pipeline,
+    bench_pipeline,
+    machine,
+    stack_env,
+    wait_for,
+)
 
 
 def plain_spark(settings: Settings, workdir: Path, total: int) -> OutputSampler:
@@ -76,13 +82,6 @@ def plain_spark(settings: Settings, workdir: Path, total: int) -> OutputSampler:
         sampler.stop()
         stop_session(spark)
     return sampler
-
-
-def stack_env() -> dict[str, str]:
-    """The stack's own TWINSTREAM_* settings, as bench_pipeline takes them: the base of
-    every pipeline here. Not a pipeline's env: its TWINSTREAM_STATE_DIR is that pipeline's
-    folder, where Pipeline would look for the stack's Kafka CA and fail."""
-    return {k: v for k, v in os.environ.items() if k.startswith("TWINSTREAM_")}
 
 
 def on_backlog(backlog: Pipeline, name: str) -> Pipeline:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_partitions import (
+    SHARED,
     assert_exactly_once_per_partition_by_progress,
     in_sync,
     published_total,
@@ -39,10 +40,6 @@ RECORDS = 30_000
 RATE = 1_500.0
 # The guard's dead letters: amount 0, one record in 250.
 BROKEN_EVERY = 250
-# Two engines under load on two cores starve ZooKeeper heartbeats: with the 1 s default
-# session both engines lost theirs twice in one run, and the roles changed before the kill
-# (test_partitions sizes its pairs the same way).
-ENV = {"TWINSTREAM_ZK_SESSION_TIMEOUT_S": "4", "TWINSTREAM_TRIGGER_INTERVAL_MS": "1000"}
 
 
 def expected_rows(pipeline: Pipeline) -> dict[tuple[int, int], tuple[str, Any]]:
@@ -76,7 +73,10 @@ def test_keyed_sessions_of_20_000_users_through_a_kill_9_under_load_as_plain_pyt
     # The engines' logs in the report if this fails (tests/conftest.py).
     request.node.twinstream_pipeline = pipeline
     try:
-        engines = pipeline.start_pair(ENV, ENV)
+        # test_partitions' pair settings: two engines under load on two cores starve
+        # ZooKeeper heartbeats, and with the 1 s default session both engines lost theirs
+        # twice in one run and the roles changed before the kill.
+        engines = pipeline.start_pair(SHARED, SHARED)
         stream: list[bytes | None] = list(sessions.sample(RECORDS, 2, BROKEN_EVERY))
         load = pipeline.send(stream, rate=RATE)
         wait_for(lambda: max(published_total(e) for e in engines) >= 6_000, 60, "publishing")

@@ -622,11 +622,12 @@ class Gate:
             for row in list(takewhile(unpublished, reversed(part.buffer)))[::-1]
         ]
         held = [r for r in self._held if unpublished(r)]
+        new = [r for r in fresh if unpublished(r)]
         if not held and not buffered:
             # The usual batch of an active that keeps up: `fresh` alone, already in
             # (partition, msg_id) order (`_take`), is what merge would return.
-            return [r for r in fresh if unpublished(r)]
-        return merge(held, buffered, [r for r in fresh if unpublished(r)])
+            return new
+        return merge(held, buffered, new)
 
     def _publish(self, rows: list[Output], batch_id: int | None) -> int:
         if self._role != "active" or self._publisher is None:

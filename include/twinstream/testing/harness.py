@@ -609,6 +609,13 @@ def audit(records: list[Record], expected: int) -> Audit:
 ranges = merge_ranges
 
 
+def stack_env() -> dict[str, str]:
+    """The stack's own TWINSTREAM_* settings: the base of every benchmark's pipeline. Not a
+    pipeline's env: its TWINSTREAM_STATE_DIR is that pipeline's folder, where Pipeline would
+    look for the stack's Kafka CA and fail."""
+    return {k: v for k, v in os.environ.items() if k.startswith("TWINSTREAM_")}
+
+
 @contextlib.contextmanager
 def bench_pipeline(prefix: str, pause_stack: bool = True) -> Iterator[Pipeline]:
     """A pipeline of its own on the running local stack (`make up`), for a benchmark. With
@@ -626,8 +633,7 @@ def bench_pipeline(prefix: str, pause_stack: bool = True) -> Iterator[Pipeline]:
     paused = [f"engine-{e}" for e in registry.engines(settings)] if pause_stack else []
     for name in paused:
         supervisor.stop(name)
-    env = {k: v for k, v in os.environ.items() if k.startswith("TWINSTREAM_")}
-    pipeline = Pipeline(env, Path(tempfile.mkdtemp(prefix=prefix)))
+    pipeline = Pipeline(stack_env(), Path(tempfile.mkdtemp(prefix=prefix)))
     try:
         yield pipeline
     finally:
