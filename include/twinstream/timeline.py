@@ -1,0 +1,212 @@
+"""The last 15 minutes of one engine's own figures, for the operator page's chart and
+`twinstream status --watch`'s sparklines.
+
+Guarantee: `Timeline.snapshot()` gives, for every `step_s` bucket of the last `window_s`
+seconds in which the engine reported anything, the exact p50 and p99 of the end-to-end
+latencies of the records published in it (the smallest latency that at least 50 % / 99 %
+of them do not exceed: a latency a record really had, never an interpolation), as long as
+the bucket held at most MAX_SAMPLES records (13,000 records/s at 5 s buckets). Above that
+the bucket keeps a uniform random sample of MAX_SAMPLES/2 to MAX_SAMPLES of them, each
+record with the same chance, and its quantiles are the sample's; `published` always
+counts every record. A report more than a bucket late, into a bucket already summarised,
+counts in `published` but not in its quantiles. Nothing older than the window is kept: the
+memory is bounded by the window whatever the rate.
+
+Cost: a call is a lock, a dictionary look-up and, for `published`, one numpy array
+appended to the open bucket (no object per record); a bucket's quantiles are computed once,
+when the next bucket opens, and the open bucket's at each snapshot.
+
+Thread-safe: one lock, for Spark's foreachBatch thread (`published`), the engine's main
+loop (`rate`, `lag`, `takeover`) and the admin API's threads (`snapshot`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+WINDOW_S = 900.0
+STEP_S = 5.0
+# The most latencies a bucket keeps: 512 KB of float64 in the open bucket; a summarised
+# bucket keeps its two quantiles only.
+MAX_SAMPLES = 65_536
+QUANTILES = (0.5, 0.99)
+
+
+@dataclass
+class _Bucket:
+    # The latencies kept, as the arrays the calls gave (concatenated when summarised).
+    samples: list[npt.NDArray[np.float64]] = field(default_factory=list)
+    kept: int = 0
+    # The chance each published record of the bucket had to be kept (1.0: all of them).
+    keep: float = 1.0
+    published: int = 0
+    # (p50, p99) once summarised; the samples are then dropped.
+    summary: tuple[float, float] | None = None
+    rate_sum: float = 0.0
+    rate_n: int = 0
+    lag: int | None = None
+
+
+def _quantiles(values: npt.NDArray[np.float64]) -> tuple[float, float]:
+    # inverted_cdf: the smallest value with at least q of the values at or below it, a
+    # latency some record had (the default, linear, would interpolate between two).
+    p50, p99 = np.quantile(values, QUANTILES, method="inverted_cdf")
+    return float(p50), float(p99)
+
+
+class Timeline:
+    """The last `window_s` (900) of one engine's own figures, in `step_s` (5 s) buckets."""
+
+    def __init__(
+        self,
+        window_s: float = WINDOW_S,
+        step_s: float = STEP_S,
+        clock: Callable[[], float] = time.time,
+        seed: int | None = None,
+    ) -> None:
+        if step_s <= 0 or window_s < step_s:
+            raise ValueError(f"timeline: step_s {step_s} must be > 0 and <= window_s {window_s}")
+        self.window_s = float(window_s)
+        self.step_s = float(step_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        # Bucket index (start // step_s) -> bucket.
+        self._buckets: dict[int, _Bucket] = {}
+        self._newest = -1
+        self._takeovers: list[tuple[float, int]] = []
+        # Only for the sampling above MAX_SAMPLES; seeded in tests.
+        self._rng = np.random.default_rng(seed)
+
+    def published(
+        self, latencies_s: npt.NDArray[np.floating[Any]] | Sequence[float], at: float | None = None
+    ) -> None:
+        """The end-to-end latency (inbound record's Kafka timestamp -> commit of the
+        transaction that made it visible) of every record one commit published."""
+        values = np.asarray(latencies_s, dtype=np.float64).ravel()
+        if values.size == 0:
+            return
+        with self._lock:
+            bucket = self._bucket(at)
+            if bucket is None:
+                return
+            bucket.published += int(values.size)
+            if bucket.summary is not None:
+                return  # summarised already: see the module's guarantee
+            if bucket.keep < 1.0:
+                values = values[self._rng.random(values.size) < bucket.keep]
+            bucket.samples.append(values)
+            bucket.kept += int(values.size)
+            while bucket.kept > MAX_SAMPLES:
+                # Halve the sample: each kept record stays with chance 1/2, so every record
+                # of the bucket keeps the same chance `keep` of being in it.
+                kept = np.concatenate(bucket.samples)
+                kept = kept[self._rng.random(kept.size) < 0.5]
+                bucket.samples, bucket.kept = [kept], int(kept.size)
+                bucket.keep /= 2
+
+    def rate(self, events_per_s: float, at: float | None = None) -> None:
+        """The inbound rate, sampled about once a second: a bucket shows its mean."""
+        if not math.isfinite(events_per_s):
+            return
+        with self._lock:
+            bucket = self._bucket(at)
+            if bucket is not None:
+                bucket.rate_sum += events_per_s
+                bucket.rate_n += 1
+
+    def lag(self, records: int | None, at: float | None = None) -> None:
+        """This engine's lag (inbound head - its next msg_id), sampled about once a second:
+        a bucket shows its highest, the lag a takeover in it would have had to make up at
+        worst (between micro-batches the lag swings by a batch). None (unknown) is skipped."""
+        if records is None:
+            return
+        with self._lock:
+            bucket = self._bucket(at)
+            if bucket is not None:
+                bucket.lag = records if bucket.lag is None else max(bucket.lag, records)
+
+    def takeover(self, epoch: int, at: float | None = None) -> None:
+        """This engine won the election with `epoch`."""
+        with self._lock:
+            when = self._clock() if at is None else at
+            self._takeovers.append((when, epoch))
+            self._takeovers.sort()
+            self._prune(self._clock())
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-ready: {"window_s", "step_s", "now", "points": [{"t": bucket start, epoch
+        seconds, "p50_s", "p99_s", "published", "in_per_s", "lag"}, ...] oldest first,
+        "takeovers": [{"t", "epoch"}, ...] oldest first}. A figure a bucket has none of is
+        None (p50_s/p99_s without a published record, in_per_s without a rate sample)."""
+        with self._lock:
+            now = self._clock()
+            self._prune(now)
+            points = []
+            for index in sorted(self._buckets):
+                bucket = self._buckets[index]
+                quantiles = bucket.summary
+                if quantiles is None and bucket.kept:
+                    quantiles = _quantiles(np.concatenate(bucket.samples))
+                points.append(
+                    {
+                        "t": index * self.step_s,
+                        "p50_s": None if quantiles is None else quantiles[0],
+                        "p99_s": None if quantiles is None else quantiles[1],
+                        "published": bucket.published,
+                        "in_per_s": bucket.rate_sum / bucket.rate_n if bucket.rate_n else None,
+                        "lag": bucket.lag,
+                    }
+                )
+            return {
+                "window_s": self.window_s,
+                "step_s": self.step_s,
+                "now": now,
+                "points": points,
+                "takeovers": [{"t": t, "epoch": e} for t, e in self._takeovers],
+            }
+
+    def _bucket(self, at: float | None) -> _Bucket | None:
+        """The bucket `at` (default: now) falls in, opened if new; None when `at` is
+        already outside the window. Called with the lock held."""
+        now = self._clock()
+        when = now if at is None else at
+        index = math.floor(when / self.step_s)
+        if index < self._oldest_index(now):
+            return None
+        bucket = self._buckets.get(index)
+        if bucket is None:
+            bucket = self._buckets[index] = _Bucket()
+            if index > self._newest:
+                self._newest = index
+                self._roll(now)
+        return bucket
+
+    def _roll(self, now: float) -> None:
+        """A new bucket opened: summarise every bucket before the one before it (a commit
+        reported a moment late still lands in the previous one exactly), and forget what
+        left the window."""
+        for index, bucket in self._buckets.items():
+            if index < self._newest - 1 and bucket.summary is None and bucket.samples:
+                bucket.summary = _quantiles(np.concatenate(bucket.samples))
+                bucket.samples, bucket.kept = [], 0
+        self._prune(now)
+
+    def _oldest_index(self, now: float) -> int:
+        # The oldest bucket any part of which lies within the window.
+        return math.floor((now - self.window_s) / self.step_s) + 1
+
+    def _prune(self, now: float) -> None:
+        oldest = self._oldest_index(now)
+        for index in [i for i in self._buckets if i < oldest]:
+            del self._buckets[index]
+        cutoff = now - self.window_s
+        if self._takeovers and self._takeovers[0][0] < cutoff:
+            self._takeovers = [(t, e) for t, e in self._takeovers if t >= cutoff]
