@@ -185,6 +185,40 @@ class BufferedRow(BaseModel):
     partition: int = 0
 
 
+class TimelinePoint(BaseModel):
+    """One bucket (`step_s` long) of an engine's timeline (`twinstream.timeline`)."""
+
+    # The bucket's start, epoch seconds.
+    t: float
+    # End-to-end latency (inbound record's Kafka timestamp to the commit that made it
+    # visible) of the records this engine published in the bucket: None if it published none.
+    p50_s: float | None
+    p99_s: float | None
+    published: int
+    # The inbound rate (mean of the bucket's samples) and this engine's highest lag in it.
+    in_per_s: float | None
+    lag: int | None
+
+
+class TimelineMark(BaseModel):
+    """This engine won the election with `epoch` at `t` (epoch seconds)."""
+
+    t: float
+    epoch: int
+
+
+class TimelineInfo(BaseModel):
+    """The engine's own figures over its last `window_s` seconds, oldest first: only the
+    buckets it reported anything in (an engine restarted has no history before it)."""
+
+    window_s: float
+    step_s: float
+    # The engine's clock at the answer, epoch seconds.
+    now: float | None = None
+    points: list[TimelinePoint] = Field(default_factory=list)
+    takeovers: list[TimelineMark] = Field(default_factory=list)
+
+
 class Control(Protocol):
     """What the API needs from an engine (a fake in unit tests)."""
 
@@ -196,6 +230,7 @@ class Control(Protocol):
     def restore(self, requested: str) -> RestoreReport: ...
     def buffer_tail(self, last: int) -> list[BufferedRow]: ...
     def metrics(self) -> bytes: ...
+    def timeline(self) -> dict[str, Any]: ...
 
 
 class Conflict(Exception):
@@ -351,6 +386,12 @@ def create_app(control: Control, token: str, *, docs: bool = True) -> FastAPI:
     @app.get("/pipeline", dependencies=auth, responses=_errors(401))
     def pipeline() -> PipelineInfo:
         return control.pipeline_info()
+
+    @app.get("/timeline", dependencies=auth, responses=_errors(401))
+    def timeline() -> TimelineInfo:
+        """The last 15 minutes of this engine's end-to-end latency (p50/p99), inbound rate,
+        lag and takeovers, in 5 s buckets (`twinstream.timeline`)."""
+        return TimelineInfo.model_validate(control.timeline())
 
     @app.post("/pipeline/stop", dependencies=auth, responses=_errors(401, 409))
     def stop() -> PipelineInfo:

@@ -23,6 +23,7 @@ from twinstream.admin_api import (
     PipelineInfo,
     RestoreReport,
     ServerInfo,
+    TimelineInfo,
 )
 from twinstream.snapshot import Manifest
 
@@ -167,6 +168,10 @@ class EngineClient:
 
     def pipeline(self) -> PipelineInfo:
         return PipelineInfo.model_validate(self._call("GET", "/pipeline"))
+
+    def timeline(self) -> TimelineInfo:
+        """The engine's last 15 minutes of figures (GET /timeline)."""
+        return TimelineInfo.model_validate(self._call("GET", "/timeline"))
 
     def stop(self) -> PipelineInfo:
         return PipelineInfo.model_validate(self._call("POST", "/pipeline/stop", timeout_s=120.0))

@@ -22,15 +22,24 @@ loop (`rate`, `lag`, `takeover`) and the admin API's threads (`snapshot`).
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from twinstream.admin_api import TimelineInfo
+    from twinstream.config import Settings
+    from twinstream.engine_client import EngineClient
+
+log = logging.getLogger(__name__)
 
 WINDOW_S = 900.0
 STEP_S = 5.0
@@ -210,3 +219,108 @@ class Timeline:
         cutoff = now - self.window_s
         if self._takeovers and self._takeovers[0][0] < cutoff:
             self._takeovers = [(t, e) for t, e in self._takeovers if t >= cutoff]
+
+
+class Mark(BaseModel):
+    """A takeover: `engine_id` won the election with `epoch` at `t` (epoch seconds)."""
+
+    t: float
+    epoch: int
+    engine_id: str
+
+
+class PipelineTimeline(BaseModel):
+    """A pipeline's last `window_s` seconds, its engines' timelines merged, as columns over
+    the shared time axis `t` (bucket starts, epoch seconds; a bucket any engine reported in).
+
+    Latency is the publisher's: in each bucket the engine that published the most records
+    in it (only the active publishes; in a takeover's bucket both may have) gives p50_s,
+    p99_s and published; None where none published. `in_per_s` is the mean of the engines'
+    samples of the inbound rate. `lag` has one line per engine. Every engine's remembered
+    takeovers are `takeovers`, oldest first, one per epoch. An engine that did not answer
+    is in `unread` with why: its history is not in the lines (a restarted engine's starts
+    at its start)."""
+
+    pipeline: str
+    window_s: float = WINDOW_S
+    step_s: float = STEP_S
+    # The merging side's clock, epoch seconds: where the window ends.
+    now: float
+    t: list[float] = Field(default_factory=list)
+    p50_s: list[float | None] = Field(default_factory=list)
+    p99_s: list[float | None] = Field(default_factory=list)
+    published: list[int] = Field(default_factory=list)
+    in_per_s: list[float | None] = Field(default_factory=list)
+    lag: dict[str, list[int | None]] = Field(default_factory=dict)
+    takeovers: list[Mark] = Field(default_factory=list)
+    unread: dict[str, str] = Field(default_factory=dict)
+
+
+def merge(
+    pipeline: str,
+    timelines: Mapping[str, TimelineInfo],
+    now: float,
+    unread: Mapping[str, str] | None = None,
+) -> PipelineTimeline:
+    """The engines' timelines (engine id -> its GET /timeline) as one (`PipelineTimeline`),
+    limited to the window that ends at `now`."""
+    seen = next(iter(timelines.values()), None)
+    window_s = seen.window_s if seen is not None else WINDOW_S
+    step_s = seen.step_s if seen is not None else STEP_S
+    start = now - window_s - step_s
+    times = sorted({p.t for info in timelines.values() for p in info.points if p.t >= start})
+    at = {t: i for i, t in enumerate(times)}
+    merged = PipelineTimeline(
+        pipeline=pipeline,
+        window_s=window_s,
+        step_s=step_s,
+        now=now,
+        t=times,
+        p50_s=[None] * len(times),
+        p99_s=[None] * len(times),
+        published=[0] * len(times),
+        in_per_s=[None] * len(times),
+        lag={engine_id: [None] * len(times) for engine_id in sorted(timelines)},
+        unread=dict(unread or {}),
+    )
+    rates: list[list[float]] = [[] for _ in times]
+    marks: dict[int, Mark] = {}
+    for engine_id, info in sorted(timelines.items()):
+        for p in info.points:
+            i = at.get(p.t)
+            if i is None:
+                continue
+            if p.published > merged.published[i]:
+                merged.published[i] = p.published
+                merged.p50_s[i], merged.p99_s[i] = p.p50_s, p.p99_s
+            if p.in_per_s is not None:
+                rates[i].append(p.in_per_s)
+            merged.lag[engine_id][i] = p.lag
+        for mark in info.takeovers:
+            if mark.t >= start:
+                marks.setdefault(mark.epoch, Mark(t=mark.t, epoch=mark.epoch, engine_id=engine_id))
+    merged.in_per_s = [sum(r) / len(r) if r else None for r in rates]
+    merged.takeovers = sorted(marks.values(), key=lambda m: (m.t, m.epoch))
+    return merged
+
+
+def read(
+    name: str,
+    settings: Settings,
+    engines: Callable[[Settings, str], EngineClient],
+    clock: Callable[[], float] = time.time,
+) -> PipelineTimeline:
+    """The pipeline's timeline: each of its engines asked for GET /timeline, merged."""
+    from twinstream.engine_client import EngineError
+
+    timelines: dict[str, TimelineInfo] = {}
+    unread: dict[str, str] = {}
+    for engine_id in settings.engine_ids:
+        try:
+            with engines(settings, engine_id) as client:
+                timelines[engine_id] = client.timeline()
+        except EngineError as exc:
+            # An engine down has no figures to give; its lag line pauses, and why is shown.
+            unread[engine_id] = exc.reason if exc.status is None else f"HTTP {exc.status}"
+            log.debug("pipeline %s: no timeline from engine %s: %s", name, engine_id, exc)
+    return merge(name, timelines, clock(), unread)

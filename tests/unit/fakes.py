@@ -49,3 +49,33 @@ def pipeline_info(**fields: Any) -> PipelineInfo:
         "uncovered_ranges": [],
     }
     return PipelineInfo(**{**base, **fields})
+
+
+def timeline(now: float = 1_000.0, **fields: Any) -> dict[str, Any]:
+    """An engine's GET /timeline as `twinstream.timeline.Timeline.snapshot()` gives it: two
+    buckets and one takeover unless a test says otherwise."""
+    base: dict[str, Any] = {
+        "window_s": 900.0,
+        "step_s": 5.0,
+        "now": now,
+        "points": [
+            {
+                "t": now - 10,
+                "p50_s": 0.4,
+                "p99_s": 0.9,
+                "published": 500,
+                "in_per_s": 100.0,
+                "lag": 20,
+            },
+            {
+                "t": now - 5,
+                "p50_s": None,
+                "p99_s": None,
+                "published": 0,
+                "in_per_s": 100.0,
+                "lag": None,
+            },
+        ],
+        "takeovers": [{"t": now - 8, "epoch": 3}],
+    }
+    return {**base, **fields}

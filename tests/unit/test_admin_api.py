@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.routing import Route
 
+from tests.unit import fakes
 from twinstream.admin_api import (
     BufferedRow,
     Conflict,
@@ -104,6 +105,9 @@ class FakeControl:
     def metrics(self):
         return b"twinstream_role 1\n"
 
+    def timeline(self):
+        return fakes.timeline()
+
 
 @pytest.fixture
 def client():
@@ -119,6 +123,7 @@ PROTECTED = [
     ("POST", "/pipeline/restore"),
     ("GET", "/pipeline/buffer"),
     ("GET", "/metrics"),
+    ("GET", "/timeline"),
 ]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -284,6 +289,14 @@ def test_buffer_returns_the_newest_rows(client):
     rows = client.get("/pipeline/buffer?last=3", headers=AUTH).json()
     assert [r["msg_id"] for r in rows] == [67, 68, 69]
     assert client.get("/pipeline/buffer?last=0", headers=AUTH).status_code == 422
+
+
+def test_the_timeline_reaches_the_client_as_the_engine_gave_it():
+    # Through the ASGI app (TestClient's transport), so that a field the engine's snapshot
+    # has and the response model drops (or misnames) shows as a difference.
+    with TestClient(create_app(FakeControl(), TOKEN)) as http:
+        engine = EngineClient("a", "http://testserver", TOKEN, transport=http._transport)
+        assert engine.timeline().model_dump() == fakes.timeline()
 
 
 # -- https ---------------------------------------------------------------------------------
