@@ -47,9 +47,47 @@ def test_waiting_reports_progress_and_each_service_as_it_turns_healthy(settings,
         clock=clock,
         sleep=clock.sleep,
     )
-    assert lines[0].split()[:2] == ["zookeeper", "healthy"]
-    assert any("waiting for kafka-1" in line for line in lines)
+    assert lines[0] == "  waiting for zookeeper, kafka-1"
+    assert lines[1].split()[:2] == ["zookeeper", "healthy"]
+    assert any("waiting for kafka-1" in line for line in lines[2:])
     assert lines[-1].split()[:2] == ["kafka-1", "healthy"]
+
+
+def test_waiting_says_once_what_it_waits_for_then_only_changes_and_a_short_heartbeat(
+    settings, monkeypatch
+):
+    """Details whose numbers move every poll (an engine's lag) print no line; a detail
+    that changes its words does, once; the heartbeat names who is pending, no details."""
+    clock = FakeClock()
+
+    def zookeeper(_settings):
+        if clock.now < 5:
+            return False, f"no answer on h:2181: refused (try {clock.now:.0f})"
+        if clock.now < 25:
+            return False, f"not serving: {clock.now:.0f} ms behind"
+        return True, "serving, mode standalone"
+
+    monkeypatch.setattr(health, "zookeeper", zookeeper)
+    lines: list[str] = []
+    core.wait_until_healthy(
+        settings,
+        Layout.of(settings),
+        fake_supervisor({"zookeeper": "RUNNING"}),
+        lines.append,
+        ["zookeeper"],
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert lines[0] == "  waiting for zookeeper"
+    changes = [line for line in lines if "not serving" in line]
+    assert len(changes) == 1, lines
+    heartbeats = [line for line in lines if line.lstrip().startswith("...")]
+    assert [h.split() for h in heartbeats] == [
+        ["...", "10s,", "still", "waiting", "for", "zookeeper"],
+        ["...", "20s,", "still", "waiting", "for", "zookeeper"],
+    ]
+    assert lines[-1].split()[:2] == ["zookeeper", "healthy"]
+    assert len(lines) == 5, lines
 
 
 def test_a_service_supervisord_gave_up_on_fails_at_once_with_its_log(settings, monkeypatch):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import socket
@@ -185,6 +186,12 @@ def probe(
     return info.state == "RUNNING", info.description
 
 
+def _shape(detail: str) -> str:
+    """A probe's detail without its numbers: lags, offsets and counts move with every poll,
+    and a line for each such move would be the noise the heartbeat replaces."""
+    return re.sub(r"\d+(\.\d+)?", "#", detail)
+
+
 def wait_until_healthy(
     settings: Settings,
     layout: Layout,
@@ -193,13 +200,19 @@ def wait_until_healthy(
     names: Iterable[str],
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    heartbeat_s: float = 10.0,
 ) -> None:
-    """Poll each service's probe until all pass; print progress; fail fast on FATAL."""
+    """Poll each service's probe until all pass; fail fast on FATAL. Says once what it
+    waits for, then a line per service when it turns healthy or its state changes (not
+    its numbers), and every `heartbeat_s` only the elapsed time and who is still pending:
+    the full details go into the timeout's message."""
     pending = list(names)
     start = clock()
     deadline = start + settings.startup_timeout_s
     last_report = start
     details: dict[str, str] = {}
+    if pending:
+        echo(f"  waiting for {', '.join(pending)}")
     while pending:
         kafka = any(n.startswith("kafka-") for n in pending)
         registered = health.kafka_brokers(settings, as_stack=True) if kafka else {}
@@ -212,10 +225,14 @@ def wait_until_healthy(
                     f"{layout.log_file(name)}:\n{_tail(layout.log_file(name))}"
                 )
             ok, detail = probe(settings, name, info, registered)
+            before = details.get(name)
             details[name] = detail
             if ok:
                 pending.remove(name)
                 echo(f"  {name:<10} healthy after {clock() - start:5.1f}s: {detail}")
+            elif before is not None and _shape(before) != _shape(detail):
+                # Not on the first poll: then every service only "does not answer yet".
+                echo(f"  {name:<10} {clock() - start:5.0f}s: {detail}")
         now = clock()
         if not pending:
             break
@@ -228,12 +245,9 @@ def wait_until_healthy(
                 f"not healthy within {settings.startup_timeout_s:.0f}s "
                 f"(TWINSTREAM_STARTUP_TIMEOUT_S):\n{lines}"
             )
-        if now - last_report >= 10:
+        if now - last_report >= heartbeat_s:
             last_report = now
-            echo(
-                f"  ... {now - start:5.0f}s, waiting for "
-                + "; ".join(f"{n}: {details[n]}" for n in pending)
-            )
+            echo(f"  ... {now - start:4.0f}s, still waiting for {', '.join(pending)}")
         sleep(1.0)
 
 
