@@ -194,15 +194,14 @@ def ramp_rates(start: float, step: float, highest: float) -> list[float]:
 
 
 def make_up_seconds(text: str) -> float | None:
-    """The time a `make up` took from its output: the last "<n> s" of a line saying the
-    stack is up, or of a `SECONDS=<n>` line a wrapper added."""
+    """The time a `make up` took, from its output as the caller kept it: a `SECONDS=<n>` line
+    a wrapper added, or the `real` line of bash's `time` (`real 4m15.9s`); the last one."""
     found: float | None = None
     for line in text.splitlines():
-        m = re.search(r"SECONDS=(\d+(?:\.\d+)?)", line)
-        if m is None and re.search(r"\bup\b|ready", line, re.IGNORECASE):
-            m = re.search(r"(\d+(?:\.\d+)?)\s*s\b", line)
-        if m is not None:
+        if m := re.search(r"SECONDS=(\d+(?:\.\d+)?)", line):
             found = float(m[1])
+        elif m := re.fullmatch(r"\s*real\s+(?:(\d+)m)?(\d+(?:\.\d+)?)s\s*", line):
+            found = 60 * int(m[1] or 0) + float(m[2])
     return found
 
 
@@ -256,9 +255,9 @@ class Run:
     def stop_load(self) -> int:
         if self.load is None:
             return 0
-        load, self.load = self.load, None
-        sent = load.stop()
-        self.sent += sent
+        sent = self.load.stop()
+        # Both at once for the progress line's `sending` in its thread.
+        self.sent, self.load = self.sent + sent, None
         return sent
 
     @property

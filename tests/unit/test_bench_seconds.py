@@ -121,8 +121,12 @@ def test_a_target_exactly_reached_is_met_and_lines_say_which() -> None:
 
 def test_make_up_seconds_from_its_output() -> None:
     assert make_up_seconds("MAKE_UP_RC=0 SECONDS=241.7\n") == 241.7
-    assert make_up_seconds("kafka-1 healthy after 40.0s\nthe stack is up after 236 s\n") == 236
-    assert make_up_seconds("nothing here\n") is None
+    assert make_up_seconds("kafka-1 healthy after 40.0s\n\nreal\t4m15.9s\nuser\t1m2.0s\n") == 255.9
+    assert make_up_seconds("real\t12.5s\n") == 12.5
+    # make up's own lines say how long each service took, not the whole: not taken.
+    assert (
+        make_up_seconds("'.venv/.installed' is up to date.\nkafka-1 healthy after 58.6s\n") is None
+    )
 
 
 def test_counted_ranges_are_inclusive() -> None:
