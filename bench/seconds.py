@@ -268,6 +268,7 @@ class Run:
         """Every event since the last audit, up to the inbound topic's end now (the load
         may go on meanwhile), once an engine has published it: in exactly one committed
         transaction with its outputs."""
+        phase, self.phase = self.phase, f"audit ({step}): waiting for it published, reading it"
         ends = inbound_ends(self.settings)
         self.engines.wait_published(ends, timeout_s)
         found = audit_ranges(self.settings, self.audited_to, ends)
@@ -281,6 +282,7 @@ class Run:
             "problems": [f"partition {p}: {f.summary()}" for p, f in found.items() if not f.ok],
         }
         self.audits.append(chunk)
+        self.phase = phase
         self.say(
             f"audit ({step}): {chunk['events']:,} events, {chunk['lost']} lost, "
             f"{chunk['duplicated']} duplicated"
