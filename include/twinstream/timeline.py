@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 if TYPE_CHECKING:
     from twinstream.admin_api import TimelineInfo
@@ -323,4 +323,9 @@ def read(
             # An engine down has no figures to give; its lag line pauses, and why is shown.
             unread[engine_id] = exc.reason if exc.status is None else f"HTTP {exc.status}"
             log.debug("pipeline %s: no timeline from engine %s: %s", name, engine_id, exc)
+        except ValidationError as exc:
+            # An answer that is not a timeline (another version's) must not cost the
+            # page the other engines' figures.
+            unread[engine_id] = f"an answer that is not a timeline ({exc.error_count()} errors)"
+            log.warning("pipeline %s: engine %s's timeline unreadable: %s", name, engine_id, exc)
     return merge(name, timelines, clock(), unread)

@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from fastapi import HTTPException, Request
 from fastapi.testclient import TestClient
 
+from tests.unit import fakes
 from tests.unit.test_overview import ACTIVE, fake_engines, standby
-from twinstream.config import load_settings
-from twinstream.operator_ui.app import PREFIX, Sources, create_app
+from twinstream.config import Settings, load_settings
+from twinstream.engine_client import EngineClient
+from twinstream.operator_ui import vendor
+from twinstream.operator_ui.app import PREFIX, STATIC, Sources, create_app
 from twinstream.operator_ui.datadocs import CDN, VENDOR, external_resources, offline
 
 GE_VIEW = Path(str(__import__("great_expectations").__file__)).parent / "render" / "view"
@@ -61,7 +67,13 @@ def test_the_page_and_the_overview_need_the_airflow_login(client: TestClient):
     assert pay["engines"][1]["unauthorized"] is True
     assert set(body["actions"]) == {"persist_standby_state", "restore_and_resync", "failover_drill"}
     client.cookies.clear()
-    for path in ("/", "/api/overview", "/static/page.js", "/vendor/MANIFEST.json"):
+    for path in (
+        "/",
+        "/api/overview",
+        "/api/timeline/hostmetrics",
+        "/static/page.js",
+        "/vendor/MANIFEST.json",
+    ):
         assert client.get(path).status_code == 401, path
 
 
@@ -123,3 +135,63 @@ def test_vendored_files_match_their_manifest():
     for path, entry in manifest.items():
         digest = hashlib.sha256((VENDOR / path).read_bytes()).hexdigest()
         assert digest == entry["sha256"], path
+
+
+NOW = 1_000_000.0
+
+
+def timeline_engines(timelines: dict[str, dict[str, Any] | int | None]):
+    """engine id -> its GET /timeline body, an HTTP status it refuses with, or None for an
+    engine that does not answer."""
+
+    def make(settings: Settings, engine_id: str) -> EngineClient:
+        answer = timelines[engine_id]
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            assert request.url.path == "/timeline", request.url.path
+            if answer is None:
+                raise httpx.ConnectError("connection refused", request=request)
+            if isinstance(answer, int):
+                return httpx.Response(answer, json={"reason": "not found"})
+            return httpx.Response(200, json=answer)
+
+        return EngineClient(engine_id, "http://engine", "t", transport=httpx.MockTransport(handle))
+
+    return make
+
+
+def test_the_timeline_is_one_json_per_pipeline_merged_from_its_engines(tmp_path: Path):
+    settings = load_settings(admin_token="t", state_dir=tmp_path)
+    point = {"p50_s": None, "p99_s": None, "published": 0, "in_per_s": 50.0, "lag": 7}
+    a = fakes.timeline(NOW)  # the active: published at NOW - 10, took over at NOW - 8
+    b = fakes.timeline(NOW, points=[{**point, "t": NOW - 10}], takeovers=[])
+    sources = Sources(
+        settings=lambda: settings,
+        engines=timeline_engines({"a": a, "b": b, "c": 404, "d": None}),
+        clock=lambda: NOW + 1,
+    )
+    test_client = TestClient(create_app(sources, auth=logged_in))
+    test_client.cookies.set("_token", "good")
+    host = test_client.get("/api/timeline/hostmetrics").json()
+    assert host["now"] == NOW + 1
+    assert host["t"] == [NOW - 10, NOW - 5]
+    assert (host["p50_s"], host["p99_s"], host["published"]) == ([0.4, None], [0.9, None], [500, 0])
+    assert host["in_per_s"] == [75.0, 100.0]
+    assert host["lag"] == {"a": [20, None], "b": [7, None]}
+    assert host["takeovers"] == [{"t": NOW - 8, "epoch": 3, "engine_id": "a"}]
+    assert host["unread"] == {}
+    # An engine of an older version (404) or one that is down: no figures, and why.
+    pay = test_client.get("/api/timeline/payments").json()
+    assert pay["t"] == []
+    assert set(pay["unread"]) == {"c", "d"}
+    assert pay["unread"]["c"] == "HTTP 404"
+    assert test_client.get("/api/timeline/nosuch").status_code == 404
+
+
+def test_the_page_loads_only_vendored_files_the_manifest_pins():
+    html = (STATIC / "index.html").read_text()
+    loaded = re.findall(r'(?:src|href)="\{\{PREFIX\}\}/vendor/([^"]+)"', html)
+    assert sorted(loaded) == sorted(vendor.PAGE)
+    manifest = json.loads((VENDOR / "MANIFEST.json").read_text())
+    assert set(vendor.PAGE) <= set(manifest)
+    assert external_resources(html) == []

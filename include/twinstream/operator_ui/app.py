@@ -4,6 +4,8 @@
 - `GET /`: the page (static HTML and script; it polls the overview every few seconds).
 - `GET /api/overview`: the deployment as `twinstream.overview.Overview` (JSON), the
   engines read through their admin APIs with the tokens of their Airflow connections.
+- `GET /api/timeline/{pipeline}`: the pipeline's last 15 minutes for its chart, its
+  engines' GET /timeline merged into one `twinstream.timeline.PipelineTimeline` (JSON).
 - `GET /datadocs/{pipeline}/{page}`: the pipeline's Great Expectations Data Docs, rewritten
   to load nothing from the internet (`datadocs.offline`); `GET /vendor/{file}` serves what
   they load instead.
@@ -28,6 +30,7 @@ from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from twinstream import registry
+from twinstream import timeline as timelines
 from twinstream.audit import data_docs_site
 from twinstream.config import Settings, SettingsError, load_settings
 from twinstream.engine_client import EngineClient
@@ -117,6 +120,13 @@ class Sources:
             pipeline.add_audit(history.audit)
         return seen
 
+    def timeline(self, name: str) -> timelines.PipelineTimeline:
+        """The pipeline's engines' timelines merged (each engine asked on every call: a
+        timeline is a few KB, and the page asks every few seconds)."""
+        if self.engines is None:
+            raise RuntimeError("no engine client factory given")
+        return timelines.read(name, self.pipelines()[name], self.engines, self.clock)
+
     def history(self, name: str) -> _History:
         now = time.monotonic()
         with self._lock:
@@ -170,6 +180,12 @@ def create_app(sources: Sources, auth: Callable[..., Any], prefix: str = PREFIX)
     def api_overview() -> dict[str, Any]:
         seen = sources.overview()
         return {"overview": seen.model_dump(), "actions": ACTIONS, "ok": seen.ok}
+
+    @app.get("/api/timeline/{pipeline}")
+    def api_timeline(pipeline: str) -> dict[str, Any]:
+        if pipeline not in sources.pipelines():
+            raise HTTPException(404, f"no pipeline {pipeline!r}")
+        return sources.timeline(pipeline).model_dump()
 
     @app.get("/vendor/{path:path}")
     def vendor(path: str) -> FileResponse:

@@ -1,12 +1,16 @@
-// The operator's page: draws /api/overview every REFRESH_MS; its buttons trigger DAG runs
-// through Airflow's REST API with the session's own cookie, so Airflow authorises and logs
-// each one as a trigger by this user.
+// The operator's page: draws /api/overview every REFRESH_MS, and each pipeline's last 15
+// minutes (/api/timeline/<pipeline>: its engines' timelines merged by the plugin) as uPlot
+// charts every TIMELINE_MS; its buttons trigger DAG runs through Airflow's REST API with
+// the session's own cookie, so Airflow authorises and logs each one as a trigger by this user.
 "use strict";
 
 const PREFIX = document.body.dataset.prefix;
 // Often enough that a takeover shows within a couple of seconds; each refresh is two small
 // requests per engine (snapshots and audit are re-read at most every 30 s).
 const REFRESH_MS = 1000;
+// The timeline's buckets are 5 s long; every 2 s the newest one's figures show as they grow.
+const TIMELINE_MS = 2000;
+const CHART = { width: 440, height: 160 };
 let pending = null; // the action waiting for its confirmation: {dag, conf, label}
 
 function el(tag, attrs = {}, ...children) {
@@ -220,11 +224,142 @@ function pipelineSection(p) {
     ),
     p.problems.length ? el("ul", { class: "problems" }, p.problems.map((x) => el("li", { class: "fail" }, x))) : null,
     engines,
+    timelineBox(p.name),
     el("div", { class: "columns" },
       el("div", {}, el("h3", {}, "Last takeovers"), takeovers),
       el("div", {}, el("h3", {}, "Snapshots"), snapshots),
       el("div", {}, el("h3", {}, "Latest audit"), audit)),
   );
+}
+
+// -- the charts: one box per pipeline, kept across redraws --------------------------------
+// draw() rebuilds every section each second; a pipeline's chart box (and its uPlot
+// instances) is the same node each time, moved into the new section, so the charts are not
+// rebuilt and keep their cursor. The box's data-* attributes say what the charts show (the
+// browser test reads them rather than pixels).
+const boxes = new Map(); // pipeline -> {node, plots: {latency, rate, lag}, lagKeys, tl}
+
+function timelineBox(name) {
+  let box = boxes.get(name);
+  if (!box) {
+    const node = el(
+      "div",
+      { class: "timeline", "data-timeline": name, "data-points": "0", "data-last-t": "", "data-takeovers": "0", "data-published": "0" },
+      el("h3", {}, "Last 15 minutes ", el("span", { class: "muted" }, "(takeovers: red rules)")),
+      el("div", { class: "charts" }),
+      el("p", { class: "muted note" }, "waiting for the engines' figures…"),
+    );
+    box = { node, plots: {}, lagKeys: "", tl: null };
+    boxes.set(name, box);
+  }
+  return box.node;
+}
+
+// Takeovers as vertical rules across a chart, each labelled with its epoch and winner.
+function takeoverMarks(box) {
+  return {
+    hooks: {
+      draw: [
+        (u) => {
+          const tl = box.tl;
+          if (!tl) return;
+          const ctx = u.ctx;
+          ctx.save();
+          ctx.strokeStyle = "#c53030";
+          ctx.fillStyle = "#c53030";
+          ctx.lineWidth = 2 * devicePixelRatio;
+          ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
+          for (const mark of tl.takeovers) {
+            const x = Math.round(u.valToPos(mark.t, "x", true));
+            if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+            ctx.beginPath();
+            ctx.moveTo(x, u.bbox.top);
+            ctx.lineTo(x, u.bbox.top + u.bbox.height);
+            ctx.stroke();
+            ctx.fillText(`epoch ${mark.epoch}: ${mark.engine_id}`, x + 3 * devicePixelRatio, u.bbox.top + 12 * devicePixelRatio);
+          }
+          ctx.restore();
+        },
+      ],
+    },
+  };
+}
+
+function chartOptions(box, title, unit, series) {
+  return {
+    title,
+    ...CHART,
+    // The window ends at the plugin's clock, not at the newest point: an idle pipeline's
+    // chart still moves, and a gap shows as a gap.
+    scales: { x: { time: true, range: () => (box.tl ? [box.tl.now - box.tl.window_s, box.tl.now] : [0, 1]) }, y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
+    axes: [{}, { label: unit, size: 60 }],
+    series: [{}, ...series],
+    plugins: [takeoverMarks(box)],
+    legend: { live: true },
+  };
+}
+
+const COLOURS = ["#2b6cb0", "#d69e2e", "#38a169", "#805ad5", "#dd6b20", "#319795"];
+
+function drawTimeline(name, tl, roles) {
+  const box = boxes.get(name);
+  if (!box || !box.node.isConnected) return;
+  box.tl = tl;
+  const charts = box.node.querySelector(".charts");
+  const engines = Object.keys(tl.lag).sort();
+  const lagKeys = engines.map((e) => `${e}:${roles[e] || "?"}`).join(",");
+  if (!box.plots.latency) {
+    box.plots.latency = new uPlot(
+      chartOptions(box, "End-to-end latency (publishing engine)", "seconds", [
+        { label: "p50", stroke: "#2b6cb0", width: 1.5, value: (u, v) => (v === null ? "-" : `${v.toFixed(3)} s`) },
+        { label: "p99", stroke: "#c05621", width: 1.5, value: (u, v) => (v === null ? "-" : `${v.toFixed(3)} s`) },
+      ]),
+      [[], [], []],
+      charts,
+    );
+    box.plots.rate = new uPlot(
+      chartOptions(box, "Input rate", "events/s", [{ label: "in", stroke: "#38a169", width: 1.5, fill: "rgba(56,161,105,.08)" }]),
+      [[], []],
+      charts,
+    );
+  }
+  if (box.lagKeys !== lagKeys) {
+    // Another engine (or a role changed): the lag chart's series are rebuilt, once.
+    if (box.plots.lag) box.plots.lag.destroy();
+    box.plots.lag = new uPlot(
+      chartOptions(box, "Lag per engine", "records", engines.map((e, i) => ({ label: `${e} (${roles[e] || "?"})`, stroke: COLOURS[i % COLOURS.length], width: 1.5 }))),
+      [[], ...engines.map(() => [])],
+      charts,
+    );
+    box.lagKeys = lagKeys;
+  }
+  box.plots.latency.setData([tl.t, tl.p50_s, tl.p99_s]);
+  box.plots.rate.setData([tl.t, tl.in_per_s]);
+  box.plots.lag.setData([tl.t, ...engines.map((e) => tl.lag[e])]);
+  const withLatency = tl.t.filter((t, i) => tl.p99_s[i] !== null);
+  box.node.dataset.points = String(withLatency.length);
+  box.node.dataset.lastT = withLatency.length ? String(withLatency[withLatency.length - 1]) : "";
+  box.node.dataset.takeovers = String(tl.takeovers.length);
+  box.node.dataset.published = String(tl.published.reduce((a, b) => a + b, 0));
+  const unread = Object.entries(tl.unread).map(([e, why]) => `engine ${e}: no figures (${why})`);
+  box.node.querySelector(".note").textContent = unread.length
+    ? unread.join("; ")
+    : tl.t.length ? "" : "no figures yet: the engines report once they run";
+}
+
+async function refreshTimelines() {
+  try {
+    for (const p of lastSeen ? lastSeen.overview.pipelines : []) {
+      const response = await fetch(`${PREFIX}/api/timeline/${encodeURIComponent(p.name)}`, { credentials: "same-origin" });
+      if (!response.ok) continue; // the overview's poll says what is wrong with the session
+      const roles = Object.fromEntries(p.engines.map((e) => [e.engine_id, e.role || "unreachable"]));
+      drawTimeline(p.name, await response.json(), roles);
+    }
+  } catch (error) {
+    for (const box of boxes.values()) box.node.querySelector(".note").textContent = `cannot read the timeline (${error.message}); retrying`;
+  } finally {
+    setTimeout(refreshTimelines, TIMELINE_MS);
+  }
 }
 
 let lastSeen = null;
@@ -255,3 +390,4 @@ async function refresh() {
 }
 
 refresh();
+refreshTimelines();
