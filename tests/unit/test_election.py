@@ -9,7 +9,14 @@ from kazoo.exceptions import AuthFailedError, NoAuthError, NoNodeError
 from kazoo.protocol.states import KeeperState
 from kazoo.security import make_acl, make_digest_acl
 
-from twinstream.core.election import Election, ForeignNodeError, check_owned
+from twinstream.core.election import (
+    MAX_HAND_ONS,
+    Election,
+    ForeignNodeError,
+    Standing,
+    check_owned,
+    preferred_over,
+)
 
 
 class FakeCounter:
@@ -359,3 +366,96 @@ def test_resigning_after_a_fence_never_waits_for_zookeeper_in_the_callers_thread
     assert election._thread is not None
     election._thread.join(5)
     assert foreign == [True]  # the counter still at the leader's epoch, its node first
+
+
+# -- preference: the most caught-up in-sync engine leads (issue 35) ------------------------
+
+IN_SYNC = Standing(True, 100)
+FAR_BEHIND = Standing(False, 250_000)
+
+
+@pytest.mark.parametrize(
+    ("me", "others", "expected"),
+    [
+        # Restoring or cold while another is in sync: hand on.
+        (FAR_BEHIND, {"b": IN_SYNC}, "b"),
+        (Standing(False, None), {"b": IN_SYNC}, "b"),
+        # The most caught-up of several in-sync engines.
+        (FAR_BEHIND, {"b": Standing(True, 900), "c": Standing(True, 40)}, "c"),
+        # In sync myself: only one more than a batch (the margin) less behind wins it.
+        (Standing(True, 4_000), {"b": Standing(True, 0)}, None),
+        (Standing(True, 6_000), {"b": Standing(True, 500)}, "b"),
+        # Nobody in sync (a double failure): whoever won leads, the fastest way back.
+        (FAR_BEHIND, {"b": Standing(False, 10)}, None),
+        (FAR_BEHIND, {}, None),
+        # In sync with an unknown lag: nothing to compare.
+        (Standing(True, None), {"b": Standing(True, 0)}, None),
+    ],
+)
+def test_preferred_over(me, others, expected):
+    assert preferred_over(me, others, margin=5_000) == expected
+
+
+def test_standing_round_trips_and_a_damaged_node_is_ignored():
+    assert Standing.from_json(FAR_BEHIND.to_json()) == FAR_BEHIND
+    assert Standing.from_json(b"not json") is None
+    assert Standing.from_json(b'{"lag": 3}') is None
+
+
+def test_a_winner_far_behind_hands_on_without_an_epoch_then_leads_when_nobody_takes_it():
+    """Behind while `b` says it is in sync: each win is handed on before the epoch counter
+    moves; once MAX_HAND_ONS wins went nowhere (b never took them) this engine leads."""
+    FakeCounter.value = 0
+    client = FakeClient()
+    events = []
+    wins = threading.Event()
+
+    def on_elected(epoch):
+        events.append(("elected", epoch))
+        wins.set()
+
+    now = [0.0]
+    election = Election(
+        client,
+        "/twinstream/p/election",
+        "/twinstream/p/epoch",
+        "a",
+        on_elected=on_elected,
+        on_step_down=lambda reason: events.append(("down", reason)),
+        on_connection=lambda ok: None,
+        sleep=lambda s: election.stop() if wins.is_set() else None,
+        standing=lambda: FAR_BEHIND,
+        prefer_margin=5_000,
+        clock=lambda: now[0],
+    )
+    election.standings = lambda: {"b": IN_SYNC}
+    election.withdraw_standing = lambda: None
+    election.start()
+    assert wins.wait(5)
+    election.stop()
+    assert events[0] == ("elected", 1)  # one epoch: the handed-on wins took none
+    assert client.runs == MAX_HAND_ONS + 1
+
+
+def test_a_winner_in_sync_leads_at_once():
+    FakeCounter.value = 0
+    client = FakeClient()
+    events = []
+    election = Election(
+        client,
+        "/twinstream/p/election",
+        "/twinstream/p/epoch",
+        "a",
+        on_elected=lambda epoch: events.append(("elected", epoch)),
+        on_step_down=lambda reason: None,
+        on_connection=lambda ok: None,
+        sleep=lambda s: election.stop(),
+        standing=lambda: IN_SYNC,
+        prefer_margin=5_000,
+    )
+    election.standings = lambda: {"b": FAR_BEHIND}
+    election.withdraw_standing = lambda: None
+    election.start()
+    election.stop()
+    assert events == [("elected", 1)]
+    assert client.runs == 1

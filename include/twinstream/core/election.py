@@ -9,6 +9,15 @@ election again with a new node. Kafka fencing (the shared transactional id) cove
 window in which an old active has not yet heard that its session is gone.
 
 Each win increments a counter znode: the epoch, written into every published record.
+
+Guarantee (preference): a contender that wins while it is not in sync (cold, restoring,
+catching up) and another live engine says it is, or while it is more than a batch behind an
+in-sync one, hands the win on before it takes an epoch or fences anything: it leaves the
+lock and queues again, so the most caught-up in-sync engine leads. Each engine says how it
+stands in an ephemeral znode (`publish_standing`), gone with its session like its lock node,
+so a dead engine is never preferred. Handing on is bounded (MAX_HAND_ONS within
+HAND_ON_WINDOW_S): an engine that says it is in sync but does not contend cannot keep the
+pipeline without an active.
 Clients authenticate by SASL (DIGEST-MD5, no password on the wire) and every znode carries
 an ACL for Twinstream's user alone: others can neither read, create nor delete them. A node
 Twinstream needs that someone else created is refused with the fix (`check_owned`).
@@ -17,11 +26,13 @@ Twinstream needs that someone else created is refused with the fix (`check_owned
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import posixpath
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -134,6 +145,49 @@ def ensure_chroot(settings: Settings, acl: list[ACL]) -> None:
         client.close()
 
 
+@dataclass(frozen=True)
+class Standing:
+    """How far an engine is: in sync (twinstream.positions.is_in_sync) and its lag."""
+
+    in_sync: bool
+    lag: int | None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"in_sync": self.in_sync, "lag": self.lag}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Standing | None:
+        try:
+            value = json.loads(data)
+            lag = value.get("lag")
+            return cls(bool(value["in_sync"]), None if lag is None else int(lag))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+
+def preferred_over(me: Standing, others: Mapping[str, Standing], margin: int) -> str | None:
+    """The engine that should lead instead of one standing as `me`, or None.
+
+    An in-sync engine is preferred to one that is not; among in-sync engines, one more than
+    `margin` records (a batch) less behind. Engines that are not in sync are never preferred:
+    after a double failure whoever wins first leads, the fastest way back to any output."""
+    in_sync = {e: s for e, s in others.items() if s.in_sync}
+    if not in_sync:
+        return None
+    if not me.in_sync:
+        return min(in_sync, key=lambda e: (in_sync[e].lag is None, in_sync[e].lag or 0, e))
+    if me.lag is None:
+        return None
+    ahead = {e: s.lag for e, s in in_sync.items() if s.lag is not None and s.lag + margin < me.lag}
+    return min(ahead, key=lambda e: (ahead[e], e)) if ahead else None
+
+
+# A winner hands on at most this many times within the window, then leads whatever others
+# say: a standing node outlives its engine's contention for a moment (its pipeline stopping).
+MAX_HAND_ONS = 3
+HAND_ON_WINDOW_S = 30.0
+
+
 class Election:
     def __init__(
         self,
@@ -146,7 +200,19 @@ class Election:
         on_connection: Callable[[bool], None],
         sleep: Callable[[float], None] = time.sleep,
         root_acl: list[ACL] | None = None,
+        standing: Callable[[], Standing] | None = None,
+        prefer_margin: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        # How this engine stands now, asked on each win (None: never hand on).
+        self._standing = standing
+        self._prefer_margin = prefer_margin
+        self._clock = clock
+        self._hand_ons: list[float] = []
+        self._standing_path = posixpath.join(posixpath.dirname(path), "standing")
+        # The session the standing node was created in (ephemeral: a new session needs a
+        # new node).
+        self._standing_session: Any = None
         self._root_acl = root_acl
         self._claimed = False
         self._client = client
@@ -213,6 +279,76 @@ class Election:
         check_owned(self._client, home, self._root_acl)
         self._claimed = True
 
+    def publish_standing(self, standing: Standing) -> None:
+        """Say how this engine stands, for winners to compare (called about once a second
+        from the engine's main loop). Never blocks on a suspended session: the write is
+        asynchronous, and a failed one is simply made again at the next call."""
+        path = posixpath.join(self._standing_path, self._identifier)
+        session = self._client.client_id
+        try:
+            if self._standing_session != session or session is None:
+                with contextlib.suppress(NodeExistsError):
+                    self._client.create(path, standing.to_json(), ephemeral=True, makepath=True)
+                self._client.set(path, standing.to_json())
+                self._standing_session = session
+            else:
+                self._client.set_async(path, standing.to_json())
+        except KazooException as exc:
+            self._standing_session = None
+            log.debug("election %s: standing not written (%r)", self._identifier, exc)
+
+    def withdraw_standing(self) -> None:
+        """The pipeline stopped: no winner should wait for this engine any more."""
+        if self._standing is None:
+            return
+        with contextlib.suppress(KazooException):
+            self._client.delete(posixpath.join(self._standing_path, self._identifier))
+        self._standing_session = None
+
+    def standings(self) -> dict[str, Standing]:
+        """Every other engine's standing, as their nodes say now."""
+        try:
+            self._client.sync(self._standing_path)
+            children = self._client.get_children(self._standing_path)
+        except NoNodeError:
+            return {}
+        found: dict[str, Standing] = {}
+        for child in children:
+            if child == self._identifier:
+                continue
+            with contextlib.suppress(NoNodeError):
+                data, _stat = self._client.get(posixpath.join(self._standing_path, child))
+                standing = Standing.from_json(data)
+                if standing is not None:
+                    found[child] = standing
+        return found
+
+    def _hand_on_to(self) -> str | None:
+        """Whom this win should go to instead (see the module's guarantee), or None."""
+        if self._standing is None:
+            return None
+        now = self._clock()
+        self._hand_ons = [t for t in self._hand_ons if now - t < HAND_ON_WINDOW_S]
+        if len(self._hand_ons) >= MAX_HAND_ONS:
+            return None
+        try:
+            me = self._standing()
+            other = preferred_over(me, self.standings(), self._prefer_margin)
+        except Exception as exc:  # leading beats waiting on a question ZooKeeper cannot answer
+            log.warning("election %s: standings unreadable (%r); leading", self._identifier, exc)
+            return None
+        if other is not None:
+            self._hand_ons.append(now)
+            log.warning(
+                "election %s: won, but %s is more caught up (this engine: in sync %s, lag %s); "
+                "handing the win on",
+                self._identifier,
+                other,
+                me.in_sync,
+                me.lag,
+            )
+        return other
+
     def contenders(self) -> list[str]:
         return list(self._client.Election(self._path).contenders())
 
@@ -266,6 +402,7 @@ class Election:
 
     def stop(self) -> None:
         """Leave the election for good (the pipeline stopped)."""
+        self.withdraw_standing()
         self._stop.set()
         self._resign.set()
         if self._election is not None:
@@ -337,6 +474,8 @@ class Election:
                 "election %s: won with a node that is gone; queueing again", self._identifier
             )
             return
+        if self._hand_on_to() is not None:
+            return  # before the epoch: nothing fenced, the next contender wins at once
         counter = self._client.Counter(self._epoch_path)
         counter += 1
         epoch = int(counter.value)
