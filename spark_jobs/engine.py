@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(1.0):
         engine.check_query()
         engine.track_active_position()
+        engine.publish_standing()
         engine.log_batch_timings(settings.batch_timings_log_s)
     engine.close()
     server.should_exit = True

@@ -8,6 +8,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +25,14 @@ from twinstream.admin_api import (
     TakeoverInfo,
     UncoveredRange,
 )
+from twinstream.arrivals import Arrivals, ArrivalSampler
 from twinstream.config import Settings
 from twinstream.contract import Pipeline
 from twinstream.core.checkpoint import unread
 from twinstream.core.election import (
     Election,
     ForeignNodeError,
+    Standing,
     ensure_chroot,
     root_acl,
     zk_client,
@@ -37,7 +40,7 @@ from twinstream.core.election import (
 from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.quarantine import QuarantineStore, describe
-from twinstream.core.rows import positions_text, split_record_id
+from twinstream.core.rows import Output, positions_text, split_record_id
 from twinstream.lag_trend import LagHistory
 from twinstream.metrics import EngineMetrics
 from twinstream.pipeline import rows_of, spark_conf, start_query, warm_up
@@ -52,6 +55,7 @@ from twinstream.positions import (
     lag as inbound_lag,
 )
 from twinstream.recovery import Recovery
+from twinstream.timeline import Timeline
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -75,6 +79,7 @@ class Engine:
             max_buffer_size=settings.max_buffered_msgs,
             on_gap=self._on_gap,
             on_fenced=self._resign,
+            on_committed=self._committed,
         )
         # A gap to recompute, found at a takeover: how (the main loop does it).
         self._repair: repair.Plan | None = None
@@ -88,6 +93,10 @@ class Engine:
             on_step_down=self._stepped_down,
             on_connection=self.gate.zk_connected,
             root_acl=root_acl(settings),
+            # A win goes on to an engine more than a batch (in_sync_lag) more caught up:
+            # a takeover then never waits for a restoring or cold engine to catch up.
+            standing=self.standing,
+            prefer_margin=settings.in_sync_lag,
         )
         self.quarantine = QuarantineStore(self.zk, settings.quarantine_path)
         # Failures of the query: the quarantine search, the backoff (twinstream.recovery).
@@ -115,6 +124,16 @@ class Engine:
         self.lag_history = LagHistory()
         self._spare: KafkaPublisher | None = None
         self._prepare_publisher()
+        # The last 15 minutes of this engine's figures (the operator page's chart): the
+        # latency of what it published, from each record's arrival in the inbound topic
+        # (sampled high watermarks, twinstream.arrivals) to the commit.
+        self.timeline = Timeline()
+        self.arrivals = Arrivals()
+        self._arrival_marks = InboundWatermarks(settings, engine_id)
+        self._arrival_sampler = ArrivalSampler(
+            self.arrivals, lambda: self._arrival_marks.highs(max_age_s=0.0)
+        )
+        self._arrival_sampler.start()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -264,6 +283,9 @@ class Engine:
         self.stop_pipeline("engine shutting down")
         self.zk.stop()
         self.zk.close()
+        self._arrival_sampler.stop()
+        self._arrival_sampler.join(timeout=2)
+        self._arrival_marks.close()
         self.watermarks.close()
         self._last_published.close()
         self._active_position.close()
@@ -665,7 +687,11 @@ class Engine:
             log.warning("engine %s: could not prepare a publisher: %s", self.engine_id, exc)
             self._spare = None
 
+    def _committed(self, rows: Sequence[Output]) -> None:
+        self.timeline.published(self.arrivals.latencies(rows, time.time()))
+
     def _take_over(self, epoch: int) -> None:
+        self.timeline.takeover(epoch)
         spare, self._spare = self._spare, None
 
         def fence() -> KafkaPublisher:
@@ -715,6 +741,27 @@ class Engine:
             epoch=status.epoch,
             version=twinstream.__version__,
         )
+
+    def standing(self) -> Standing:
+        """How far this engine is, as the election compares engines: asked on each win."""
+        lag = self._lag(self.gate.status().processed)
+        in_sync = is_in_sync(
+            self._state, lag, self.settings.in_sync_lag, self._query_position() is not None
+        )
+        return Standing(in_sync, lag)
+
+    def publish_standing(self) -> None:
+        """Tell the other engines how far this one is (the main loop, once a second), while
+        it contends: a winner that is behind hands its win to one that is in sync; and put
+        the second's figures in the timeline."""
+        if self._state not in ("running", "restoring", "persisting"):
+            return
+        standing = self.standing()
+        self.election.publish_standing(standing)
+        self.timeline.lag(standing.lag)
+        rate = self._events_per_s()
+        if rate is not None:
+            self.timeline.rate(rate)
 
     def sample_lag(self, lag: int | None) -> None:
         """One sample of the lag's trend, while the query works: a stopped or recovering
@@ -862,6 +909,9 @@ class EngineControl:
 
     def buffer_tail(self, last: int) -> list[BufferedRow]:
         return self.engine.buffer_tail(last)
+
+    def timeline(self) -> dict[str, Any]:
+        return self.engine.timeline.snapshot()
 
     def metrics(self) -> bytes:
         return self.engine.metrics_text()

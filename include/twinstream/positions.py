@@ -153,11 +153,11 @@ class InboundWatermarks:
                     offsets[tp.partition] = int(high)
         return offsets
 
-    def highs(self) -> dict[int, int] | None:
-        """The high watermark of each partition, at most 0.5 s old; None when Kafka does
-        not answer."""
+    def highs(self, max_age_s: float = 0.5) -> dict[int, int] | None:
+        """The high watermark of each partition, at most `max_age_s` old; None when Kafka
+        does not answer."""
         fetched_at, value = self._high
-        if fetched_at >= 0 and self._clock() - fetched_at < 0.5:
+        if fetched_at >= 0 and self._clock() - fetched_at < max_age_s:
             return value
         with self._lock:
             try:

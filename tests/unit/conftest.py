@@ -29,6 +29,7 @@ def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> engine_module.Eng
         "LastPublishedReader",
         "KafkaPublisher",
         "Election",
+        "ArrivalSampler",
     ):
         monkeypatch.setattr(engine_module, name, mock.MagicMock(name=name))
     # No stack has run on a fresh clone: no secret files; the ZooKeeper client is a mock.

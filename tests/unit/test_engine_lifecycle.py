@@ -12,7 +12,8 @@ def test_close_stops_the_query_and_every_client(engine):
     engine.election.stop.assert_called_once()
     engine.zk.stop.assert_called_once()
     engine.zk.close.assert_called_once()
-    engine.watermarks.close.assert_called_once()
+    # Two InboundWatermarks (one mock class here): the lag's and the arrivals' consumers.
+    assert engine.watermarks.close.call_count == 2
     engine._spark.stop.assert_called_once()
     assert engine._state == "stopped"
 
@@ -26,7 +27,8 @@ def test_close_goes_on_when_the_jvm_already_stopped_the_spark_context(engine, ca
     engine.election.stop.assert_called_once()
     engine.zk.stop.assert_called_once()
     engine.zk.close.assert_called_once()
-    engine.watermarks.close.assert_called_once()
+    # Two InboundWatermarks (one mock class here): the lag's and the arrivals' consumers.
+    assert engine.watermarks.close.call_count == 2
     assert engine._state == "stopped"
     assert engine._query is None
     assert "did not stop cleanly (An error occurred while calling o114.stop.)" in caplog.text

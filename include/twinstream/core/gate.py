@@ -211,8 +211,12 @@ class Gate:
         wall_clock: Callable[[], float] = time.time,
         on_gap: Callable[[int, int, int], bool] | None = None,
         on_fenced: Callable[[], None] | None = None,
+        on_committed: Callable[[Sequence[Output]], None] | None = None,
     ) -> None:
         self.engine_id = engine_id
+        # Told of every committed transaction's rows, after the commit (a report, such as
+        # their latency: it can neither delay nor fail a publish).
+        self._on_committed = on_committed
         self.pipeline = pipeline
         self._parts: dict[int, _Partition] = {}
         self._buffer_size = buffer_size
@@ -687,6 +691,13 @@ class Gate:
         for partition, group in by_partition(rows).items():
             self._parts[partition].last_published = group[-1].msg_id
         self._metrics.published(len(rows))
+        if self._on_committed is not None:
+            try:
+                self._on_committed(rows)
+            except Exception:
+                log.exception(
+                    "engine %s pipeline %s: commit report failed", self.engine_id, self.pipeline
+                )
         if self._took_over_at is not None:
             log.info(
                 "engine %s pipeline %s: first transaction as active (msg_id %s, %s rows) "
