@@ -160,3 +160,18 @@ def test_cli_status_and_down_of_a_stack_that_is_not_running(tmp_path):
     down = _cli(["down"], {}, tmp_path)
     assert down.returncode == 0
     assert "not running" in down.stdout
+
+
+def test_airflow_db_is_migrated_once_then_skipped_by_its_stamp(settings, monkeypatch):
+    """`make up`'s airflow-db step: the migration runs with the stack's Airflow environment,
+    and a second `make up` skips it without starting Airflow's CLI."""
+    from twinstream.stack import launch
+
+    calls: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(launch.subprocess, "run", lambda argv, env, **_: calls.append((argv, env)))
+    assert launch.migrate_airflow_db(settings, echo=lambda _line: None)
+    [(argv, env)] = calls
+    assert argv[1:] == ["db", "migrate"]
+    assert env["AIRFLOW_HOME"] == str(Layout.of(settings).airflow_home)
+    assert not launch.migrate_airflow_db(settings, echo=lambda _line: None)
+    assert len(calls) == 1
