@@ -281,7 +281,9 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
     pipeline's last takeovers, newest snapshot and last audit; exit 1 if a pipeline has a
     problem (not exactly one active, a gap, a standby that cannot cover a takeover, a failed
     audit), 2 if the engines refuse the token or none answers (one line saying so)."""
+    from twinstream import timeline
     from twinstream.status_view import render, watch
+    from twinstream.timeline import PipelineTimeline
 
     token = settings.secret("admin_token")
     chosen = getattr(args, "pipeline", None)
@@ -296,8 +298,12 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
     def look() -> Overview:
         return overview(pipelines, engine)
 
+    def timelines() -> dict[str, PipelineTimeline]:
+        return {name: timeline.read(name, s, engine) for name, s in pipelines.items()}
+
     if getattr(args, "watch", None) is not None:
-        return watch(look, float(getattr(args, "watch", 2.0)))
+        charts = None if getattr(args, "no_sparklines", False) else timelines
+        return watch(look, float(getattr(args, "watch", 2.0)), timelines=charts)
     seen = look()
     failure = unusable(seen, settings)
     if failure is not None:
@@ -520,7 +526,13 @@ def main(argv: list[str] | None = None) -> int:
         const=2.0,
         type=float,
         metavar="SECONDS",
-        help="redraw every SECONDS (default 2) until Ctrl-C",
+        help="redraw every SECONDS (default 2) until Ctrl-C, with each pipeline's last 15 "
+        "minutes as sparklines (p99 latency, input rate, each engine's lag, takeovers)",
+    )
+    status.add_argument(
+        "--no-sparklines",
+        action="store_true",
+        help="with --watch: the tables only (the engines are not asked for their timelines)",
     )
     for command in (pub, subp, quar, kconf):
         command.add_argument(

@@ -1,10 +1,12 @@
 """`twinstream status` on a terminal: the operator's view (`twinstream.overview`) as rich
-tables, roles and problems in colour; `--watch` redraws it in place."""
+tables, roles and problems in colour; `--watch` redraws it in place, with each pipeline's
+last 15 minutes (`twinstream.timeline`, what the operator page charts) as sparklines:
+p99 end-to-end latency, input rate, each engine's lag, and the takeovers marked."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from rich.console import Console, Group
@@ -14,9 +16,15 @@ from rich.text import Text
 
 from twinstream.core.rows import positions_text
 from twinstream.overview import FAIL, WARN, EngineView, Overview, PipelineView
+from twinstream.timeline import PipelineTimeline
 
 ROLE_STYLES = {"active": "bold green", "standby": "cyan"}
 HEALTH_STYLES = {FAIL: "bold red", WARN: "yellow"}
+# Lowest to highest; a slot without a figure is a space (nothing known, not zero).
+BARS = "▁▂▃▄▅▆▇█"
+TAKEOVER = "▲"
+# Characters a sparkline spans: 15 s a character over 15 minutes.
+SPARK_WIDTH = 60
 
 
 def console() -> Console:
@@ -149,10 +157,101 @@ def history(pipeline: PipelineView) -> Text:
     return lines
 
 
-def view(seen: Overview) -> Group:
+def slots(
+    times: Sequence[float],
+    values: Sequence[float | int | None],
+    start: float,
+    end: float,
+    width: int,
+    worst: bool,
+) -> list[float | None]:
+    """`values` (at `times`) in `width` equal slots of start..end: each slot's highest
+    (`worst`: a p99, a lag) or its mean (a rate); None for a slot with no figure."""
+    span = (end - start) / width
+    held: list[list[float]] = [[] for _ in range(width)]
+    for t, v in zip(times, values, strict=True):
+        if v is None or t < start or t > end:
+            continue
+        held[min(width - 1, int((t - start) / span))].append(float(v))
+    return [None if not h else (max(h) if worst else sum(h) / len(h)) for h in held]
+
+
+def sparkline(values: Sequence[float | None]) -> str:
+    """▁ to █ from 0 to the highest value; a space where nothing is known."""
+    top = max((v for v in values if v is not None), default=0.0)
+    out = []
+    for v in values:
+        if v is None:
+            out.append(" ")
+        else:
+            level = 0 if top <= 0 else round(v / top * (len(BARS) - 1))
+            out.append(BARS[max(0, min(len(BARS) - 1, level))])
+    return "".join(out)
+
+
+def _figure(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        return f"{value:.2f} s" if value < 100 else f"{value:,.0f} s"
+    return f"{value:,.0f}{unit}"
+
+
+def timeline_text(
+    timeline: PipelineTimeline, roles: Mapping[str, str | None], width: int = SPARK_WIDTH
+) -> Text:
+    """The pipeline's last `window_s` as sparklines, oldest left, `now` at the right end;
+    takeovers as ▲ under the slots they fell in, and those slots red in every line."""
+    end, start = timeline.now, timeline.now - timeline.window_s
+    span = (end - start) / width
+    marks = [m for m in timeline.takeovers if start <= m.t <= end]
+    marked = {min(width - 1, int((m.t - start) / span)) for m in marks}
+    lines: list[tuple[str, list[float | None], str]] = [
+        ("p99 latency", slots(timeline.t, timeline.p99_s, start, end, width, True), "s"),
+        ("input rate", slots(timeline.t, timeline.in_per_s, start, end, width, False), "/s"),
+    ]
+    for engine_id, lags in sorted(timeline.lag.items()):
+        role = roles.get(engine_id) or "unreachable"
+        lines.append(
+            (f"lag {engine_id} ({role})", slots(timeline.t, lags, start, end, width, True), "")
+        )
+    label_width = max(len(label) for label, _, _ in lines) + 2
+    minutes = timeline.window_s / 60
+    text = Text(f"  {'last ' + format(minutes, 'g') + ' min':<{label_width}}", style="dim")
+    text.append(f"{'◀ ' + format(minutes, 'g') + ' min ago':<{width - 5}}now ▶\n", style="dim")
+    for label, values, unit in lines:
+        text.append(f"  {label:<{label_width}}")
+        for i, char in enumerate(sparkline(values)):
+            text.append(char, style="bold red" if i in marked else "cyan")
+        newest = next((v for v in reversed(values) if v is not None), None)
+        top = max((v for v in values if v is not None), default=None)
+        text.append(f"  now {_figure(newest, unit)}, max {_figure(top, unit)}\n")
+    if marks:
+        row = [" "] * width
+        for i in marked:
+            row[i] = TAKEOVER
+        said = ", ".join(
+            f"epoch {m.epoch} {m.engine_id} at "
+            f"{datetime.fromtimestamp(m.t, UTC).strftime('%H:%M:%S')}"
+            for m in marks
+        )
+        text.append(f"  {'takeovers':<{label_width}}")
+        text.append("".join(row), style="bold red")
+        text.append(f"  {said}\n")
+    for engine_id, why in sorted(timeline.unread.items()):
+        text.append(f"  engine {engine_id}: no figures ({why})\n", style="yellow")
+    return text
+
+
+def view(seen: Overview, timelines: Mapping[str, PipelineTimeline] | None = None) -> Group:
     parts: list[Table | Text] = []
     for pipeline in seen.pipelines:
-        parts += [engines_table(pipeline), history(pipeline)]
+        parts += [engines_table(pipeline)]
+        timeline = (timelines or {}).get(pipeline.name)
+        if timeline is not None:
+            roles = {e.engine_id: e.role for e in pipeline.engines}
+            parts.append(timeline_text(timeline, roles))
+        parts.append(history(pipeline))
     parts.append(Text(f"as of {seen.generated_at}", style="dim"))
     return Group(*parts)
 
@@ -166,15 +265,21 @@ def watch(
     every_s: float,
     sleep: Callable[[float], None] = time.sleep,
     rounds: int | None = None,
+    timelines: Callable[[], Mapping[str, PipelineTimeline]] | None = None,
 ) -> int:
-    """Redraw until Ctrl-C (or `rounds` redraws, for tests); 0."""
+    """Redraw until Ctrl-C (or `rounds` redraws, for tests); 0. With `timelines`, each
+    pipeline's sparklines are drawn under its table."""
     out = console()
     done = 0
+
+    def seen() -> Group:
+        return view(look(), None if timelines is None else timelines())
+
     try:
-        with Live(view(look()), console=out, auto_refresh=False) as live:
+        with Live(seen(), console=out, auto_refresh=False) as live:
             while rounds is None or done < rounds:
                 sleep(every_s)
-                live.update(view(look()), refresh=True)
+                live.update(seen(), refresh=True)
                 done += 1
     except KeyboardInterrupt:
         out.print(f"stopped watching at {datetime.now(UTC).isoformat(timespec='seconds')}")

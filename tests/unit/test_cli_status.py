@@ -4,12 +4,14 @@ quarantined offsets, backpressure pause and gap repair (the admin client's answe
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.unit import fakes
 from tests.unit.fakes import pipeline_info, server_info
 from twinstream import cli, registry
 from twinstream.admin_api import PipelineInfo, ServerInfo
@@ -248,3 +250,131 @@ def test_a_wrong_token_is_named_even_with_some_engines_down(
     err = capsys.readouterr().err
     assert "every engine refuses the admin token" in err
     assert ", 2 more not answering" in err
+
+
+# -- --watch's sparklines (twinstream.timeline's figures) -----------------------------------
+
+NOW = 1_000_000.0
+
+
+def test_a_sparkline_scales_from_zero_to_its_highest_and_leaves_unknown_blank() -> None:
+    from twinstream.status_view import slots, sparkline
+
+    assert sparkline([0.0, 3.5, 7.0, None, 1.0]) == "▁▅█ ▂"
+    assert sparkline([None, None]) == "  "
+    assert sparkline([0, 0]) == "▁▁"
+    # Four buckets into two slots of 10 s: a p99 slot shows its worst, a rate its mean.
+    times, values = [NOW, NOW + 5, NOW + 10, NOW + 15], [1.0, 3.0, None, 5.0]
+    assert slots(times, values, NOW, NOW + 20, 2, worst=True) == [3.0, 5.0]
+    assert slots(times, values, NOW, NOW + 20, 2, worst=False) == [2.0, 5.0]
+    assert slots(times, values, NOW + 20, NOW + 40, 2, worst=True) == [None, None]
+
+
+def merged_timeline() -> Any:
+    from twinstream.admin_api import TimelineInfo
+    from twinstream.timeline import merge
+
+    def point(t: float, **fields: Any) -> dict[str, Any]:
+        base = {"p50_s": None, "p99_s": None, "published": 0, "in_per_s": None, "lag": None}
+        return {"t": t, **base, **fields}
+
+    # a published until it died; b took over 300 s ago and published since.
+    a = fakes.timeline(
+        NOW,
+        points=[point(NOW - 600, p50_s=0.2, p99_s=0.5, published=9, in_per_s=100.0, lag=1)],
+        takeovers=[],
+    )
+    b = fakes.timeline(
+        NOW,
+        points=[
+            point(NOW - 600, in_per_s=100.0, lag=40),
+            point(NOW - 5, p50_s=1.0, p99_s=6.0, published=9, in_per_s=200.0, lag=2),
+        ],
+        takeovers=[{"t": NOW - 300, "epoch": 8}],
+    )
+    infos = {"a": TimelineInfo.model_validate(a), "b": TimelineInfo.model_validate(b)}
+    return merge("hostmetrics", infos, NOW, {"c": "unreachable"})
+
+
+def test_the_sparklines_show_p99_rate_each_lag_and_the_takeovers() -> None:
+    from twinstream.status_view import timeline_text
+
+    text = timeline_text(merged_timeline(), {"a": None, "b": "active"}, width=60).plain
+    header, *rest = text.splitlines()
+    left = header.index("◀")  # where every sparkline starts
+    lines = {line[:left].strip(): line for line in rest}
+    p99 = lines["p99 latency"]
+    # 60 slots of 15 s over 15 minutes: 600 s ago is slot 20, 5 s ago the last.
+    spark = p99[left : left + 60]
+    # 0.5 s against the highest 6 s: the second of eight levels.
+    assert spark[20] == "▂"
+    assert spark[59] == "█"
+    assert spark.replace(" ", "") == "▂█"
+    assert p99.endswith("now 6.00 s, max 6.00 s")
+    assert lines["input rate"].endswith("now 200/s, max 200/s")
+    assert "lag a (unreachable)" in text
+    assert lines["lag b (active)"].endswith("now 2, max 40")
+    # The takeover 300 s ago: slot 40, under the lines, named with its epoch and engine.
+    takeovers = lines["takeovers"]
+    assert takeovers[left : left + 60].index("▲") == 40
+    assert "epoch 8 b at 13:41:40" in takeovers
+    assert "engine c: no figures (unreachable)" in text
+
+
+def test_watch_draws_the_sparklines_under_each_pipelines_table(
+    monkeypatch: pytest.MonkeyPatch, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from twinstream.status_view import watch
+
+    fake_engines(monkeypatch, actives={"a", "c"})
+
+    def look() -> Overview:
+        return overview(
+            registry.stack(settings), lambda p, e: EngineClient.from_settings(p, e, "t")
+        )
+
+    seen = merged_timeline()
+    assert (
+        watch(look, 2.0, sleep=lambda s: None, rounds=1, timelines=lambda: {"hostmetrics": seen})
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "p99 latency" in out
+    assert "lag b (standby)" in out
+    assert "▲" in out
+    # Only the pipeline that has a timeline gets sparklines.
+    assert out.count("input rate") == 1
+
+
+def test_status_watch_asks_every_engine_for_its_timeline_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, settings: Settings
+) -> None:
+    from twinstream import status_view
+    from twinstream.admin_api import TimelineInfo
+
+    asked: list[str] = []
+    # cmd_status merges on the wall clock: the engines' figures are of now.
+    now = time.time()
+
+    def timeline(client: EngineClient) -> TimelineInfo:
+        asked.append(client.engine_id)
+        return TimelineInfo.model_validate(fakes.timeline(now))
+
+    monkeypatch.setattr(EngineClient, "timeline", timeline)
+    given: list[Any] = []
+
+    def watch(look: Any, every_s: float, timelines: Any = None) -> int:
+        given.append(timelines)
+        return 0
+
+    monkeypatch.setattr(status_view, "watch", watch)
+    args = argparse.Namespace(pipeline=None, json=False, watch=2.0, no_sparklines=False)
+    assert cli.cmd_status(settings, args) == 0
+    (charts,) = given
+    drawn = charts()
+    assert sorted(asked) == ["a", "b", "c", "d"]
+    assert set(drawn) == {"hostmetrics", "payments"}
+    assert drawn["hostmetrics"].p99_s == [0.9, None]
+    args.no_sparklines = True
+    assert cli.cmd_status(settings, args) == 0
+    assert given[1] is None
