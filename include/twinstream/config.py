@@ -172,6 +172,12 @@ class Settings(BaseSettings):
     # fixed cost (~0.6 s on two cores) once: at 5,000 that cost capped a drain near 5,000
     # events/s, at 20,000 one batch takes ~2 s and a drain runs twice as fast.
     max_offsets_per_trigger: int = Field(default=20_000, ge=1)
+    # A catch-up batch's length in time (twinstream.batching): each query start sizes its
+    # batches to what the engine measured it processes in this long, between
+    # min_offsets_per_trigger and max_offsets_per_trigger. A takeover, a persist or a stop
+    # waits for the batch in flight: this bounds that wait on any machine.
+    max_batch_s: float = Field(default=3.0, gt=0)
+    min_offsets_per_trigger: int = Field(default=2_000, ge=1)
     # An engine runs this many of its pipeline's sample records (`Pipeline.sample`) through
     # its whole plan when its Spark session starts, before its query: the first batches of
     # real records then run warm (twinstream.pipeline.warm_up). 0: no warm-up.

@@ -26,6 +26,7 @@ from twinstream.admin_api import (
     UncoveredRange,
 )
 from twinstream.arrivals import Arrivals, ArrivalSampler
+from twinstream.batching import DrainRate, batch_limit
 from twinstream.config import Settings
 from twinstream.contract import Pipeline
 from twinstream.core.checkpoint import unread
@@ -119,6 +120,8 @@ class Engine:
         self._active_position = LastPublishedReader(settings)
         self._active_position_read = 0.0
         self.batch_timings = BatchTimings()
+        # What this engine's batches process a second, for the next query's batch size.
+        self.drain_rate = DrainRate(settings.engine_dir(engine_id) / "drain-rate.json")
         self._timings_logged = time.monotonic()
         # The lag's recent samples: whether the engine is falling behind (twinstream.lag_trend).
         self.lag_history = LagHistory()
@@ -190,6 +193,7 @@ class Engine:
             self.process_batch,
             starting_offsets,
             quarantined=self.recovery.excluded,
+            max_offsets=self._batch_limit(),
         )
         log.info(
             "engine %s pipeline %s: query %s started from %s%s",
@@ -201,6 +205,26 @@ class Engine:
             if starting_offsets is None
             else f" at inbound offset {positions_text(starting_offsets)}",
         )
+
+    def _batch_limit(self) -> int:
+        """The new query's largest batch (twinstream.batching): `max_batch_s` of work at
+        the rate this engine measured."""
+        limit = batch_limit(
+            self.drain_rate.value,
+            self.settings.max_batch_s,
+            self.settings.min_offsets_per_trigger,
+            self.settings.max_offsets_per_trigger,
+        )
+        log.info(
+            "engine %s pipeline %s: batches of at most %s records (%s records/s measured, "
+            "%.1f s a batch)",
+            self.engine_id,
+            self.settings.pipeline,
+            limit,
+            "none" if self.drain_rate.value is None else f"{self.drain_rate.value:,.0f}",
+            self.settings.max_batch_s,
+        )
+        return limit
 
     def _stop_query_between_batches(self, timeout_s: float = 30.0) -> None:
         """Stop once the batch in flight, if any, has completed. A query that is behind
@@ -283,6 +307,7 @@ class Engine:
         self.stop_pipeline("engine shutting down")
         self.zk.stop()
         self.zk.close()
+        self.drain_rate.save()
         self._arrival_sampler.stop()
         self._arrival_sampler.join(timeout=2)
         self._arrival_marks.close()
@@ -313,7 +338,9 @@ class Engine:
         """Sample the query's last progress report and its lag and, once every `every_s`,
         log where its batches spent their time (called from the engine's main loop, once a
         second: the lag's trend must not depend on anyone reading the status)."""
-        self.batch_timings.add(self._progress())
+        progress = self._progress()
+        self.batch_timings.add(progress)
+        self.drain_rate.add(progress)
         # The lag costs a high-watermark read: only when the history would keep it (one
         # sample per SAMPLE_EVERY_S), not at every pass of the loop.
         if self.lag_history.due():
@@ -322,6 +349,7 @@ class Engine:
         if now - self._timings_logged < every_s:
             return
         self._timings_logged = now
+        self.drain_rate.save()
         summary = self.batch_timings.summary()
         if summary is not None:
             log.info("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, summary)

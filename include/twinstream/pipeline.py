@@ -86,9 +86,11 @@ def read_inbound(
     spark: SparkSession,
     settings: Settings,
     starting_offsets: Mapping[int, int] | None = None,
+    max_offsets: int | None = None,
 ) -> DataFrame:
     """`starting_offsets` (partition -> offset) place a query without a checkpoint (a cold
-    rebuild); None means the beginning of the topic."""
+    rebuild); None means the beginning of the topic. `max_offsets`: a batch's most records
+    (twinstream.batching); None: the settings' max_offsets_per_trigger."""
     starting = (
         "earliest"
         if starting_offsets is None
@@ -100,7 +102,7 @@ def read_inbound(
         .option("subscribe", settings.inbound_topic)
         # Only for a query without a checkpoint; a restart resumes from the checkpoint.
         .option("startingOffsets", starting)
-        .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
+        .option("maxOffsetsPerTrigger", str(max_offsets or settings.max_offsets_per_trigger))
         # Never reads uncommitted records if a producer of the inbound topic uses
         # transactions.
         .option("kafka.isolation.level", "read_committed")
@@ -545,8 +547,9 @@ def start_query(
     process_batch: Callable[[DataFrame, int], None],
     starting_offsets: Mapping[int, int] | None = None,
     quarantined: Iterable[int] = (),
+    max_offsets: int | None = None,
 ) -> StreamingQuery:
-    inbound = read_inbound(spark, settings, starting_offsets)
+    inbound = read_inbound(spark, settings, starting_offsets, max_offsets)
     return (
         plan(validated(inbound, pipeline, settings, quarantined), pipeline)
         .writeStream.queryName(query_name(settings, engine_id))
