@@ -74,6 +74,9 @@ def spark_conf(settings: Settings, pipeline: Pipeline | None = None) -> dict[str
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         **(KEYED_CONF if pipeline is not None and pipeline.keyed is not None else {}),
         "spark.ui.enabled": "false",
+        # Spark draws progress bars on stderr when its log level is WARN: the engine's log
+        # filled with them ("[Stage 12:> (0 + 1) / 1]") between the lines a person reads.
+        "spark.ui.showConsoleProgress": "false",
         # The engine's own stop/start must not wait for Spark's default 10 s grace.
         "spark.sql.streaming.stopTimeout": "30s",
         # The checkpoint history a gap repair can rewind to (twinstream.core.checkpoint):
