@@ -244,7 +244,7 @@ function timelineBox(name) {
   if (!box) {
     const node = el(
       "div",
-      { class: "timeline", "data-timeline": name, "data-points": "0", "data-last-t": "", "data-takeovers": "0", "data-published": "0" },
+      { class: "timeline", "data-timeline": name, "data-points": "0", "data-last-t": "", "data-takeovers": "0", "data-last-epoch": "", "data-published": "0" },
       el("h3", {}, "Last 15 minutes ", el("span", { class: "muted" }, "(takeovers: red rules)")),
       el("div", { class: "charts" }),
       el("p", { class: "muted note" }, "waiting for the engines' figures…"),
@@ -340,6 +340,9 @@ function drawTimeline(name, tl, roles) {
   box.node.dataset.points = String(withLatency.length);
   box.node.dataset.lastT = withLatency.length ? String(withLatency[withLatency.length - 1]) : "";
   box.node.dataset.takeovers = String(tl.takeovers.length);
+  // The newest mark's epoch: after a kill -9 the dead engine's marks go with it, so the
+  // count alone may not grow when a new one appears.
+  box.node.dataset.lastEpoch = tl.takeovers.length ? String(Math.max(...tl.takeovers.map((m) => m.epoch))) : "";
   box.node.dataset.published = String(tl.published.reduce((a, b) => a + b, 0));
   const unread = Object.entries(tl.unread).map(([e, why]) => `engine ${e}: no figures (${why})`);
   box.node.querySelector(".note").textContent = unread.length
