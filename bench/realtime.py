@@ -32,6 +32,7 @@ Prints the figures, writes docs/bench/realtime.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psutil
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -57,6 +59,7 @@ from twinstream.stack.render import KAFKA_MAIN, KAFKA_STORAGE_TOOL, java_command
 from twinstream.testing.harness import free_port, machine, percentile, wait_for
 from twinstream.testing.services import LocalServices
 
+BROKER_PIDS: set[int] = set()
 RTM_BATCH = "5 seconds"  # spark.sql.streaming.realTimeMode.minBatchDuration: 5000 ms
 ALLOWLIST_CHECK = "spark.sql.streaming.realTimeMode.allowlistCheck"
 SCHEMA = "msg_id BIGINT, host STRING, cpu_user DOUBLE, sent_ms DOUBLE"
@@ -122,10 +125,11 @@ class PrivateKafka(LocalServices):
             check=True,
             capture_output=True,
         )
-        self.spawn(
+        broker = self.spawn(
             java_command(KAFKA_MAIN, classpath, "512m", [str(properties)], props),
             self.folder / "kafka.log",
         )
+        BROKER_PIDS.add(broker.pid)
         admin = self.admin()
 
         def answers() -> bool:
@@ -227,6 +231,22 @@ class Visible(threading.Thread):
         self.join(30)
 
 
+def spark_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's children: Spark's JVM, its Python
+    workers. The broker is not a child of this process's (LocalServices spawns it too,
+    so it is left out by pid)."""
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        if child.pid in BROKER_PIDS:
+            continue
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def figures_of(visible: Visible, since_ms: float, sent: int) -> dict[str, Any]:
     seen = visible.seen
     latencies = [v - s for s, v in seen.values() if s >= since_ms]
@@ -235,7 +255,19 @@ def figures_of(visible: Visible, since_ms: float, sent: int) -> dict[str, Any]:
     # Where the time goes: send -> Spark's producer writes the output record (its Kafka
     # timestamp, CreateTime), then -> visible to the consumer.
     to_sink = [visible.written[m] - s for m, (s, _) in seen.items() if s >= since_ms]
+    # Latency over the run, per 10 s of send time: a query falling behind shows as a rise.
+    slices: dict[int, list[float]] = {}
+    for s, v in seen.values():
+        if s >= since_ms:
+            slices.setdefault(int((s - since_ms) // 10_000), []).append(v - s)
+    # Does Spark write the outputs as they come, or in bursts? The longest pauses between
+    # consecutive output records' creation times, while the input arrived every ms.
+    written = sorted(visible.written[m] for m, (s, _) in seen.items() if s >= since_ms)
+    gaps = sorted((b - a for a, b in itertools.pairwise(written)), reverse=True)
     return {
+        "p50_ms_per_10s": [round(percentile(v, 0.5)) for _, v in sorted(slices.items())],
+        "p99_ms_per_10s": [round(percentile(v, 0.99)) for _, v in sorted(slices.items())],
+        "longest_write_pauses_ms": [round(g) for g in gaps[:5]],
         "send_to_sink_p50_ms": round(percentile(to_sink, 0.50), 1),
         "send_to_sink_p99_ms": round(percentile(to_sink, 0.99), 1),
         "p50_ms": round(percentile(latencies, 0.50), 1),
@@ -312,10 +344,12 @@ def measure(
     load = Load(kafka.bootstrap, inbound, rate, count=int(rate * seconds))
     since_ms = time.time() * 1000 + 1000 * skip_s
     load_before = os.getloadavg()[0]
+    cpu_before = spark_cpu_s()
     started = time.monotonic()
     load.start()
     load.join(seconds + 120)
     sent_s = time.monotonic() - started
+    cores = (spark_cpu_s() - cpu_before) / sent_s
     try:
         wait_for(lambda: len(visible.seen) > load.sent, 60, f"{name}: every record visible")
     except Exception as exc:  # reported in the figures
@@ -326,6 +360,9 @@ def measure(
     figures = {
         **figures_of(visible, since_ms, load.sent + 1),
         "rate_achieved": round(load.sent / sent_s),
+        # CPU of Spark's JVM (and its Python workers) while the load ran, in cores: what
+        # the mode costs whatever else the shared machine runs.
+        "spark_cores": round(cores, 2),
         # The machine is shared: its 1-minute load average before and after the run.
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "query_error": None if error is None else str(error)[:500],
@@ -488,11 +525,10 @@ def attempts(
         false ("you agree to run the query at your own risk")."""
 
         def started(n: int) -> Any:
+            # Read while the query plans its batches, not at start(): try_all unsets it
+            # once the attempt is over.
             spark.conf.set(ALLOWLIST_CHECK, "false")
-            try:
-                return start(n)
-            finally:
-                spark.conf.unset(ALLOWLIST_CHECK)
+            return start(n)
 
         return started
 
@@ -566,6 +602,7 @@ def try_all(
                 result = {"outcome": "refused at start()", "error": first_lines(str(exc))}
                 results[name] = {**result, "exception": type(exc).__name__}
                 print(json.dumps(results[name]), flush=True)
+                spark.conf.unset(ALLOWLIST_CHECK)
                 continue
             try:
                 ended = query.awaitTermination(wait_s)
@@ -586,6 +623,7 @@ def try_all(
                     query.stop()
                 except Exception:  # stopping a failed query
                     traceback.print_exc()
+            spark.conf.unset(ALLOWLIST_CHECK)
             if name == "python_foreach_writer" and (folder / "writer").is_dir():
                 result["writer"] = writer_report(folder / "writer")
             results[name] = result
