@@ -60,7 +60,7 @@ from bench.plots import plot, rate_series, write_figures
 from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings
 from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
-from twinstream.engine_client import EngineError
+from twinstream.engine_client import EngineClient, EngineError
 from twinstream.testing.chaos import (
     SteadyLoad,
     SupervisedEngines,
@@ -326,17 +326,26 @@ def engine_line(engines: SupervisedEngines) -> str:
 
 class Ticker(threading.Thread):
     """A progress line every PROGRESS_EVERY_S whatever the run is waiting for: the step,
-    the events sent, each engine's role and lag (through admin clients of its own)."""
+    the events sent, each engine's role and lag, through admin clients of its own with a
+    short timeout (a starved engine's 5 s timeouts spaced the lines 15 s apart)."""
 
     def __init__(self, run: Run) -> None:
         super().__init__(daemon=True, name="progress")
         self.run_ = run
-        self.engines = SupervisedEngines(run.settings)  # clients of its own, for its thread
+        self.engines = SupervisedEngines(run.settings)
+        token = run.settings.secret("admin_token")
+        self.engines.close()
+        self.engines.clients = {
+            e: EngineClient.from_settings(run.settings, e, token, timeout_s=1.0)
+            for e in run.settings.engine_ids
+        }
         self._stop_event = threading.Event()
         self.start()
 
     def run(self) -> None:
-        while not self._stop_event.wait(PROGRESS_EVERY_S):
+        due = time.monotonic() + PROGRESS_EVERY_S
+        while not self._stop_event.wait(max(0.0, due - time.monotonic())):
+            due += PROGRESS_EVERY_S
             with contextlib.suppress(Exception):  # a progress line never ends the run
                 self.run_.say(
                     f"... {self.run_.phase}: {self.run_.sending:,} events sent; "
@@ -590,8 +599,9 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--first-rate", type=float, default=1000.0)
     parser.add_argument("--first-seconds", type=float, default=60.0)
     parser.add_argument(
-        "--warm-up", type=float, default=60.0, help="seconds at 1,000/s before step 1"
+        "--warm-up", type=float, default=60.0, help="seconds of load before step 1 (no --first)"
     )
+    parser.add_argument("--warm-up-rate", type=float, default=1000.0)
     parser.add_argument("--rates", type=float, nargs="+", default=[100.0, 1000.0])
     parser.add_argument("--seconds", type=float, default=60.0, help="length of a latency step")
     parser.add_argument("--ramp-from", type=float, default=2000.0)
@@ -622,9 +632,9 @@ def measure(run: Run, args: argparse.Namespace, figures: dict[str, Any]) -> None
         step = latency_step(run, "first minute", args.first_rate, args.first_seconds, 0.0)
         figures["first_minute"] = step
     else:
-        run.phase = f"warm-up at 1,000 events/s, {args.warm_up:.0f} s at least"
+        run.phase = f"warm-up at {args.warm_up_rate:,.0f} events/s, {args.warm_up:.0f} s at least"
         run.mark("warm-up")
-        with loaded(run, 1000.0, args.warm_up):
+        with loaded(run, args.warm_up_rate, args.warm_up):
             pass
         run.audit("warm-up")
     run.phase = "waiting for an active and an in-sync standby"
