@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) != 1 or args[0] not in ("airflow", "airflow-db", *SPARK):
         sys.exit(
             "usage: python -m twinstream.stack.launch "
-            f"airflow|airflow-db|spark-master|spark-worker (got {args})"
+            f"airflow|spark-master|spark-worker|airflow-db (got {args})"
         )
     settings = load_settings()
     if args[0] == "airflow-db":
