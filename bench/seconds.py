@@ -248,8 +248,10 @@ class Run:
     audited_to: dict[int, int] = field(default_factory=dict)
     started_at: dict[int, int] = field(default_factory=dict)
     sampler: OutputSampler | None = None
+    probe: SupervisedEngines | None = None  # quick_engines, for the lag samples of a step
 
     def __post_init__(self) -> None:
+        self.probe = quick_engines(self.settings)
         self.started_at = inbound_ends(self.settings)
         self.audited_to = dict(self.started_at)
         self.sampler = OutputSampler(
@@ -324,6 +326,19 @@ def engine_line(engines: SupervisedEngines) -> str:
     return "; ".join(parts)
 
 
+def quick_engines(settings: Settings, timeout_s: float = 1.0) -> SupervisedEngines:
+    """The stack's engines with admin clients of a short timeout, for samples and progress
+    lines that must come on time (a starved engine's 5 s timeouts spaced them out)."""
+    engines = SupervisedEngines(settings)
+    engines.close()
+    token = settings.secret("admin_token")
+    engines.clients = {
+        e: EngineClient.from_settings(settings, e, token, timeout_s=timeout_s)
+        for e in settings.engine_ids
+    }
+    return engines
+
+
 class Ticker(threading.Thread):
     """A progress line every PROGRESS_EVERY_S whatever the run is waiting for: the step,
     the events sent, each engine's role and lag, through admin clients of its own with a
@@ -332,13 +347,7 @@ class Ticker(threading.Thread):
     def __init__(self, run: Run) -> None:
         super().__init__(daemon=True, name="progress")
         self.run_ = run
-        self.engines = SupervisedEngines(run.settings)
-        token = run.settings.secret("admin_token")
-        self.engines.close()
-        self.engines.clients = {
-            e: EngineClient.from_settings(run.settings, e, token, timeout_s=1.0)
-            for e in run.settings.engine_ids
-        }
+        self.engines = quick_engines(run.settings)
         self._stop_event = threading.Event()
         self.start()
 
@@ -372,8 +381,9 @@ def hold(run: Run, rate: float, seconds: float) -> dict[str, Any]:
     assert run.load is not None
     started, sent0 = time.monotonic(), run.load.sent
     lags: list[tuple[float, int]] = []
+    assert run.probe is not None
     while (elapsed := time.monotonic() - started) < seconds:
-        lag = active_lag(run.engines)
+        lag = active_lag(run.probe)
         if lag is not None:
             lags.append((elapsed, lag))
         time.sleep(max(0.0, min(1.0, started + seconds - time.monotonic())))
@@ -725,6 +735,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         assert run.sampler is not None
         run.sampler.stop()
         engines.close()
+        if run.probe is not None:
+            run.probe.close()
     figures["machine"] = machine()
     figures["verdicts"] = [
         {"what": v.target.what, "value": v.value, "target": v.target.limit, "met": v.met}
