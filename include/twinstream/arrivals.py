@@ -94,15 +94,24 @@ class ArrivalSampler(threading.Thread):
         self._clock = clock
         self._halt = threading.Event()
 
+    # After a failed read the sampler waits longer each time, up to this: Kafka that does
+    # not answer (starting, a broker down) gets no read 5 times a second, nor the engine's
+    # log a line each time.
+    MAX_BACKOFF_S = 10.0
+
     def run(self) -> None:
-        while not self._halt.wait(self.arrivals.every_s):
+        wait = self.arrivals.every_s
+        while not self._halt.wait(wait):
             try:
                 highs = self._highs()
             except Exception as exc:  # the next sample retries; latency is a report only
                 log.debug("arrivals: no high watermark (%r)", exc)
+                highs = None
+            if highs is None:
+                wait = min(self.MAX_BACKOFF_S, wait * 2)
                 continue
-            if highs is not None:
-                self.arrivals.sample(highs, self._clock())
+            wait = self.arrivals.every_s
+            self.arrivals.sample(highs, self._clock())
 
     def stop(self) -> None:
         self._halt.set()

@@ -81,3 +81,20 @@ def test_the_sampler_samples_until_stopped_and_survives_a_failing_read():
     sampler.join(2)
     assert not sampler.is_alive()
     assert len(arrivals._samples[0]) >= 3
+
+
+def test_the_sampler_backs_off_while_kafka_does_not_answer():
+    arrivals = Arrivals(every_s=0.01)
+    reads = []
+
+    def highs():
+        reads.append(time.monotonic())
+        return None  # InboundWatermarks.highs when Kafka does not answer
+
+    sampler = ArrivalSampler(arrivals, highs)
+    sampler.start()
+    time.sleep(0.5)
+    sampler.stop()
+    sampler.join(2)
+    # 0.01, 0.02, 0.04, 0.08, 0.16, 0.32 s: six reads in 0.5 s, not fifty.
+    assert 2 <= len(reads) <= 8, len(reads)
