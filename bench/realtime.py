@@ -54,7 +54,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.plots import write_figures
 from twinstream.config import REPO_ROOT, Settings, load_settings
-from twinstream.spark import session, stop_session
+from twinstream.spark import kafka_jars, session, stop_session
 from twinstream.stack.render import KAFKA_MAIN, KAFKA_STORAGE_TOOL, java_command
 from twinstream.testing.harness import free_port, machine, percentile, wait_for
 from twinstream.testing.services import LocalServices
@@ -213,6 +213,7 @@ class Visible(threading.Thread):
         self.seen: dict[int, tuple[float, float]] = {}
         # msg_id -> the output record's timestamp: when Spark's Kafka producer created it.
         self.written: dict[int, float] = {}
+        self.records = 0  # every record read, duplicates included
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -222,6 +223,7 @@ class Visible(threading.Thread):
                 if message.error() is not None:
                     continue
                 doc = json.loads(message.value() or b"{}")
+                self.records += 1
                 self.seen.setdefault(int(doc["msg_id"]), (float(doc["sent_ms"]), now))
                 self.written.setdefault(int(doc["msg_id"]), float(message.timestamp()[1]))
         self.consumer.close()
@@ -643,6 +645,136 @@ def private_kafka(settings: Settings) -> Iterator[tuple[PrivateKafka, Path]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+GATE_JAR = "rtm-gate/twinstream-rtm-gate.jar"  # under settings.jars_dir (java/rtm-gate)
+GATE_COMMIT_MS = 50  # the prototype gate commits a transaction once it is this old
+
+
+def gate_input(spark: Any, bootstrap: str, topic: str) -> Any:
+    """The gate's input: the Kafka source's partition, offset and key, and the same
+    transformed value as the Kafka-sink query's (from_json, project, to_json)."""
+    from pyspark.sql import functions as F
+
+    source = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+    )
+    e = F.from_json(F.col("value").cast("string"), SCHEMA)
+    return (
+        source.select("partition", "offset", "key", e.alias("e"))
+        .where(F.col("e.msg_id").isNotNull())
+        .select(
+            "partition",
+            "offset",
+            "key",
+            F.to_json(F.struct("e.msg_id", "e.host", "e.cpu_user", "e.sent_ms"))
+            .cast("binary")
+            .alias("value"),
+        )
+    )
+
+
+def start_gate(
+    spark: Any, bootstrap: str, inbound: str, outbound: str, checkpoint: Path, epoch_file: Path
+) -> Any:
+    """java/rtm-gate's GateWriter as the ForeachWriter of an RTM query, through py4j
+    (pyspark's foreach() takes only a Python writer): epoch 1, transactional ids
+    realtime-bench-gate-p<partition>."""
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    jvm = spark._jvm
+    writer = jvm.io.twinstream.rtm.GateWriter(
+        bootstrap, outbound, "realtime-bench-gate", str(epoch_file), 1, GATE_COMMIT_MS
+    )
+    jquery = (
+        gate_input(spark, bootstrap, inbound)
+        ._jdf.writeStream()
+        .foreach(writer)
+        .outputMode("update")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(jvm.org.apache.spark.sql.streaming.Trigger.RealTime(RTM_BATCH))
+        .start()
+    )
+    return StreamingQuery(jquery)
+
+
+def ranges(ids: list[int]) -> list[list[int]]:
+    """[first, last] of each run of consecutive ids."""
+    out: list[list[int]] = []
+    for i in ids:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+def gate_guarantees(spark: Any, kafka: PrivateKafka, folder: Path, rate: float) -> dict[str, Any]:
+    """The prototype gate's guarantees, tried: (1) a query stopped mid-batch and restarted
+    on its checkpoint in a fresh JVM-side gate (its lanes forgotten, so the last published
+    msg_id comes from the output's tail): Spark re-executes the unfinished batch; every
+    input must be in the output exactly once. (2) The epoch moves: the next commit must
+    fail the query, and nothing after it may be visible."""
+    inbound, outbound = "gate-eo.in", "gate-eo.out"
+    kafka.create_topics(inbound, outbound)
+    epoch_file = folder / "epoch-eo"
+    epoch_file.write_text("1")
+    checkpoint = folder / "cp-gate-eo"
+    visible = Visible(kafka.bootstrap, outbound)
+    visible.start()
+    count = int(rate * 8)
+    first = Load(kafka.bootstrap, inbound, rate, count=count)
+    query = start_gate(spark, kafka.bootstrap, inbound, outbound, checkpoint, epoch_file)
+    first.start()
+    first.join(120)
+    time.sleep(2.0)  # stopped in the middle of a 5 s batch: its offsets are not committed
+    query.stop()
+    spark._jvm.io.twinstream.rtm.GateWriter.forget()
+    second = Load(kafka.bootstrap, inbound, rate, count=count, first=count)
+    query = start_gate(spark, kafka.bootstrap, inbound, outbound, checkpoint, epoch_file)
+    second.start()
+    second.join(120)
+    try:
+        wait_for(lambda: len(visible.seen) >= 2 * count, 240, "the gate's output complete")
+    except Exception as exc:
+        print(f"gate: {exc}", flush=True)
+    missing_ranges = ranges(sorted(set(range(2 * count)) - set(visible.seen)))
+    published = output_count(kafka.bootstrap, outbound)
+    # Moving the epoch: the next commit must fail the query.
+    before = len(visible.seen)
+    epoch_file.write_text("2")
+    third = Load(kafka.bootstrap, inbound, rate, count=int(rate * 3), first=2 * count)
+    third.start()
+    third.join(60)
+    ended = query.awaitTermination(30) if query.isActive else True
+    error = query.exception()
+    if query.isActive:
+        query.stop()
+    time.sleep(2.0)
+    visible.stop()
+    ids = sorted(visible.seen)
+    return {
+        "restart_mid_batch": {
+            "inputs": 2 * count,
+            "distinct_msg_ids_out": len(set(ids[: 2 * count])),
+            "missing": 2 * count - len([i for i in ids if i < 2 * count]),
+            # Records in the output partition (transaction markers take offsets too, so
+            # the log's offsets over-count; this counts the records a consumer reads).
+            "records_read": visible.records,
+            "log_offsets_incl_markers": published,
+            "missing_ranges": missing_ranges[:10],
+            "restarted_at_msg_id": count,
+        },
+        "epoch_moved": {
+            "query_failed": bool(ended and error is not None),
+            "error": None if error is None else first_lines(str(error), 3),
+            "visible_after_the_move": len(visible.seen) - before,
+        },
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -659,6 +791,7 @@ def main() -> int:
     trigger_ms = settings.trigger_interval_ms
     os.environ.setdefault("PYSPARK_PYTHON", str(REPO_ROOT / ".venv" / "bin" / "python"))
     figures: dict[str, Any] = {}
+    gate_jar = settings.jars_dir / GATE_JAR
     with private_kafka(settings) as (kafka, folder):
         print(f"private broker on {kafka.bootstrap}, {folder}", flush=True)
         spark = session(
@@ -671,6 +804,9 @@ def main() -> int:
                 "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql."
                 "execution.streaming.state.RocksDBStateStoreProvider",
                 "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
+                "spark.jars": ",".join(
+                    [*kafka_jars(settings), *([str(gate_jar)] if gate_jar.is_file() else [])]
+                ),
             },
         )
         spark.sparkContext.setLogLevel("ERROR")
@@ -698,6 +834,23 @@ def main() -> int:
                 "trigger": f"processingTime={trigger_ms} ms",
                 **measure(kafka, "mb", micro_batch, args.rate, args.seconds, args.skip),
             }
+            if gate_jar.is_file():
+
+                def gate(inbound: str, outbound: str) -> Any:
+                    epoch = folder / "epoch"
+                    epoch.write_text("1")
+                    return start_gate(
+                        spark, bootstrap, inbound, outbound, folder / "cp-gate", epoch
+                    )
+
+                figures["realtime_jvm_gate"] = {
+                    "trigger": f"realTime={RTM_BATCH!r}, java/rtm-gate's GateWriter, a "
+                    f"transaction committed once {GATE_COMMIT_MS} ms old",
+                    **measure(kafka, "gate", gate, args.rate, args.seconds, args.skip),
+                    "guarantees": gate_guarantees(spark, kafka, folder, args.rate),
+                }
+            else:
+                print(f"no {gate_jar}: the JVM gate is not measured (java/rtm-gate/pom.xml)")
             if not args.no_attempts:
                 figures["rtm_attempts"] = try_all(spark, kafka, folder, args.wait)
         finally:
