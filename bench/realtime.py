@@ -681,12 +681,12 @@ def start_gate(
 ) -> Any:
     """java/rtm-gate's GateWriter as the ForeachWriter of an RTM query, through py4j
     (pyspark's foreach() takes only a Python writer): epoch 1, transactional ids
-    realtime-bench-gate-p<partition>."""
+    <outbound>-gate-p<partition> (a pipeline's own, as its engines share one today)."""
     from pyspark.sql.streaming.query import StreamingQuery
 
     jvm = spark._jvm
     writer = jvm.io.twinstream.rtm.GateWriter(
-        bootstrap, outbound, "realtime-bench-gate", str(epoch_file), 1, GATE_COMMIT_MS
+        bootstrap, outbound, f"{outbound}-gate", str(epoch_file), 1, GATE_COMMIT_MS
     )
     jquery = (
         gate_input(spark, bootstrap, inbound)
@@ -719,6 +719,7 @@ def gate_guarantees(spark: Any, kafka: PrivateKafka, folder: Path, rate: float) 
     fail the query, and nothing after it may be visible."""
     inbound, outbound = "gate-eo.in", "gate-eo.out"
     kafka.create_topics(inbound, outbound)
+    spark._jvm.io.twinstream.rtm.GateWriter.forget()  # the latency run's lanes
     epoch_file = folder / "epoch-eo"
     epoch_file.write_text("1")
     checkpoint = folder / "cp-gate-eo"
