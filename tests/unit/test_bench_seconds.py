@@ -3,6 +3,8 @@ capacity from a ramp (no services)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from bench.seconds import (
@@ -13,6 +15,7 @@ from bench.seconds import (
     held,
     lag_growing,
     make_up_seconds,
+    plot_run,
     ramp_rates,
     verdicts,
 )
@@ -144,3 +147,17 @@ def test_the_defaults_are_the_issue_s() -> None:
     assert args.double_kills == 3
     assert args.rejoins == 3
     assert not args.first
+
+
+def test_the_run_s_plot_is_written(tmp_path: Path) -> None:
+    """Output rate with the steps and kills marked, the latency below (matplotlib, no
+    services)."""
+    run = SimpleNamespace(
+        sampler=SimpleNamespace(samples=[(100.0 + t, 1000 * t) for t in range(60)]),
+        t0=100.0,
+        hosts=10_000,
+        marks=[(5.0, "latency"), (20.0, "kill active (50 %)"), (40.0, "kill both")],
+        latency_points=[(float(t), 300.0 + t) for t in range(30)],
+    )
+    path = plot_run(run, tmp_path / "seconds.png")  # type: ignore[arg-type]
+    assert path.stat().st_size > 10_000
