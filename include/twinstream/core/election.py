@@ -332,8 +332,11 @@ class Election:
         if len(self._hand_ons) >= MAX_HAND_ONS:
             return None
         try:
+            others = self.standings()
+            if not any(s.in_sync for s in others.values()):
+                return None  # the usual takeover (a pair): no look at this engine's lag
             me = self._standing()
-            other = preferred_over(me, self.standings(), self._prefer_margin)
+            other = preferred_over(me, others, self._prefer_margin)
         except Exception as exc:  # leading beats waiting on a question ZooKeeper cannot answer
             log.warning("election %s: standings unreadable (%r); leading", self._identifier, exc)
             return None
