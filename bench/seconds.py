@@ -582,9 +582,13 @@ def rejoin_rounds(run: Run, rate: float, rounds: int, timeout_s: float) -> dict[
             run.engines.wait_restarted(standby, pid)
 
             def back(engine_id: str = standby) -> bool:
-                return run.engines.is_standby_in_sync(engine_id)
+                # Back to redundancy: normally as the in-sync standby; should the active
+                # lose its session meanwhile (failover_round's role swap) the restarted
+                # engine may be the active, the other in sync: the pair is whole as well.
+                pair = run.engines.current_pair()
+                return pair is not None and engine_id in pair
 
-            wait_for(back, timeout_s, f"engine {standby} back in sync", every_s=0.2)
+            wait_for(back, timeout_s, f"engine {standby} back in an in-sync pair", every_s=0.2)
             times.append(time.monotonic() - started)
             wait_gone(tree, 60)
             still = run.engines.current_pair()
