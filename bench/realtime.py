@@ -18,6 +18,12 @@ with the project's Kafka connector jars.
    batch). RTM: `trigger(realTime="5 seconds")` (the minimum batch; Spark's
    `spark.sql.streaming.realTimeMode.minBatchDuration`, 5,000 ms); micro-batch:
    `trigger(processingTime=...)` at the engines' default trigger interval (250 ms).
+   When java/rtm-gate's jar is built (`mvn -B -s java/settings.xml -f java/rtm-gate/pom.xml
+   package -Dtwinstream.jars=$PWD/.twinstream/jars`), a third query: RTM into GateWriter,
+   the gate as a JVM ForeachWriter (a transaction per inbound partition committed every
+   50 ms, read_committed output), then its guarantees tried: a stop mid-batch and a restart
+   with its JVM state forgotten (every input exactly once in the output?), and the epoch
+   moved (the query must fail, nothing after the move visible).
 2. What the engines need, each tried in RTM on a fresh checkpoint while a probe load runs:
    a pandas UDF, an Arrow-optimised Python UDF, a plain Python UDF, `foreachBatch`, a
    Python `ForeachWriter`, `transformWithStateInPandas`, a union of the source with itself,
@@ -26,7 +32,8 @@ with the project's Kafka connector jars.
    gives, or that it ran (rows out, and for the Python ForeachWriter when Spark opened and
    closed it and with which epoch ids: when a transactional writer could commit).
 
-Prints the figures, writes docs/bench/realtime.json.
+Prints the figures, writes docs/bench/realtime.json (the write-up: docs/profile.md, "The
+real-time tier (issue 35, point 6), measured").
 """
 
 from __future__ import annotations
