@@ -17,6 +17,10 @@ from twinstream.stack.supervisor import ProcessInfo
 class FakeSupervisor:
     def __init__(self, states):
         self.states = states
+        self.started: list[tuple[str, bool]] = []
+
+    def start(self, name: str, wait: bool = True) -> None:
+        self.started.append((name, wait))
 
     def processes(self):
         return [ProcessInfo(n, n, s, 1, "", 0.0) for n, s in self.states.items()]
@@ -168,10 +172,35 @@ def test_airflow_db_is_migrated_once_then_skipped_by_its_stamp(settings, monkeyp
     from twinstream.stack import launch
 
     calls: list[tuple[list[str], dict[str, str]]] = []
-    monkeypatch.setattr(launch.subprocess, "run", lambda argv, env, **_: calls.append((argv, env)))
+    monkeypatch.setattr(subprocess, "run", lambda argv, env, **_: calls.append((argv, env)))
     assert launch.migrate_airflow_db(settings, echo=lambda _line: None)
     [(argv, env)] = calls
     assert argv[1:] == ["db", "migrate"]
     assert env["AIRFLOW_HOME"] == str(Layout.of(settings).airflow_home)
     assert not launch.migrate_airflow_db(settings, echo=lambda _line: None)
     assert len(calls) == 1
+
+
+def test_up_starts_the_engines_apart_and_without_waiting_for_each():
+    """`up` starts what is stopped but the engines first, the engines once Kafka serves
+    their topics; each start returns at once (wait_until_healthy watches them)."""
+    supervisor = fake_supervisor(
+        {"zookeeper": "RUNNING", "airflow": "EXITED", "engine-a": "STOPPED", "engine-b": "FATAL"}
+    )
+    engines = ["engine-a", "engine-b"]
+    assert core._start_stopped(supervisor, lambda _line: None, exclude=engines) == ["airflow"]
+    assert core._start_stopped(supervisor, lambda _line: None, only=engines) == engines
+    assert supervisor.started == [("airflow", False), ("engine-a", False), ("engine-b", False)]
+
+
+def test_supervisord_starts_the_engines_only_when_up_asks(settings):
+    """autostart=false for the engines alone: supervisord still restarts them on exit."""
+    from twinstream.stack import render
+
+    conf = render.supervisord_conf(settings, Layout.of(settings), "/usr/bin")
+    sections = {block.split("]", 1)[0]: block for block in conf.split("[program:")[1:]}
+    assert any(name.startswith("engine-") for name in sections), sorted(sections)
+    for name, block in sections.items():
+        engine = name.startswith("engine-")
+        assert f"autostart={'false' if engine else 'true'}" in block, name
+        assert "autorestart=true" in block, name

@@ -308,19 +308,17 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
         report.started_supervisor = True
         _wait_for_supervisor(supervisor)
 
-    for info in supervisor.processes():
-        if info.state in ("STOPPED", "EXITED", "FATAL", "BACKOFF"):
-            echo(f"  starting {info.name} (was {info.state})")
-            supervisor.start(info.name)
-            report.started_programs.append(info.name)
+    engines = [f"engine-{e}" for p in pipelines.values() for e in p.engine_ids]
+    # Everything but the engines now; the engines once what they need is there.
+    report.started_programs += _start_stopped(supervisor, echo, exclude=engines)
 
-    echo("waiting for services to become healthy")
+    echo("waiting for ZooKeeper and Kafka; Airflow starts beside them")
     brokers = [f"kafka-{n}" for n in render.node_ids(settings)]
     zookeepers = render.zookeeper_names(settings)
     spark = ["spark-master", "spark-worker"] if settings.spark_standalone else []
     wait_until_healthy(settings, layout, supervisor, echo, [*zookeepers, *brokers, *spark])
     report.topics = provision_kafka(settings, pipelines, echo)
-    engines = [f"engine-{e}" for p in pipelines.values() for e in p.engine_ids]
+    report.started_programs += _start_stopped(supervisor, echo, only=engines)
     wait_until_healthy(settings, layout, supervisor, echo, ["airflow", *engines])
     for name, pipeline in pipelines.items():
         if pipeline.engine_ids:
@@ -329,6 +327,28 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
     echo(summary(settings, supervisor.processes()))
     echo("" if report.changed else "nothing changed: the stack was already up as configured")
     return report
+
+
+def _start_stopped(
+    supervisor: Supervisor,
+    echo: Echo,
+    only: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+) -> list[str]:
+    """Start the programs (`only` these, none of `exclude`) that are not running, all at
+    once: the caller's wait_until_healthy watches them (and fails fast on FATAL), where
+    waiting for each one's startsecs in turn added them up. Returns their names."""
+    wanted = None if only is None else set(only)
+    skipped = set(exclude)
+    started = []
+    for info in supervisor.processes():
+        if (wanted is not None and info.name not in wanted) or info.name in skipped:
+            continue
+        if info.state in ("STOPPED", "EXITED", "FATAL", "BACKOFF"):
+            echo(f"  starting {info.name} (was {info.state})")
+            supervisor.start(info.name, wait=False)
+            started.append(info.name)
+    return started
 
 
 def provision_kafka(

@@ -46,6 +46,9 @@ class Program:
     # start, which supervisord retries `startretries` times before giving up (FATAL).
     startsecs: int = 5
     stopwaitsecs: int = 30
+    # False: supervisord starts it only when asked (`up` starts the engines once Kafka
+    # serves their topics), but still restarts it whenever it exits.
+    autostart: bool = True
 
 
 def new_cluster_id() -> str:
@@ -366,6 +369,10 @@ def programs(
                 startsecs=10,
                 # SIGTERM: leave the election (a standby takes over), then stop the query.
                 stopwaitsecs=60,
+                # Started by `up` once Kafka is healthy and their topics exist: started with
+                # everything else, their JVMs took the two cores from the starting brokers
+                # and Airflow only to wait for them.
+                autostart=False,
             )
         )
     result.append(
@@ -537,7 +544,7 @@ def supervisord_conf(settings: Settings, layout: Layout, path: str) -> str:
             f"command={shlex.join(program.command)}",
             f"priority={program.priority}",
             f"directory={layout.root}",
-            "autostart=true",
+            f"autostart={'true' if program.autostart else 'false'}",
             # Restart like Kubernetes would: whatever the exit code.
             "autorestart=true",
             f"startsecs={program.startsecs}",

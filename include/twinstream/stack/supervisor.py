@@ -80,9 +80,11 @@ class Supervisor:
                 return info
         raise KeyError(f"no program {name!r} in {self.layout.supervisor_conf}")
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, wait: bool = True) -> None:
+        """Start a program; `wait`: return once it has stayed up its `startsecs` (not
+        waiting, a caller starts several at once and watches them itself)."""
         try:
-            self._proxy().supervisor.startProcess(self.process(name).full_name, True)
+            self._proxy().supervisor.startProcess(self.process(name).full_name, wait)
         except xmlrpc.client.Fault as fault:
             if "ALREADY_STARTED" not in fault.faultString:
                 raise
