@@ -749,7 +749,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for v in verdicts(figures)
     ]
     path = write_figures(args.output, args.name, figures, echo=False)
-    print(json.dumps({k: v for k, v in figures.items() if k not in ("ramp", "audit")}, indent=1))
+    print(
+        json.dumps(
+            {k: v for k, v in figures.items() if k not in ("ramp", "audit", "verdicts")}, indent=1
+        )
+    )
     print("\nIssue 35's targets, this run:")
     for v in verdicts(figures):
         print(f"  {v.line()}")
