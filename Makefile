@@ -62,18 +62,24 @@ UV_VERSION := 0.13.9
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	@echo "== installing Python packages into $(VENV)"
 	$(PYTHON) -m venv $(VENV)
+	@# apache-airflow-providers-apache-spark pulls pyspark-client, which overwrites pyspark's
+	@# Python files with an older version; put pyspark's own back (uv: by uninstall and
+	@# install, as its --reinstall would also rebuild pyspark's wheel, a minute, every time).
 	@if $(BIN)/pip install --progress-bar off -q uv==$(UV_VERSION); then \
-	  pip_install="$(BIN)/uv pip install --python $(BIN)/python"; \
+	  uv="$(BIN)/uv pip"; python="--python $(BIN)/python"; \
+	  echo "$$uv install $$python -r requirements.txt -c constraints.txt"; \
+	  $$uv install $$python -r requirements.txt -c constraints.txt; \
+	  $$uv uninstall $$python -q pyspark; \
+	  $$uv install $$python -q --no-deps pyspark==$(PYSPARK_PIN); \
+	  $$uv install $$python -q --no-deps -e .; \
 	else \
 	  echo "== uv $(UV_VERSION) could not be installed (see above): installing with pip, which takes minutes longer"; \
-	  pip_install="$(BIN)/pip install --progress-bar off"; \
-	fi; \
-	echo "$$pip_install -r requirements.txt -c constraints.txt"; \
-	$$pip_install -r requirements.txt -c constraints.txt; \
-	: "apache-airflow-providers-apache-spark pulls pyspark-client, which overwrites pyspark's"; \
-	: "Python files with an older version; put pyspark's own back."; \
-	$$pip_install -q --force-reinstall --no-deps pyspark==$(PYSPARK_PIN); \
-	$$pip_install -q --no-deps -e .
+	  pip="$(BIN)/pip install --progress-bar off"; \
+	  echo "$$pip -r requirements.txt -c constraints.txt"; \
+	  $$pip -r requirements.txt -c constraints.txt; \
+	  $$pip -q --force-reinstall --no-deps pyspark==$(PYSPARK_PIN); \
+	  $$pip -q --no-deps -e .; \
+	fi
 	$(BIN)/python -c 'import pyspark, sys; v = pyspark.__version__; sys.exit(0 if v == "$(PYSPARK_PIN)" else f"pyspark is {v}, want $(PYSPARK_PIN)")'
 	@touch $@
 
