@@ -3,7 +3,7 @@ own output (twinstream.timeline, the operator page's chart).
 
 Guarantee: `latencies(rows, now)` gives, for each published row whose offset the samples
 bracket, `now` minus the time its offset passed the inbound high watermark, linearly
-interpolated between the two samples around it: so within one sampling interval (0.2 s) of
+interpolated between the two samples around it: so within one sampling interval (0.5 s) of
 the record's append to Kafka, without reading a record's timestamp or adding a column to the
 plan. A row older than the samples kept (`keep_s`) or newer than the last one has no
 latency: it is left out, never guessed. Memory is bounded by `keep_s` / the interval.
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class Arrivals:
-    def __init__(self, keep_s: float = 600.0, every_s: float = 0.2) -> None:
+    def __init__(self, keep_s: float = 600.0, every_s: float = 0.5) -> None:
         self.every_s = every_s
         self._lock = threading.Lock()
         size = int(keep_s / every_s) + 1
