@@ -265,6 +265,8 @@ class Run:
         print(f"[{self.now():6.0f} s] {text}", flush=True)
 
     def mark(self, what: str) -> None:
+        """A line on the plot at this moment; one colour per `what` (four: a step, the kills
+        of the active, of both, of the standby)."""
         self.marks.append((self.now(), what))
 
     def start_load(self, rate: float) -> SteadyLoad:
@@ -403,7 +405,7 @@ def latency_step(run: Run, name: str, rate: float, seconds: float, lead_s: float
     """End-to-end latency of the events sent at `rate` over `seconds` after `lead_s` at the
     same rate (not measured); the lag through the step as hold() gives it."""
     run.phase = f"{name}: {rate:,.0f} events/s"
-    run.mark(name)
+    run.mark("step")
     visible = VisibleTimes(run.settings)
     try:
         firsts = inbound_ends(run.settings)
@@ -439,7 +441,7 @@ def ramp(run: Run, rates: Sequence[float], seconds: float) -> list[dict[str, Any
     steps = []
     for rate in rates:
         run.phase = f"ramp: {rate:,.0f} events/s for {seconds:.0f} s"
-        run.mark("ramp step")
+        run.mark("step")
         run.start_load(rate)
         try:
             step = hold(run, rate, seconds)
@@ -481,8 +483,9 @@ def kill_active_rounds(
     with loaded(run, rate, settle_s):
         for n in range(1, rounds + 1):
             run.phase = f"kill -9 of the active at {label} ({rate:,.0f}/s), round {n}/{rounds}"
-            run.mark(f"kill active ({label})")
             r = failover_round(run.engines, "kill", rejoin_timeout_s=rejoin_timeout_s)
+            # At the kill (the round waited for the pair first): rejoin_s counts from it.
+            run.marks.append((run.now() - r.rejoin_s, "kill -9 of the active"))
             if r.takeover.first_output_s is None:
                 raise AssertionError(f"no output after the takeover: {r.takeover.describe()}")
             outputs.append(r.takeover.first_output_s)
@@ -519,6 +522,7 @@ def kill_both(run: Run, timeout_s: float) -> tuple[Takeover, float | None]:
     trees = [process_tree(pid) for pid in pids.values() if pid]
     with KafkaEpochTail(run.settings) as tail:
         started = time.monotonic()
+        run.mark("kill -9 of both")
         for pid in pids.values():
             if pid:
                 os.kill(pid, signal.SIGKILL)
@@ -542,7 +546,6 @@ def kill_both_rounds(run: Run, rate: float, rounds: int, timeout_s: float) -> di
     with loaded(run, rate, 0.0):
         for n in range(1, rounds + 1):
             run.phase = f"kill -9 of both engines at {rate:,.0f}/s, round {n}/{rounds}"
-            run.mark("kill both")
             result, whole = kill_both(run, timeout_s)
             if result.first_output_s is None:
                 raise AssertionError(f"no output within {timeout_s} s of killing both engines")
@@ -575,7 +578,7 @@ def rejoin_rounds(run: Run, rate: float, rounds: int, timeout_s: float) -> dict[
             active, standby = run.engines.wait_pair(timeout_s=600)
             pid = run.engines.pid(standby)
             tree = process_tree(pid)
-            run.mark("kill standby")
+            run.mark("kill -9 of the standby")
             started = time.monotonic()
             os.kill(pid, signal.SIGKILL)
             wait_gone({pid}, 30)
@@ -647,7 +650,7 @@ def measure(run: Run, args: argparse.Namespace, figures: dict[str, Any]) -> None
         figures["first_minute"] = step
     else:
         run.phase = f"warm-up at {args.warm_up_rate:,.0f} events/s, {args.warm_up:.0f} s at least"
-        run.mark("warm-up")
+        run.mark("step")
         with loaded(run, args.warm_up_rate, args.warm_up):
             pass
         run.audit("warm-up")
