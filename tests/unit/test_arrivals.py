@@ -51,7 +51,7 @@ def test_memory_is_bounded_by_the_time_kept():
 
 
 def test_twenty_thousand_rows_cost_milliseconds():
-    arrivals = Arrivals()
+    arrivals = Arrivals(every_s=0.2)
     for i in range(3000):
         arrivals.sample({0: i * 10, 1: i * 10}, i * 0.2)
     batch = rows(0, *range(10_000, 20_000)) + rows(1, *range(10_000, 20_000))
