@@ -30,7 +30,11 @@ from twinstream.stack.layout import Layout
 LOCAL_FILESYSTEM_BACKEND = "airflow.secrets.local_filesystem.LocalFilesystemBackend"
 
 
-def airflow_environment(settings: Settings, base: Mapping[str, str]) -> dict[str, str]:
+def airflow_environment(
+    settings: Settings, base: Mapping[str, str], connections: bool = True
+) -> dict[str, str]:
+    """Airflow's environment; without `connections` the Kafka connection is left out,
+    for the database migration, which runs before `up` has made Kafka's credentials."""
     layout = Layout.of(settings)
     venv_bin = str(Path(sys.executable).parent)
     # A test process runs Airflow in unit-test mode; the stack it starts must not inherit
@@ -54,9 +58,6 @@ def airflow_environment(settings: Settings, base: Mapping[str, str]) -> dict[str
             # Task processes report back to the api-server; its default assumes port 8080.
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.airflow_url}/execution/",
             "AIRFLOW__API__BASE_URL": settings.airflow_url,
-            "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
-                {"conn_type": "kafka", "extra": client_config(settings)}
-            ),
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
             # Every engine's connection, from the file `up` rewrites: Airflow's own secrets
             # backend parses it at every lookup (no cache: [secrets] use_cache is off, and
@@ -75,6 +76,10 @@ def airflow_environment(settings: Settings, base: Mapping[str, str]) -> dict[str
             "PYSPARK_PYTHON": sys.executable,
         }
     )
+    if connections:
+        env["AIRFLOW_CONN_KAFKA_DEFAULT"] = json.dumps(
+            {"conn_type": "kafka", "extra": client_config(settings)}
+        )
     return env
 
 
@@ -118,7 +123,7 @@ def migrate_airflow_db(settings: Settings, echo: Callable[[str], None] = print) 
     airflow = str(Path(sys.executable).parent / "airflow")
     subprocess.run(
         [airflow, "db", "migrate"],
-        env=airflow_environment(settings, os.environ),
+        env=airflow_environment(settings, os.environ, connections=False),
         check=True,
         stdout=subprocess.DEVNULL,
     )
