@@ -428,8 +428,8 @@ def test_a_winner_far_behind_hands_on_without_an_epoch_then_leads_when_nobody_ta
         prefer_margin=5_000,
         clock=lambda: now[0],
     )
-    election.standings = lambda: {"b": IN_SYNC}
-    election.withdraw_standing = lambda: None
+    election.standings = lambda: {"b": IN_SYNC}  # type: ignore[method-assign]
+    election.withdraw_standing = lambda: None  # type: ignore[method-assign]
     election.start()
     assert wins.wait(5)
     election.stop()
@@ -453,8 +453,8 @@ def test_a_winner_in_sync_leads_at_once():
         standing=lambda: IN_SYNC,
         prefer_margin=5_000,
     )
-    election.standings = lambda: {"b": FAR_BEHIND}
-    election.withdraw_standing = lambda: None
+    election.standings = lambda: {"b": FAR_BEHIND}  # type: ignore[method-assign]
+    election.withdraw_standing = lambda: None  # type: ignore[method-assign]
     election.start()
     election.stop()
     assert events == [("elected", 1)]
