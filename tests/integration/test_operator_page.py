@@ -1,7 +1,8 @@
 """The operator's page in the Airflow UI, for real: headless Chromium logs in to the stack's
-Airflow, opens Twinstream from the navigation, sees the active engine, follows a kill -9 of
-it, and triggers a restore of the killed engine from the page as a DAG run (its DAG paused:
-the page says the run waits until it is unpaused, and how).
+Airflow, opens Twinstream from the navigation, sees the active engine and its latency chart
+move under a light load, follows a kill -9 of it (the new active named, a takeover mark on
+the chart), and triggers a restore of the killed engine from the page as a DAG run (its DAG
+paused: the page says the run waits until it is unpaused, and how).
 
 Runs on the stack's own hostmetrics pair while `up` has left it running (right after
 test_stack.py): the chaos tests that follow wait for the killed engine to be back in sync.
@@ -12,7 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -20,12 +22,37 @@ import pytest
 from twinstream.config import REPO_ROOT, Settings
 from twinstream.stack.layout import Layout
 from twinstream.testing.browser import admin_password, chromium, log_in
-from twinstream.testing.chaos import SupervisedEngines
+from twinstream.testing.chaos import SteadyLoad, SupervisedEngines
 from twinstream.testing.harness import wait_for
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Locator
 
 pytestmark = pytest.mark.integration
 
 SCREENSHOT = REPO_ROOT / "docs" / "img" / "operator_page.png"
+# Light, so that the page's chart has a latency point in every 5 s bucket without making
+# the standby's catch-up after the kill (the chaos tests that follow wait for it) longer.
+RATE = 50.0
+
+
+def chart(box: Locator) -> dict[str, float]:
+    """What the pipeline's chart shows, from the data-* attributes the page keeps on it:
+    latency points, the newest one's bucket, takeover marks and the newest mark's epoch."""
+    return {
+        "points": float(box.get_attribute("data-points") or 0),
+        "last_t": float(box.get_attribute("data-last-t") or 0),
+        "takeovers": float(box.get_attribute("data-takeovers") or 0),
+        "last_epoch": float(box.get_attribute("data-last-epoch") or -1),
+    }
+
+
+def chart_when(
+    box: Locator, condition: Callable[[dict[str, float]], bool]
+) -> dict[str, float] | None:
+    """The chart's state once `condition` holds of it (for wait_for), else None."""
+    seen = chart(box)
+    return seen if condition(seen) else None
 
 
 @pytest.fixture
@@ -61,6 +88,7 @@ def test_the_page_follows_a_kill_and_its_restore_button_starts_a_dag_run(
         "the standby in sync before the kill",
         every_s=1,
     )
+    load = SteadyLoad(settings, RATE).start()
     try:
         with chromium() as browser:
             page = browser.new_page(viewport={"width": 1500, "height": 950})
@@ -75,6 +103,21 @@ def test_the_page_follows_a_kill_and_its_restore_button_starts_a_dag_run(
                 30,
                 f"the page to name {active} active",
             )
+            # The latency chart has points, and moves: a newer bucket's between two polls.
+            box = frame.locator(f'[data-timeline="{settings.pipeline}"]')
+            first = wait_for(
+                lambda: chart_when(box, lambda c: c["points"] > 0),
+                30,
+                "latency points on the page's chart",
+                every_s=0.2,
+            )
+            moved = wait_for(
+                lambda: chart_when(box, lambda c: c["last_t"] > first["last_t"]),
+                20,
+                "the latency chart to move",
+                every_s=0.2,
+            )
+            print(f"the chart moved: {first} -> {moved}")
 
             os.kill(engines.pid(active), signal.SIGKILL)
             killed = time.monotonic()
@@ -92,6 +135,16 @@ def test_the_page_follows_a_kill_and_its_restore_button_starts_a_dag_run(
             print(f"the page named {new_active} active {shown_s:.2f} s after the kill -9")
             assert new_active != active
             assert shown_s <= 5.0, f"the page took {shown_s:.2f} s to show the new active"
+            # The takeover is a mark on the chart: the new active's, of a newer epoch (the
+            # killed engine's own marks went with it).
+            marked = wait_for(
+                lambda: chart_when(box, lambda c: c["last_epoch"] > moved["last_epoch"]),
+                15,
+                "a takeover mark on the chart",
+                every_s=0.2,
+            )
+            print(f"the takeover mark showed {time.monotonic() - killed:.2f} s after the kill")
+            assert marked["takeovers"] >= 1
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SCREENSHOT))
 
@@ -108,6 +161,7 @@ def test_the_page_follows_a_kill_and_its_restore_button_starts_a_dag_run(
             assert "airflow dags unpause restore_and_resync" in said, said
             assert "toggle in Airflow's Dags list" in said, said
     finally:
+        load.stop()
         engines.close()
 
     runs = api.get("/api/v2/dags/restore_and_resync/dagRuns").json()["dag_runs"]

@@ -311,8 +311,9 @@ function drawTimeline(name, tl, roles) {
   if (!box.plots.latency) {
     box.plots.latency = new uPlot(
       chartOptions(box, "End-to-end latency (publishing engine)", "seconds", [
-        { label: "p50", stroke: "#2b6cb0", width: 1.5, value: (u, v) => (v === null ? "-" : `${v.toFixed(3)} s`) },
-        { label: "p99", stroke: "#c05621", width: 1.5, value: (u, v) => (v === null ? "-" : `${v.toFixed(3)} s`) },
+        // Points always drawn: a bucket between two without output is a point, not nothing.
+        { label: "p50", stroke: "#2b6cb0", width: 1.5, points: { show: true, size: 4 }, value: (u, v) => (v === null ? "-" : `${v.toFixed(3)} s`) },
+        { label: "p99", stroke: "#c05621", width: 1.5, points: { show: true, size: 4 }, value: (u, v) => (v === null ? "-" : `${v.toFixed(3)} s`) },
       ]),
       [[], [], []],
       charts,
