@@ -41,13 +41,18 @@ def batch_limit(records_per_s: float | None, max_batch_s: float, floor: int, cei
 
 
 class DrainRate:
-    """The records a second this engine's batches process, from its progress reports: the
-    input rows of each batch that took more than MIN_ROWS, over the batch's whole duration
-    (its fixed cost included), smoothed. Kept in the engine's state folder, so that a
-    restarted engine sizes its first batches from what it measured before."""
+    """The records a second this engine's batches process when it catches up, from its
+    progress reports: the input rows of each full batch (at least FULL of the query's limit,
+    and MIN_ROWS) over the batch's whole duration (its fixed cost included), smoothed. Kept
+    in the engine's state folder, so that a restarted engine sizes its catch-up batches from
+    what it measured before.
 
-    # Only batches this large say what the engine can do: a level engine's small batches
-    # are mostly fixed cost.
+    Only full batches count: a level engine's batches of a few hundred or thousand records
+    are mostly fixed cost, and their rate (1,221 records/s measured on `make up`) sized a
+    restarted engine's catch-up batches at 3,663 records, which drained its backlog against
+    a 1,000 events/s inflow in 274 s instead of about a minute."""
+
+    FULL = 0.9
     MIN_ROWS = 1_000
     # The weight of a new batch's rate: about the last ten batches count.
     ALPHA = 0.2
@@ -62,15 +67,16 @@ class DrainRate:
             except (ValueError, KeyError, TypeError, OSError) as exc:
                 log.warning("drain rate in %s unreadable (%s); measuring afresh", path, exc)
 
-    def add(self, progress: Mapping[str, Any]) -> None:
-        """One progress report (the same report at every call until the next batch)."""
+    def add(self, progress: Mapping[str, Any], limit: int) -> None:
+        """One progress report (the same report at every call until the next batch) of a
+        query whose batches take at most `limit` records."""
         batch = progress.get("batchId")
         if batch is None or batch == self._seen:
             return
         self._seen = batch
         rows = float(progress.get("numInputRows") or 0)
         total_ms = float((progress.get("durationMs") or {}).get("triggerExecution") or 0)
-        if rows < self.MIN_ROWS or total_ms <= 0:
+        if rows < max(self.MIN_ROWS, self.FULL * limit) or total_ms <= 0:
             return
         rate = rows / (total_ms / 1000.0)
         self.value = (

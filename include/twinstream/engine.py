@@ -122,6 +122,8 @@ class Engine:
         self.batch_timings = BatchTimings()
         # What this engine's batches process a second, for the next query's batch size.
         self.drain_rate = DrainRate(settings.engine_dir(engine_id) / "drain-rate.json")
+        # The running query's largest batch (its maxOffsetsPerTrigger).
+        self._max_offsets = settings.max_offsets_per_trigger
         self._timings_logged = time.monotonic()
         # The lag's recent samples: whether the engine is falling behind (twinstream.lag_trend).
         self.lag_history = LagHistory()
@@ -181,6 +183,7 @@ class Engine:
             self._spark = self._new_session()
             self._warm_up(self._spark)
         self.recovery.excluded = self._read_quarantine()
+        self._max_offsets = self._batch_limit()
         self.gate.resume_waits()
         # A batch of the previous query interrupted by its stop raised too; it must not be
         # taken for this query's failure.
@@ -193,7 +196,7 @@ class Engine:
             self.process_batch,
             starting_offsets,
             quarantined=self.recovery.excluded,
-            max_offsets=self._batch_limit(),
+            max_offsets=self._max_offsets,
         )
         log.info(
             "engine %s pipeline %s: query %s started from %s%s",
@@ -340,7 +343,7 @@ class Engine:
         second: the lag's trend must not depend on anyone reading the status)."""
         progress = self._progress()
         self.batch_timings.add(progress)
-        self.drain_rate.add(progress)
+        self.drain_rate.add(progress, self._max_offsets)
         # The lag costs a high-watermark read: only when the history would keep it (one
         # sample per SAMPLE_EVERY_S), not at every pass of the loop.
         if self.lag_history.due():
