@@ -773,9 +773,10 @@ class Engine:
             version=twinstream.__version__,
         )
 
-    def standing(self) -> Standing:
-        """How far this engine is, as the election compares engines: asked on each win."""
-        lag = self._lag(self.gate.status().processed)
+    def standing(self, processed: dict[int, int] | None = None) -> Standing:
+        """How far this engine is, as the election compares engines (asked on each win) and
+        the status reports it. `processed`: the gate's, when the caller has read it."""
+        lag = self._lag(self.gate.status().processed if processed is None else processed)
         in_sync = is_in_sync(
             self._state, lag, self.settings.in_sync_lag, self._query_position() is not None
         )
@@ -803,14 +804,12 @@ class Engine:
 
     def pipeline_info(self) -> PipelineInfo:
         status = self.gate.status()
-        lag = self._lag(status.processed)
+        standing = self.standing(status.processed)
+        lag, in_sync = standing.lag, standing.in_sync
         self.sample_lag(lag)
         trend = self.lag_history.trend()
         fills = status.buffer_fills
         quarantined = self.quarantined()
-        in_sync = is_in_sync(
-            self._state, lag, self.settings.in_sync_lag, self._query_position() is not None
-        )
         self.metrics.update(
             lag=lag,
             buffer_fills=fills,

@@ -135,7 +135,7 @@ def test_win_suspend_lose_and_win_again():
     assert election.zk_state == str(KazooState.LOST)
 
 
-def _election(client, events, sleep, identifier="a"):
+def _election(client, events, sleep, identifier="a", **options):
     """An election on `client` that records its callbacks in `events`."""
     return Election(
         client,
@@ -146,6 +146,7 @@ def _election(client, events, sleep, identifier="a"):
         on_step_down=lambda reason: events.append(("down", reason)),
         on_connection=lambda ok: events.append(("connected", ok)),
         sleep=sleep,
+        **options,
     )
 
 
@@ -407,29 +408,20 @@ def test_a_winner_far_behind_hands_on_without_an_epoch_then_leads_when_nobody_ta
     moves; once MAX_HAND_ONS wins went nowhere (b never took them) this engine leads."""
     FakeCounter.value = 0
     client = FakeClient()
-    events = []
+    events: list[tuple[str, object]] = []
     wins = threading.Event()
 
-    def on_elected(epoch):
-        events.append(("elected", epoch))
-        wins.set()
+    def sleep(_seconds):
+        # Called between wins and while leading: stop once this engine leads.
+        if ("elected", 1) in events:
+            wins.set()
+            election.stop()
 
-    now = [0.0]
-    election = Election(
-        client,
-        "/twinstream/p/election",
-        "/twinstream/p/epoch",
-        "a",
-        on_elected=on_elected,
-        on_step_down=lambda reason: events.append(("down", reason)),
-        on_connection=lambda ok: None,
-        sleep=lambda s: election.stop() if wins.is_set() else None,
-        standing=lambda: FAR_BEHIND,
-        prefer_margin=5_000,
-        clock=lambda: now[0],
+    election = _election(
+        client, events, sleep, standing=lambda: FAR_BEHIND, prefer_margin=5_000, clock=lambda: 0.0
     )
-    election.standings = lambda: {"b": IN_SYNC}  # type: ignore[method-assign]
-    election.withdraw_standing = lambda: None  # type: ignore[method-assign]
+    election.standings = lambda: {"b": IN_SYNC}
+    election.withdraw_standing = lambda: None
     election.start()
     assert wins.wait(5)
     election.stop()
@@ -440,21 +432,14 @@ def test_a_winner_far_behind_hands_on_without_an_epoch_then_leads_when_nobody_ta
 def test_a_winner_in_sync_leads_at_once():
     FakeCounter.value = 0
     client = FakeClient()
-    events = []
-    election = Election(
-        client,
-        "/twinstream/p/election",
-        "/twinstream/p/epoch",
-        "a",
-        on_elected=lambda epoch: events.append(("elected", epoch)),
-        on_step_down=lambda reason: None,
-        on_connection=lambda ok: None,
-        sleep=lambda s: election.stop(),
-        standing=lambda: IN_SYNC,
-        prefer_margin=5_000,
-    )
-    election.standings = lambda: {"b": FAR_BEHIND}  # type: ignore[method-assign]
-    election.withdraw_standing = lambda: None  # type: ignore[method-assign]
+    events: list[tuple[str, object]] = []
+
+    def sleep(_seconds: float) -> None:
+        election.stop()
+
+    election = _election(client, events, sleep, standing=lambda: IN_SYNC, prefer_margin=5_000)
+    election.standings = lambda: {"b": FAR_BEHIND}
+    election.withdraw_standing = lambda: None
     election.start()
     election.stop()
     assert events == [("elected", 1)]
