@@ -434,13 +434,18 @@ def test_a_winner_in_sync_leads_at_once():
     client = FakeClient()
     events: list[tuple[str, object]] = []
 
+    led = threading.Event()
+
     def sleep(_seconds: float) -> None:
+        led.set()  # called once leading
         election.stop()
 
     election = _election(client, events, sleep, standing=lambda: IN_SYNC, prefer_margin=5_000)
     election.standings = lambda: {"b": FAR_BEHIND}
     election.withdraw_standing = lambda: None
     election.start()
+    # stop() before the election's thread ran would leave it no chance to win at all.
+    assert led.wait(5)
     election.stop()
     assert events == [("elected", 1)]
     assert client.runs == 1
