@@ -23,8 +23,8 @@ from twinstream import registry
 from twinstream.config import REPO_ROOT, Settings
 from twinstream.stack import core
 from twinstream.stack.layout import Layout
-from twinstream.stack.supervisor import Supervisor
-from twinstream.testing.harness import Pipeline, at_once, wait_for
+from twinstream.stack.supervisor import Supervisor, at_once
+from twinstream.testing.harness import Pipeline, wait_for
 
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
@@ -65,18 +65,28 @@ TEST_ENV = {
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The stack's own tests run first among the integration tests, while `up` has left
     every pipeline's engines running, and the operator page's; then the chaos scenarios on
-    the stack's own hostmetrics engines, still warm (a restart of both costs about a minute on two
-    cores); then the modules that stop them to free the cores for engines of their own.
-    Tests marked `stack_teardown` stop the shared stack, so they run after all others."""
+    the stack's own hostmetrics engines, still warm (a restart of both costs about a minute
+    on two cores); then the modules that stop them to free the cores for engines of their
+    own, and those that need no engine of the stack. Tests marked `stack_teardown` stop the
+    shared stack, so they run after all others."""
     groups = (
         "tests/integration/test_stack.py",
         "tests/integration/test_operator_page.py",
         "tests/chaos/test_chaos.py",
     )
+    # Modules that need none of the stack's engines, after the first module that stops
+    # them: before it, the idle hostmetrics pair shared the two cores with their Spark.
+    engine_free = (
+        "tests/integration/test_contract.py",
+        "tests/integration/test_new_pipeline.py",
+        "tests/integration/test_spark_kafka.py",
+    )
 
     def order(item: pytest.Item) -> tuple[bool, bool, int]:
         path = item.path.as_posix()
         group = next((i + 1 for i, g in enumerate(groups) if path.endswith(g)), len(groups) + 1)
+        if path.endswith(engine_free):
+            group = len(groups) + 2
         if "/tests/unit/" in path or "/tests/dags/" in path:
             group = 0
         # Deleting SCRAM users goes after every test that restarts a broker: in three full

@@ -295,7 +295,7 @@ def test_a_kill_9_makes_the_in_sync_standby_active_not_one_queued_before_it_far_
         a, b = pipeline.start_pair()
         # Whether the kill comes during the load or after it, c stays far behind: it
         # rebuilds at most 100 records a second.
-        load = pipeline.load(25_000, rate=500)
+        load = pipeline.load(15_000, rate=500)
         wait_for(lambda: published(a) >= 1000, 60, "the active publishing under load")
         # c: at most 200 records a batch, a batch every 2 s, from the topic's start.
         c = pipeline.start(

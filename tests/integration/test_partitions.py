@@ -207,9 +207,9 @@ def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactl
 ):
     """A bug outside the per-record guard (the fault-injection setting makes the transform
     raise on any batch holding a marker record) used to fail the batch on both engines for
-    good. The engines find the marker records themselves, over three partitions, quarantine
-    them (the same decision on both, through ZooKeeper), dead-letter them, and publish
-    everything else exactly once, as the transform computes it without them; both engines
+    good. The engines find the marker record themselves, over three partitions, quarantine
+    it (the same decision on both, through ZooKeeper), dead-letter it, and publish
+    everything else exactly once, as the transform computes it without it; both engines
     stay up."""
     marker = "POISON-7f3a"
     # Batches of at most 250: the search halves a failed batch down to one record, and
@@ -228,21 +228,21 @@ def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactl
         stream: list[bytes | None] = list(
             synthetic(3_000, max_record_bytes=pipeline.settings.max_record_bytes, seed=5)
         )
-        # Records of hosts whose keys Kafka's partitioner (CRC32 of the key, modulo the
-        # partitions) puts in partitions 0 and 2: host-007 and host-001 of this seed.
-        for i in (700, 2_100):
-            record = json.loads(stream[i] or b"")
-            stream[i] = json.dumps({**record, "note": marker}).encode()
+        # A record of a host whose key Kafka's partitioner (CRC32 of the key, modulo the
+        # partitions) puts in partition 2: host-001 of this seed; its record id is not its
+        # offset. One marker: a second search costs ~40 s of restarts and proves nothing
+        # more here (several offenders, in any partition: tests/unit/test_quarantine.py).
+        record = json.loads(stream[2_100] or b"")
+        stream[2_100] = json.dumps({**record, "note": marker}).encode()
         pipeline.join_load(pipeline.send(stream, rate=1000))
         poisoned = {
             (r.partition, r.offset) for r in pipeline.inbound() if marker.encode() in (r.raw or b"")
         }
-        assert len(poisoned) == 2
-        assert {p for p, _ in poisoned} == {0, 2}, poisoned
+        assert {p for p, _ in poisoned} == {2}, poisoned
         wait_for(
-            lambda: len((a.try_get("/pipeline") or {}).get("quarantined") or []) == 2,
+            lambda: len((a.try_get("/pipeline") or {}).get("quarantined") or []) == 1,
             300,
-            "the two marker records quarantined",
+            "the marker record quarantined",
         )
         active = pipeline.active()
         assert active is not None
@@ -286,7 +286,7 @@ def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactl
             info = wait_for(running, 60, f"engine {engine.engine_id} running")
             assert {(q["partition"], q["msg_id"]) for q in info["quarantined"]} == poisoned
         labels = f'engine="{a.engine_id}",pipeline="{pipeline.name}"'
-        assert f"twinstream_quarantined_offsets{{{labels}}} 2.0" in a.get_text("/metrics")
+        assert f"twinstream_quarantined_offsets{{{labels}}} 1.0" in a.get_text("/metrics")
 
         # Released through the CLI once "the bug is fixed", named as the CLI lists it.
         for key, value in pipeline.env.items():

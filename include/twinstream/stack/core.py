@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import xmlrpc.client
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from twinstream.kafka import TopicChange, ensure_topics, topic_specs
 from twinstream.kafka_auth import Credentials, provision, users
 from twinstream.stack import health, render
 from twinstream.stack.layout import Layout
-from twinstream.stack.supervisor import ProcessInfo, Supervisor
+from twinstream.stack.supervisor import ProcessInfo, Supervisor, at_once
 from twinstream.stack.tls import ensure_tls, kafka_superuser_config
 
 Echo = Callable[[str], None]
@@ -523,6 +524,7 @@ def down(settings: Settings, echo: Echo = print, timeout_s: float = 120.0) -> li
             f"stopping {len(tree)} processes: "
             + ", ".join(f"{n}({p})" for p, n in sorted(tree.items()))
         )
+        _stop_engines_and_airflow(supervisor, echo)
         supervisor.shutdown()
     deadline = time.monotonic() + timeout_s
     last_report = time.monotonic()
@@ -544,6 +546,22 @@ def down(settings: Settings, echo: Echo = print, timeout_s: float = 120.0) -> li
     layout.supervisor_socket.unlink(missing_ok=True)
     echo(f"stopped; no process of the stack is left (state kept in {layout.root})")
     return sorted(tree)
+
+
+def _stop_engines_and_airflow(supervisor: Supervisor, echo: Echo) -> None:
+    """The engines and Airflow at once, before supervisord's own shutdown: that stops one
+    group after the other and waits for each (an engine is a group of one; its stop takes
+    seconds: the batch in flight, leaving the election, Spark), and the brokers must still
+    be there while an engine steps down. A stop that fails is left to the shutdown."""
+    first = [
+        p.name
+        for p in supervisor.processes()
+        if p.pid and (p.name.startswith("engine-") or p.name == "airflow")
+    ]
+    try:
+        at_once(supervisor.stop, first)
+    except (OSError, xmlrpc.client.Fault) as exc:
+        echo(f"  stopping {', '.join(first)} at once failed ({exc}); supervisord stops them")
 
 
 def _not_zombie(pid: int) -> bool:

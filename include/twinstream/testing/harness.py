@@ -89,21 +89,6 @@ def inbound_ends(settings: Settings, timeout_s: float = 60.0) -> dict[int, int]:
         marks.close()
 
 
-def at_once(action: Callable[[str], object], names: Iterable[str]) -> None:
-    """action(name) for every name at the same time, each in a thread of its own; back
-    once all have ended, raising the first error. For supervisord's start and stop, which
-    each wait for their program (an engine's Spark shutdown, its `startsecs`): one after
-    the other added those seconds up."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    listed = list(names)
-    if not listed:
-        return
-    with ThreadPoolExecutor(max_workers=len(listed)) as pool:
-        for future in [pool.submit(action, name) for name in listed]:
-            future.result()
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""twinstream.testing.harness.at_once: supervisord's starts and stops of several engines at
+"""twinstream.stack.supervisor.at_once: supervisord's starts and stops of several engines at
 the same time, every error surfaced."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from twinstream.testing.harness import at_once
+from twinstream.stack.supervisor import at_once
 
 
 def test_every_action_runs_at_the_same_time():
