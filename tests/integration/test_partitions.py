@@ -39,7 +39,7 @@ PARTITIONS = 3
 RATE = 150.0
 # A restore replaying under load beside an active on two cores: sessions and batches that
 # starved heartbeats cannot end (a 1 s session expired twice in one run, and the restoring
-# engine, far behind, won the election), as test_pipelines sizes its four engines.
+# engine, far behind, won the election), as test_pipelines sizes its engines.
 SHARED = {"TWINSTREAM_ZK_SESSION_TIMEOUT_S": "4", "TWINSTREAM_TRIGGER_INTERVAL_MS": "1000"}
 
 
