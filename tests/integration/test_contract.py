@@ -218,3 +218,41 @@ def test_payments_keyed_publishes_the_bytes_of_its_apply_in_pandas_version():
         "velocity",
     }
     assert sum(r.kind == "dlq" for r in rows) > 50
+
+
+def test_an_integer_out_of_its_type_is_out_of_range_never_wrapped():
+    """Jackson reads a tinyint of 128 to 255 as a byte that wraps: 128 read -128, and the
+    record passed as valid. Every integer type's overflow is out_of_range, its bounds kept."""
+    ints = Pipeline(
+        name="events",
+        schema="t TINYINT, s SMALLINT, i INT, l BIGINT",
+        transform=lambda df: df.select("msg_id", "t", "s", "i", "l"),
+        key="t",
+        value=["t", "s", "i", "l"],
+    )
+
+    def record(**members: int) -> bytes:
+        return json.dumps({"t": 1, "s": 1, "i": 1, "l": 1, **members}).encode()
+
+    highest = {"t": 127, "s": 32767, "i": 2**31 - 1, "l": 2**63 - 1}
+    lowest = {"t": -128, "s": -32768, "i": -(2**31), "l": -(2**63)}
+    records = [
+        (record(**highest), json.dumps(highest, separators=(",", ":"))),
+        (record(**lowest), json.dumps(lowest, separators=(",", ":"))),
+        (record(t=128), "out_of_range: t does not fit tinyint"),
+        (record(t=255), "out_of_range: t does not fit tinyint"),
+        (record(t=-129), "out_of_range: t does not fit tinyint"),
+        (record(s=32768), "out_of_range: s does not fit smallint"),
+        (record(i=2**31), "out_of_range: i does not fit int"),
+        (record(l=2**63), "out_of_range: l does not fit bigint"),
+    ]
+    rows = reference.run(
+        ints, list(enumerate(r for r, _ in records)), load_settings(pipeline="events"), 1
+    )
+    assert len(rows) == len(records)
+    for row, (raw, want) in zip(rows, records, strict=True):
+        if want.startswith("{"):
+            assert (row.kind, row.value) == ("out", want), raw
+        else:
+            assert row.kind == "dlq", (raw, row.value)
+            assert json.loads(row.value)["reason"] == want, raw
