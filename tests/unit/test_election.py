@@ -449,3 +449,31 @@ def test_a_winner_in_sync_leads_at_once():
     election.stop()
     assert events == [("elected", 1)]
     assert client.runs == 1
+
+
+@pytest.mark.parametrize(
+    ("client_state", "starts"),
+    [
+        (KeeperState.CONNECTING, 0),  # SUSPENDED: kazoo is reconnecting
+        (KeeperState.CONNECTED, 0),
+        (KeeperState.CLOSED, 1),  # never started, or stopped
+        (KeeperState.AUTH_FAILED, 1),  # kazoo gave up on it
+    ],
+)
+def test_entering_the_election_starts_only_a_client_that_is_not_running(client_state, starts):
+    # An engine's POST /pipeline/start hung for good when its pipeline entered the election
+    # while its session was SUSPENDED: kazoo's start() on a reconnecting client closes it
+    # first, joining the handler thread whose state listener waited for that engine.
+    FakeCounter.value = 0
+    client = FakeClient()
+    client.client_state = client_state
+    client.state = {
+        KeeperState.CONNECTING: KazooState.SUSPENDED,
+        KeeperState.CONNECTED: KazooState.CONNECTED,
+    }.get(client_state, KazooState.LOST)
+    client.before_win = lambda _election: election._stop.set()
+    election = _election(client, [], lambda _s: None)
+    election.start()
+    assert election._thread is not None
+    election._thread.join(5)
+    assert getattr(client, "starts", 0) == starts

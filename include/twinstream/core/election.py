@@ -66,6 +66,10 @@ def zk_client(settings: Settings, **overrides: Any) -> KazooClient:
 
 
 ROOT = "/twinstream"
+# A client to start: never started or stopped (CLOSED), or given up on by kazoo
+# (AUTH_FAILED: a SASL handshake cut short, see Election._revive). Any other state is a
+# session kazoo is keeping or reconnecting (after an expired one, it makes a new one).
+_STARTABLE = (KeeperState.CLOSED, KeeperState.AUTH_FAILED)
 
 
 def owner_acl(settings: Settings) -> ACL:
@@ -250,8 +254,15 @@ class Election:
             self._on_step_down("ZooKeeper session lost")
 
     def start(self) -> None:
+        """Enter the election (again, after a stop). The client is started only if it is
+        not running (never started, stopped) or kazoo gave up on it (`_STARTABLE`): kazoo's
+        `start` on a client that is reconnecting closes it first, joining its handler's
+        threads, one of which may be running a state listener that waits for the caller
+        (an engine's POST /pipeline/start, entered while its session was SUSPENDED, hung
+        for good in a fresh-clone `make test`, 2026-11-27). A reconnecting client is left
+        to reconnect: the election waits for it."""
         self._stop.clear()
-        if self._client.state != KazooState.CONNECTED:
+        if self._client.client_state in _STARTABLE:
             self._client.start(timeout=30)
         self.zk_state = str(self._client.state)
         self.claim()
@@ -443,10 +454,7 @@ class Election:
         again (bench.keys, 2026-11-27), while ZooKeeper logged every one authenticated.
         (The same close-after-reset ordering is python-zk/kazoo#688, where it made stop()
         wait forever.)"""
-        if self._stop.is_set() or self._client.client_state not in (
-            KeeperState.AUTH_FAILED,
-            KeeperState.CLOSED,
-        ):
+        if self._stop.is_set() or self._client.client_state not in _STARTABLE:
             return
         log.warning(
             "election %s: the ZooKeeper client stopped (%s); starting a new session",
