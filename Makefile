@@ -134,8 +134,8 @@ integration: INSTALL_ALSO := browser
 integration: install
 	$(BIN)/pytest tests/integration
 
-# The whole chaos suite; `make test` runs it without the 100 failovers and the supervised
-# double kill (their short versions are in tests/integration), the outages shorter. `-s`: the run
+# The whole chaos suite; `make test` runs it with 1 failover instead of 100 and without
+# the supervised double kill (its short version is in tests/integration). `-s`: the run
 # takes over an hour, so each failover's line is shown as it happens (and kept: pytest
 # would drop a passing test's captured output).
 chaos: install

@@ -2,13 +2,10 @@
 its inbound topic, and failures inflicted by pid. After each scenario every inbound offset
 of the scenario must be in the outbound or dead-letter topic exactly once.
 
-`make chaos` runs 100 kill -9 failovers, alternating between the engines (the takeover,
-supervisord's restart and the victim back as an in-sync standby); `make test` runs none of
-them: the suite has a 30-minute budget, its one failover cost a minute, and what it checked
-is in `make test` already (tests/integration's kill -9 tests, every offset once; the
-operator page's kill -9 of the active of this stack, whose supervised engine must be back
-in sync before the scenarios here start). `make test` runs the broker and ZooKeeper
-scenarios, ZooKeeper's outage shorter.
+`make test` runs TWINSTREAM_CHAOS_FAILOVERS=1 kill -9 failover (the takeover, supervisord's
+restart and the victim back as an in-sync standby, about a minute: the suite has a 30-minute
+budget, and the integration tests' restored and ex-zombie engines take over again); `make
+chaos` runs 100, alternating between the engines.
 """
 
 from __future__ import annotations
@@ -81,11 +78,6 @@ def assert_exactly_once(engines: SupervisedEngines, firsts: dict[int, int], sent
 
 # Each round: takeover, supervisord's restart, Spark's start and catch-up (about a minute).
 @pytest.mark.timeout(600 + 240 * FAILOVERS)
-@pytest.mark.skipif(
-    not FULL,
-    reason="make chaos only: its short versions are tests/integration's kill -9 tests and the "
-    "operator page's kill of a supervised engine, back in sync before the tests here",
-)
 def test_kill9_failovers_alternate_between_the_engines_and_lose_nothing(engines, settings):
     firsts = inbound_ends(settings)
     load = SteadyLoad(settings, RATE).start()
