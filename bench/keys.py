@@ -188,8 +188,9 @@ class MemorySampler(threading.Thread):
             if root.pid in self._before:
                 continue
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                if root.pid not in self.names:
-                    self.names[root.pid] = root.name()
+                # The latest name: one read between fork and exec is the parent's (a unit
+                # run saw "pytest" for a Python child, now and then).
+                self.names[root.pid] = root.name()
                 rss = self._tree_rss(root)
                 # 0: exited and not yet reaped (a zombie has no memory to read), as the
                 # plain pipe right after its last commit: not its memory at the end.
