@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         "typing_by_from_json_us": us["from_json"] - us["scan"],
         "typing_from_the_variant_us": us["variant + members"] - us["variant"],
     }
+    if args.against:
+        before = us[f"validated at {args.against}"]
+        figures["validated_before_over_now"] = before / us["validated"]
     write_figures(args.output, "parse", figures, echo=False)
     xs = [float(n) for n in range(1, args.rounds + 1)]
     plot(
@@ -153,10 +156,6 @@ def main(argv: list[str] | None = None) -> int:
         xlabel="round",
         marker="o",
     )
-    if args.against:
-        before = us[f"validated at {args.against}"]
-        figures["validated_before_over_now"] = before / us["validated"]
-        write_figures(args.output, "parse", figures, echo=False)
     for name, value in us.items():
         print(f"{name:24s} {value:6.2f} µs a record")
     print(

@@ -52,8 +52,8 @@ KEYED_CONF = {
     "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype": "true",
 }
 _INTEGRAL = ("tinyint", "smallint", "int", "bigint")
-# JSON's whitespace (RFC 8259): space, tab, line feed, carriage return, as SQL escapes them.
-_JSON_SPACE = " \\t\\n\\r"
+# JSON's whitespace (RFC 8259): space, tab, line feed, carriage return.
+_JSON_SPACE = " \t\n\r"
 _FRACTIONAL = ("float", "double")
 
 
@@ -255,12 +255,12 @@ def validated(
         # JSON's whitespace trimmed, not a regular expression: a search for `}` followed by
         # whitespace to the end tried every `}` of the record (1 µs a record of ~17).
         .when(
-            ~F.expr(f"trim(LEADING '{_JSON_SPACE}' FROM cast({RAW} as string))").startswith("{"),
+            ~F.ltrim(raw_text, F.lit(_JSON_SPACE)).startswith("{"),
             F.lit("not_json: a JSON value that is not an object"),
         )
         # Jackson reads the first value and ignores what follows it.
         .when(
-            ~F.expr(f"trim(TRAILING '{_JSON_SPACE}' FROM cast({RAW} as string))").endswith("}"),
+            ~F.rtrim(raw_text, F.lit(_JSON_SPACE)).endswith("}"),
             F.lit("not_json: something follows the JSON object"),
         )
         .when(missing != "", F.concat(F.lit("missing_field: "), missing))
