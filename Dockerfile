@@ -16,7 +16,7 @@ WORKDIR /build
 COPY java/ ./java/
 RUN set -eux; \
     mvn -B -s java/settings.xml -f java/pom.xml package -Dtwinstream.jars=/jars; \
-    # twinstream.spark.kafka_jars refuses a folder without the connector: fail here instead.
+    # twinstream.engine.spark.kafka_jars refuses a folder without the connector: fail here instead.
     ls /jars/spark-kafka/spark-sql-kafka-*.jar
 
 # ---------------------------------------------------------------------------------------------
@@ -43,7 +43,7 @@ RUN set -eux; \
     # Engine state and the snapshots volume: the named volume copies this folder's owner, so
     # the airflow user (uid 50000, gid 0) can write there.
     mkdir -p /opt/twinstream/state /opt/twinstream/snapshots /opt/twinstream/src \
-      /opt/twinstream/state/tls /opt/twinstream/kafka-ca /opt/twinstream/kafka-credentials; \
+      /opt/twinstream/engine/state/tls /opt/twinstream/kafka-ca /opt/twinstream/kafka-credentials; \
     chown -R airflow:0 /opt/twinstream; \
     chmod -R g+rwX /opt/twinstream
 ENV JAVA_HOME=/usr/lib/jvm/twinstream-java
@@ -63,7 +63,7 @@ RUN set -eux; \
     pip install --no-cache-dir --force-reinstall --no-deps "pyspark==${pyspark_pin}"; \
     python -c "import pyspark, sys; v = pyspark.__version__; sys.exit(0 if v == '${pyspark_pin}' else f'pyspark is {v}, want ${pyspark_pin}')"
 
-# Spark's Kafka connector and what it adds to pyspark (twinstream.spark.kafka_jars reads
+# Spark's Kafka connector and what it adds to pyspark (twinstream.engine.spark.kafka_jars reads
 # <TWINSTREAM_JARS_DIR>/spark-kafka/*.jar). Read-only for the airflow user, on purpose.
 COPY --from=jars /jars/spark-kafka /opt/twinstream/jars/spark-kafka
 ENV TWINSTREAM_JARS_DIR=/opt/twinstream/jars

@@ -84,11 +84,11 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(BIN)/python -c 'import pyspark, sys; v = pyspark.__version__; sys.exit(0 if v == "$(PYSPARK_PIN)" else f"pyspark is {v}, want $(PYSPARK_PIN)")'
 	@touch $@
 
-# The classes a Spark driver loads, archived once for every JVM start after (twinstream.spark):
+# The classes a Spark driver loads, archived once for every JVM start after (twinstream.engine.archive):
 # rebuilt whenever pyspark or the jars change, since the JVM refuses a stale archive.
 $(JARS)/spark-classes.jsa: $(VENV)/.installed $(JARS)/.installed
 	@echo "== archiving Spark's classes for fast engine starts (JDK class data sharing)"
-	$(BIN)/python -m twinstream.spark archive
+	$(BIN)/python -m twinstream.engine.archive
 
 $(JARS)/.installed: java/pom.xml java/settings.xml java/kafka/pom.xml java/zookeeper/pom.xml java/spark-kafka/pom.xml \
 		java/kafka-streams/pom.xml java/flink/pom.xml java/baseline-common/pom.xml java/profiler/pom.xml $(wildcard java/*/src/main/java/io/twinstream/baseline/*.java)

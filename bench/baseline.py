@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.plots import plot, rate_series
-from twinstream.audit import Findings, find_id_problems
-from twinstream.config import REPO_ROOT, Settings
-from twinstream.kafka import java_security_config, watermarks
+from devkit.chaos import SteadyLoad
+from devkit.harness import OutputSampler, machine, summary, wait_for
+from twinstream.ops.audit import Findings, find_id_problems
+from twinstream.ops.subscriber import read_committed
+from twinstream.platform.kafka import java_security_config, watermarks
+from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack.core import write_if_changed
 from twinstream.stack.render import java_command
-from twinstream.subscriber import read_committed
-from twinstream.testing.chaos import SteadyLoad
-from twinstream.testing.harness import OutputSampler, machine, summary, wait_for
 
 log = logging.getLogger(__name__)
 

@@ -49,18 +49,14 @@ from bench.failover import warm_up
 from bench.latency import latency_figures, measure_steps
 from bench.plots import plot_drains, write_figures
 from bench.throughput import drain_with_engines, on_backlog, wait_drained
-from twinstream import registry
-from twinstream.config import REPO_ROOT, Settings
-from twinstream.engine_client import EngineError
-from twinstream.kafka import watermarks
-from twinstream.testing.chaos import (
+from devkit.chaos import (
     SteadyLoad,
     SupervisedEngines,
     audit_load,
     audit_summary,
     failover_round,
 )
-from twinstream.testing.harness import (
+from devkit.harness import (
     EngineProcess,
     Load,
     OutputSampler,
@@ -72,6 +68,10 @@ from twinstream.testing.harness import (
     summary,
     wait_for,
 )
+from twinstream.engine.client import EngineError
+from twinstream.platform import registry
+from twinstream.platform.kafka import watermarks
+from twinstream.platform.settings import REPO_ROOT, Settings
 
 LABELS = {
     "plain": "plain confluent-kafka pipe (the ceiling)",
@@ -266,7 +266,7 @@ def takeovers(
 
 def first_minute(settings: Settings, rate: float, seconds: float) -> dict[str, Any]:
     """Latency of the stack's own pipeline as `make up` left it, over the first `seconds`."""
-    from examples.hostmetrics.generate import synthetic
+    from pipelines.hostmetrics.generate import synthetic
 
     contract = registry.load(settings)
     if contract.name != "hostmetrics":

@@ -24,9 +24,9 @@ from typing import Any
 
 import psutil
 
-from twinstream.config import Settings
-from twinstream.kafka import partition_ends
-from twinstream.testing.harness import Pipeline
+from devkit.harness import Pipeline
+from twinstream.platform.kafka import partition_ends
+from twinstream.platform.settings import Settings
 
 PY_SPY_RATE = 100  # samples per second, per process
 JVM_INTERVAL_MS = 10  # async-profiler's CPU sampling interval
@@ -43,7 +43,7 @@ JVM_PARTS: Sequence[tuple[str, tuple[str, ...]]] = (
 # The Python side: (part, frames any of which marks it), first match wins.
 PYTHON_PARTS: Sequence[tuple[str, tuple[str, ...]]] = (
     ("worker: the pipeline's step", ("@STEP",)),
-    ("worker: twinstream's processor (dicts in, frame out)", ("twinstream/state/",)),
+    ("worker: twinstream's processor (dicts in, frame out)", ("twinstream/engine/state/",)),
     ("worker: pyspark's Arrow and pandas conversions", ("pyspark.daemon", "pyspark/worker.py")),
     ("driver: the batch to Python (toArrow, assemble)", ("rows_of (",)),
     ("driver: the Kafka transaction", ("_publish (",)),

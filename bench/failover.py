@@ -40,10 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.plots import plot, rate_series, write_figures
-from twinstream import registry
-from twinstream.config import REPO_ROOT
-from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
-from twinstream.testing.chaos import (
+from devkit.chaos import (
     KINDS,
     Round,
     SteadyLoad,
@@ -52,7 +49,10 @@ from twinstream.testing.chaos import (
     failover_round,
     flagged,
 )
-from twinstream.testing.harness import OutputSampler, inbound_ends, machine, summary, wait_for
+from devkit.harness import OutputSampler, inbound_ends, machine, summary, wait_for
+from twinstream.ops.drill import KafkaEpochTail, Takeover, measure_takeover
+from twinstream.platform import registry
+from twinstream.platform.settings import REPO_ROOT
 
 
 def baseline_round(engines: SupervisedEngines) -> float:

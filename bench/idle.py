@@ -19,11 +19,11 @@ from typing import Any
 import psutil
 
 from bench.plots import write_figures
-from twinstream import registry
-from twinstream.config import REPO_ROOT, Settings
+from devkit.harness import machine
+from twinstream.platform import registry
+from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
-from twinstream.testing.harness import machine
 
 AIRFLOW_ROLES = ("scheduler", "dag-processor", "api-server", "triggerer", "tasks run")
 

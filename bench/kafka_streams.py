@@ -42,8 +42,8 @@ from bench.baseline import (
     run_rounds,
     write_run,
 )
-from twinstream.config import Settings
-from twinstream.testing.harness import bench_pipeline, wait_for
+from devkit.harness import bench_pipeline, wait_for
+from twinstream.platform.settings import Settings
 
 
 def kill_round(

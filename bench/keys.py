@@ -54,10 +54,7 @@ from bench.engine_profile import EngineProfile
 from bench.engine_profile import table as engine_profile_table
 from bench.plots import plot, write_figures
 from bench.throughput import drain_with_engines, on_backlog
-from examples.hostmetrics.generate import reading
-from twinstream.config import REPO_ROOT, Settings, load_settings
-from twinstream.stack.tls import kafka_superuser_config
-from twinstream.testing.harness import (
+from devkit.harness import (
     Load,
     OutputSampler,
     Pipeline,
@@ -66,6 +63,9 @@ from twinstream.testing.harness import (
     machine,
     stack_env,
 )
+from pipelines.hostmetrics.generate import reading
+from twinstream.platform.settings import REPO_ROOT, Settings, load_settings
+from twinstream.stack.tls import kafka_superuser_config
 
 DEFAULT_KEYS = (10, 1_000, 10_000, 100_000, 1_000_000)
 CONTENDERS = tuple(LABELS)  # plain, pair, kafka_streams, flink
@@ -74,7 +74,7 @@ MB = 2**20
 WARM_UP_EVENTS = 30_000
 WARM_UP_KEYS = 7
 # The hostmetrics step's own code, for the profile's split (bench/engine_profile.py).
-STEP_FRAMES = ("examples/hostmetrics/",)
+STEP_FRAMES = ("pipelines/hostmetrics/",)
 # async-profiler's folder, as `make install` fetches it (java/profiler pins the version).
 PROFILER_JARS = "profiler"
 
@@ -148,7 +148,7 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def backlog_records(count: int, keys: int, seed: int = 1) -> Iterator[bytes]:
     """`count` valid hostmetrics events over exactly min(count, keys) hosts, round-robin,
-    the other fields as examples.hostmetrics.generate's, event time 10 ms apart. Nothing
+    the other fields as pipelines.hostmetrics.generate's, event time 10 ms apart. Nothing
     expires keys here (hostmetrics sets no `expire_after_ms`): every key's state stays
     to the end, a million of them at a million keys."""
     rng = random.Random(seed)  # noqa: S311 - reproducible bench data, not secrets

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.plots import plot, rate_series, write_figures
-from twinstream.config import REPO_ROOT
-from twinstream.testing.harness import (
+from devkit.harness import (
     OutputSampler,
     Pipeline,
     VisibleTimes,
@@ -34,6 +33,7 @@ from twinstream.testing.harness import (
     percentile,
     wait_for,
 )
+from twinstream.platform.settings import REPO_ROOT
 
 WARM_UP_S = 10.0
 

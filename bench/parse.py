@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.parse --records 200000 --rounds 3
 
-Issue 35 point 1 asked for one JSON parse per record: `twinstream.pipeline.validated`
+Issue 35 point 1 asked for one JSON parse per record: `twinstream.engine.pipeline.validated`
 parses each record as a variant (`try_parse_json`: strict JSON and the members' JSON types,
 for the checks) and again with the schema (`from_json`: the typed values, as Jackson reads
 them). Reading the typed values from the variant instead (`try_variant_get` per member, or
@@ -18,7 +18,7 @@ file, each query written to Spark's `noop` sink, round after round:
 - variant + struct: one `try_variant_get` of the whole variant as the schema's struct;
 - validated: the engines' whole validation;
 - validated at REV (`--against REV`): `validated` as the commit REV had it (its
-  `twinstream/pipeline.py` imported beside this tree's modules), for a before and after in
+  `twinstream/engine/pipeline.py` imported beside this tree's modules), for a before and after in
   one run: `--against 9fe82b1` is before the validation's checks were cut (issue 35).
 
 Prints each part's µs a record (the median of the rounds) and the two ways of typing side by
@@ -38,17 +38,17 @@ from pathlib import Path
 from typing import Any, cast
 
 from bench.plots import plot, write_figures
-from twinstream import registry
-from twinstream.config import REPO_ROOT, load_settings
+from devkit.harness import machine
+from twinstream.platform import registry
+from twinstream.platform.settings import REPO_ROOT, load_settings
 from twinstream.testing import reference
-from twinstream.testing.harness import machine
 
 
 def _validated_at(rev: str, folder: Path) -> Callable[..., Any]:
-    """`twinstream.pipeline.validated` as commit `rev` had it."""
+    """`twinstream.engine.pipeline.validated` as commit `rev` had it."""
     try:
         source = subprocess.run(
-            ["git", "show", f"{rev}:include/twinstream/pipeline.py"],
+            ["git", "show", f"{rev}:include/twinstream/engine/pipeline.py"],
             cwd=REPO_ROOT,
             check=True,
             capture_output=True,
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import functions as F
 
-    from twinstream.pipeline import validated
+    from twinstream.engine.pipeline import validated
 
     settings = load_settings(pipeline=args.pipeline)
     pipeline = registry.load(settings)

@@ -37,11 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.plots import plot
-from twinstream.config import REPO_ROOT
-from twinstream.engine_client import EngineClient
-from twinstream.operate import check_buffer
-from twinstream.testing.chaos import SteadyLoad
-from twinstream.testing.harness import (
+from devkit.chaos import SteadyLoad
+from devkit.harness import (
     EngineProcess,
     Pipeline,
     VisibleTimes,
@@ -52,6 +49,9 @@ from twinstream.testing.harness import (
     ranges,
     wait_for,
 )
+from twinstream.engine.client import EngineClient
+from twinstream.ops.operate import check_buffer
+from twinstream.platform.settings import REPO_ROOT
 
 
 def persist(b: EngineProcess) -> tuple[float, dict[str, Any]]:

@@ -2,7 +2,7 @@
 transform and none of its machinery.
 
 It reads the inbound backlog from its first offset, puts every record through the
-hostmetrics example's own logic (`examples.hostmetrics.logic`: the same per-host window
+hostmetrics example's own logic (`pipelines.hostmetrics.logic`: the same per-host window
 of 20 events and the same JSON output the pair computes, here in a dict in this process's
 memory), and writes one output record per input, in Kafka transactions of up to `batch`
 inputs that also carry the consumer's position (exactly-once, as Kafka's
@@ -27,9 +27,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from examples.hostmetrics.logic import Event, Overflow, Window, parse_time, step
-from twinstream.config import Settings, load_settings
-from twinstream.kafka import consumer_config, producer_config
+from pipelines.hostmetrics.logic import Event, Overflow, Window, parse_time, step
+from twinstream.platform.kafka import consumer_config, producer_config
+from twinstream.platform.settings import Settings, load_settings
 
 RETENTION_MS = 60 * 60 * 1000  # the pair's default window retention
 

@@ -36,8 +36,8 @@ from typing import Any
 import psutil
 
 from bench import idle
-from twinstream.config import REPO_ROOT
-from twinstream.testing.harness import bench_pipeline, machine
+from devkit.harness import bench_pipeline, machine
+from twinstream.platform.settings import REPO_ROOT
 
 SAMPLE_RATE = 100  # py-spy samples a second
 

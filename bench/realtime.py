@@ -60,11 +60,11 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.plots import write_figures
-from twinstream.config import REPO_ROOT, Settings, load_settings
-from twinstream.spark import kafka_jars, session, stop_session
+from devkit.harness import free_port, machine, percentile, wait_for
+from devkit.services import LocalServices
+from twinstream.engine.spark import kafka_jars, session, stop_session
+from twinstream.platform.settings import REPO_ROOT, Settings, load_settings
 from twinstream.stack.render import KAFKA_MAIN, KAFKA_STORAGE_TOOL, java_command
-from twinstream.testing.harness import free_port, machine, percentile, wait_for
-from twinstream.testing.services import LocalServices
 
 BROKER_PIDS: set[int] = set()
 RTM_BATCH = "5 seconds"  # spark.sql.streaming.realTimeMode.minBatchDuration: 5000 ms

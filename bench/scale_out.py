@@ -11,7 +11,7 @@ hosts, keyed by host (a host's events in one partition), then an active and a ho
 drain it:
   (1) 1 partition, (2) 2 partitions, (3) 3 partitions, each engine Spark local[2];
   (4) 3 partitions, each engine an application of one core on a standalone master and a
-      worker of two cores (twinstream.testing.spark_cluster, started and stopped here).
+      worker of two cores (devkit.spark_cluster, started and stopped here).
 Each rate is measured from the first output to the last (start-ups left out alike). The
 active's own batch timings (its log: the batch's Spark job, collected to the driver, and
 the gate, which publishes on the driver) say what share of a batch the driver's publishing
@@ -28,8 +28,7 @@ from typing import Any
 
 from bench.plots import plot_drains, write_figures
 from bench.throughput import wait_drained
-from twinstream.config import REPO_ROOT
-from twinstream.testing.harness import (
+from devkit.harness import (
     EngineProcess,
     OutputSampler,
     Pipeline,
@@ -37,9 +36,10 @@ from twinstream.testing.harness import (
     machine,
     wait_for,
 )
-from twinstream.testing.spark_cluster import StandaloneCluster
+from devkit.spark_cluster import StandaloneCluster
+from twinstream.platform.settings import REPO_ROOT
 
-# The engine's batch-timing line (twinstream.positions.BatchTimings.summary).
+# The engine's batch-timing line (twinstream.engine.positions.BatchTimings.summary).
 TIMINGS = re.compile(
     r"medians: (?P<total>\d+) ms .*?(?P<rows>[\d,]+) input rows; in addBatch, of "
     r"(?P<batches>\d+) batches: job (?P<job>\d+) ms, gate (?P<gate>\d+) ms"

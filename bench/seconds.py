@@ -57,18 +57,14 @@ from confluent_kafka import KafkaException
 from bench.failover import warm_up
 from bench.latency import WARM_UP_S, latency_figures
 from bench.plots import plot, rate_series, write_figures
-from twinstream import registry
-from twinstream.config import REPO_ROOT, Settings
-from twinstream.drill import KafkaEpochTail, Takeover, measure_takeover
-from twinstream.engine_client import EngineClient, EngineError
-from twinstream.testing.chaos import (
+from devkit.chaos import (
     SteadyLoad,
     SupervisedEngines,
     audit_ranges,
     failover_round,
     process_tree,
 )
-from twinstream.testing.harness import (
+from devkit.harness import (
     OutputSampler,
     VisibleTimes,
     inbound_ends,
@@ -77,6 +73,10 @@ from twinstream.testing.harness import (
     wait_for,
     wait_gone,
 )
+from twinstream.engine.client import EngineClient, EngineError
+from twinstream.ops.drill import KafkaEpochTail, Takeover, measure_takeover
+from twinstream.platform import registry
+from twinstream.platform.settings import REPO_ROOT, Settings
 
 PROGRESS_EVERY_S = 10.0
 T = TypeVar("T")

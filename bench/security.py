@@ -29,10 +29,10 @@ from typing import Any
 from bench.drain import takeovers
 from bench.plots import plot_drains, write_figures
 from bench.throughput import drain_with_engines, on_backlog
-from twinstream import registry
-from twinstream.config import REPO_ROOT
-from twinstream.kafka import watermarks
-from twinstream.testing.harness import bench_pipeline, machine
+from devkit.harness import bench_pipeline, machine
+from twinstream.platform import registry
+from twinstream.platform.kafka import watermarks
+from twinstream.platform.settings import REPO_ROOT
 
 
 def restart_stack(secure: bool) -> float:

@@ -29,10 +29,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient
 
 from bench.plots import plot_drains, write_figures
-from twinstream.config import REPO_ROOT, Settings
-from twinstream.kafka import TopicSpec, admin_config, ensure_topics, watermarks
-from twinstream.kafka_auth import grant_read
-from twinstream.testing.harness import (
+from devkit.harness import (
     OutputSampler,
     Pipeline,
     bench_pipeline,
@@ -40,6 +37,9 @@ from twinstream.testing.harness import (
     stack_env,
     wait_for,
 )
+from twinstream.platform.kafka import TopicSpec, admin_config, ensure_topics, watermarks
+from twinstream.platform.kafka_auth import grant_read
+from twinstream.platform.settings import REPO_ROOT, Settings
 
 
 def plain_spark(settings: Settings, workdir: Path, total: int) -> OutputSampler:
@@ -47,9 +47,9 @@ def plain_spark(settings: Settings, workdir: Path, total: int) -> OutputSampler:
     from confluent_kafka.admin import AdminClient
     from pyspark.sql import functions as F
 
-    from twinstream import registry
-    from twinstream.pipeline import plan, read_inbound, spark_conf, validated
-    from twinstream.spark import session, stop_session
+    from twinstream.engine.pipeline import plan, read_inbound, spark_conf, validated
+    from twinstream.engine.spark import session, stop_session
+    from twinstream.platform import registry
 
     out, dlq = f"{settings.pipeline}.plain.out", f"{settings.pipeline}.plain.dlq"
     ensure_topics(AdminClient(admin_config(settings)), [TopicSpec(out, 1, 3), TopicSpec(dlq, 1, 3)])

@@ -7,7 +7,7 @@ and no duplicate: `spark_jobs/audit_output.py`, submitted with
 `SparkSubmitOperator`, reads the progress, outbound and dead-letter topics (read_committed)
 from where the previous audit ended up to the end the `up_to` Param chooses (by default
 everything the pipeline has committed), and validates them with the Great Expectations
-suites in `twinstream.audit`: the published transactions' ranges tile the
+suites in `twinstream.ops.audit`: the published transactions' ranges tile the
 inbound offsets from the last audited msg_id, each exactly once (every inbound offset
 accounted for, with or without output), each range's outputs and dead letters are as many
 as its progress record says, and the output values meet the pipeline's own expectations
@@ -56,9 +56,9 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, task, task_group
 
-from twinstream import registry
-from twinstream.audit import CURSOR_ID_PATTERN, TOPIC_NAME_PATTERN, UP_TO_PATTERN
-from twinstream.config import REPO_ROOT, load_settings
+from twinstream.ops.audit import CURSOR_ID_PATTERN, TOPIC_NAME_PATTERN, UP_TO_PATTERN
+from twinstream.platform import registry
+from twinstream.platform.settings import REPO_ROOT, load_settings
 
 # Read from the environment and the pipelines file only (no network, no Variables, no
 # pipeline code).
@@ -120,13 +120,13 @@ DEFAULT_ARGS = {
 def audit_output_topic() -> None:
     @task
     def pipelines(params: dict[str, Any]) -> list[str]:
-        from twinstream.audit import chosen_pipelines
+        from twinstream.ops.audit import chosen_pipelines
 
         return chosen_pipelines(PIPELINES, params)
 
     @task
     def job_args(pipeline: str, params: dict[str, Any], run_id: str) -> list[str]:
-        from twinstream.audit import job_args
+        from twinstream.ops.audit import job_args
 
         return job_args(pipeline, params, run_id)
 
@@ -134,8 +134,8 @@ def audit_output_topic() -> None:
     def verdict(pipeline: str, params: dict[str, Any], run_id: str) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from twinstream.audit import REPORT, AuditFailed, cursor_file
-        from twinstream.audit import verdict as read_verdict
+        from twinstream.ops.audit import REPORT, AuditFailed, cursor_file
+        from twinstream.ops.audit import verdict as read_verdict
 
         audit_dir = registry.pipeline_settings(pipeline).audit_dir
         report = cursor_file(audit_dir, params["cursor"]).parent / REPORT

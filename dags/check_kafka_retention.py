@@ -36,8 +36,8 @@ from typing import Any
 
 from airflow.sdk import Param, dag, task
 
-from twinstream import registry
-from twinstream.config import load_settings
+from twinstream.platform import registry
+from twinstream.platform.settings import load_settings
 
 # Reads the pipelines file only (no pipeline code is imported at parse time).
 PIPELINES = list(registry.stack(load_settings()))
@@ -75,9 +75,9 @@ def check_kafka_retention() -> None:
         from airflow.providers.apache.kafka.hooks.client import KafkaAdminClientHook
         from airflow.sdk.exceptions import AirflowFailException
 
-        from twinstream import retention
+        from twinstream.ops import retention
 
-        log = logging.getLogger("twinstream.retention")
+        log = logging.getLogger("twinstream.ops.retention")
         settings = registry.pipeline_settings(pipeline)
         admin = KafkaAdminClientHook(kafka_config_id="kafka_default").get_conn
         persist_ms = retention.dag_interval_ms(settings.dags_dir, "persist_standby_state")

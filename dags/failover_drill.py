@@ -30,8 +30,8 @@ from typing import Any
 
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
-from twinstream import registry
-from twinstream.config import load_settings
+from twinstream.platform import registry
+from twinstream.platform.settings import load_settings
 
 # Reads the pipelines file only (no pipeline code is imported at parse time).
 PIPELINES = list(registry.stack(load_settings()))
@@ -82,8 +82,8 @@ DEFAULT_ARGS = {
 def failover_drill() -> None:
     @task
     def plan(params: dict[str, Any]) -> dict[str, Any]:
-        from twinstream.drill import plan
-        from twinstream.operate import observe_engines, refusals_fail_fast, zk_leader
+        from twinstream.ops.drill import plan
+        from twinstream.ops.operate import observe_engines, refusals_fail_fast, zk_leader
 
         settings = registry.pipeline_settings(params["pipeline"])
         with refusals_fail_fast():
@@ -93,8 +93,8 @@ def failover_drill() -> None:
     def stop_active(chosen: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         from contextlib import ExitStack
 
-        from twinstream.drill import KafkaEpochTail, as_dict, stop_and_measure
-        from twinstream.operate import airflow_engine, refusals_fail_fast
+        from twinstream.ops.drill import KafkaEpochTail, as_dict, stop_and_measure
+        from twinstream.ops.operate import airflow_engine, refusals_fail_fast
 
         settings = registry.pipeline_settings(params["pipeline"])
         with ExitStack() as stack, refusals_fail_fast():
@@ -109,8 +109,8 @@ def failover_drill() -> None:
 
     @task
     def audit(takeover: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-        from twinstream.drill import audit_handover
-        from twinstream.operate import airflow_engine, refusals_fail_fast
+        from twinstream.ops.drill import audit_handover
+        from twinstream.ops.operate import airflow_engine, refusals_fail_fast
 
         settings = registry.pipeline_settings(params["pipeline"])
         with refusals_fail_fast(), airflow_engine(takeover["new_active"], settings) as engine:
@@ -118,7 +118,7 @@ def failover_drill() -> None:
 
     @task
     def start_stopped(takeover: dict[str, Any], params: dict[str, Any]) -> float:
-        from twinstream.operate import airflow_engine
+        from twinstream.ops.operate import airflow_engine
 
         settings = registry.pipeline_settings(params["pipeline"])
         with airflow_engine(takeover["stopped"], settings) as engine:
@@ -131,7 +131,7 @@ def failover_drill() -> None:
     ) -> PokeReturnValue:
         import logging
 
-        from twinstream.operate import airflow_engine, refusals_fail_fast, sync_check
+        from twinstream.ops.operate import airflow_engine, refusals_fail_fast, sync_check
 
         settings = registry.pipeline_settings(params["pipeline"])
         with refusals_fail_fast(), airflow_engine(takeover["stopped"], settings) as engine:
@@ -151,7 +151,7 @@ def failover_drill() -> None:
     def report(takeover: dict[str, Any], audited: dict[str, Any], rejoined: str) -> str:
         import logging
 
-        from twinstream.drill import figures
+        from twinstream.ops.drill import figures
 
         line = figures(takeover, audited, rejoined)
         logging.getLogger("twinstream").info("%s", line)

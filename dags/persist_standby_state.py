@@ -29,8 +29,8 @@ from typing import Any
 
 from airflow.sdk import dag, task, task_group
 
-from twinstream import registry
-from twinstream.config import load_settings
+from twinstream.platform import registry
+from twinstream.platform.settings import load_settings
 
 # Read from the environment and the pipelines file only (no network, no Variables, no
 # pipeline code): the schedule and the mapping need them.
@@ -58,7 +58,12 @@ DEFAULT_ARGS = {
 def persist_standby_state() -> None:
     @task
     def pick_standby(pipeline: str) -> str:
-        from twinstream.operate import observe_engines, pick_standby, refusals_fail_fast, zk_leader
+        from twinstream.ops.operate import (
+            observe_engines,
+            pick_standby,
+            refusals_fail_fast,
+            zk_leader,
+        )
 
         settings = registry.pipeline_settings(pipeline)
         views = observe_engines(settings)
@@ -67,21 +72,21 @@ def persist_standby_state() -> None:
 
     @task
     def persist(engine_id: str, pipeline: str) -> dict[str, Any]:
-        from twinstream.operate import airflow_engine, persist_from
+        from twinstream.ops.operate import airflow_engine, persist_from
 
         with airflow_engine(engine_id, registry.pipeline_settings(pipeline)) as engine:
             return persist_from(engine)
 
     @task
     def verify(manifest: dict[str, Any], pipeline: str) -> str:
-        from twinstream.operate import refusals_fail_fast, verify_persisted
+        from twinstream.ops.operate import refusals_fail_fast, verify_persisted
 
         with refusals_fail_fast():
             return verify_persisted(registry.pipeline_settings(pipeline), manifest)
 
     @task
     def prune(_verified: str, pipeline: str) -> list[str]:
-        from twinstream.operate import prune
+        from twinstream.ops.operate import prune
 
         settings = registry.pipeline_settings(pipeline)
         return prune(settings, settings.snapshots_keep)

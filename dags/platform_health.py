@@ -43,22 +43,22 @@ DEFAULT_ARGS = {
 def platform_health() -> None:
     @task
     def zookeeper_serving() -> str:
-        from twinstream.config import load_settings
-        from twinstream.platform_health import check_zookeeper
+        from twinstream.ops.platform_health import check_zookeeper
+        from twinstream.platform.settings import load_settings
 
         return check_zookeeper(load_settings())
 
     @task
     def kafka_brokers_registered() -> list[int]:
-        from twinstream.config import load_settings
-        from twinstream.platform_health import check_brokers
+        from twinstream.ops.platform_health import check_brokers
+        from twinstream.platform.settings import load_settings
 
         return check_brokers(load_settings())
 
     @task
     def topics_as_configured() -> list[str]:
-        from twinstream.config import load_settings
-        from twinstream.platform_health import check_topics
+        from twinstream.ops.platform_health import check_topics
+        from twinstream.platform.settings import load_settings
 
         return check_topics(load_settings())
 

@@ -32,9 +32,9 @@ from typing import Any
 
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
-from twinstream import registry
-from twinstream.audit import SNAPSHOT_PARAM_PATTERN
-from twinstream.config import load_settings
+from twinstream.ops.audit import SNAPSHOT_PARAM_PATTERN
+from twinstream.platform import registry
+from twinstream.platform.settings import load_settings
 
 # Every engine of every pipeline of the stack: engine ids are the stack's, so the engine
 # names its pipeline. Reads the pipelines file only.
@@ -96,7 +96,7 @@ DEFAULT_ARGS = {
 def restore_and_resync() -> None:
     @task
     def assess(params: dict[str, Any]) -> str:
-        from twinstream.operate import airflow_engine, assess, observe, refusals_fail_fast
+        from twinstream.ops.operate import airflow_engine, assess, observe, refusals_fail_fast
 
         settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
@@ -104,7 +104,7 @@ def restore_and_resync() -> None:
 
     @task
     def choose_snapshot(params: dict[str, Any]) -> str:
-        from twinstream.operate import choose_snapshot, inbound_log_starts, refusals_fail_fast
+        from twinstream.ops.operate import choose_snapshot, inbound_log_starts, refusals_fail_fast
 
         settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast():
@@ -117,7 +117,7 @@ def restore_and_resync() -> None:
 
     @task
     def restore(snapshot_id: str, params: dict[str, Any]) -> dict[str, Any]:
-        from twinstream.operate import airflow_engine, refusals_fail_fast, start_restore
+        from twinstream.ops.operate import airflow_engine, refusals_fail_fast, start_restore
 
         settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
@@ -127,7 +127,7 @@ def restore_and_resync() -> None:
     def wait_in_sync(report: dict[str, Any], params: dict[str, Any]) -> PokeReturnValue:
         import logging
 
-        from twinstream.operate import airflow_engine, refusals_fail_fast, sync_check
+        from twinstream.ops.operate import airflow_engine, refusals_fail_fast, sync_check
 
         settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
@@ -144,7 +144,7 @@ def restore_and_resync() -> None:
     def check_buffer(_in_sync: str, params: dict[str, Any]) -> dict[str, Any]:
         from dataclasses import asdict
 
-        from twinstream.operate import airflow_engine, check_buffer, refusals_fail_fast
+        from twinstream.ops.operate import airflow_engine, check_buffer, refusals_fail_fast
 
         settings = registry.for_engine(load_settings(), params["engine"])
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
@@ -154,7 +154,7 @@ def restore_and_resync() -> None:
     def summary(params: dict[str, Any]) -> str:
         import logging
 
-        from twinstream.operate import airflow_engine, observe
+        from twinstream.ops.operate import airflow_engine, observe
 
         settings = registry.for_engine(load_settings(), params["engine"])
         with airflow_engine(params["engine"], settings) as engine:

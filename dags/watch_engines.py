@@ -51,9 +51,9 @@ def watch_engines() -> None:
 
         from airflow.sdk import Variable
 
-        from twinstream import registry
-        from twinstream.config import load_settings
-        from twinstream.operate import observe_engines, watch
+        from twinstream.ops.operate import observe_engines, watch
+        from twinstream.platform import registry
+        from twinstream.platform.settings import load_settings
 
         settings = load_settings()
         # Every pipeline's engines (engine ids are the stack's, one pipeline each).

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import httpx
 
-from examples.hostmetrics.generate import synthetic
-from twinstream.audit import data_docs_site
-from twinstream.config import REPO_ROOT, load_settings
-from twinstream.publisher import publish
+from devkit.browser import CHROMIUM, CHROMIUM_ARGS
+from pipelines.hostmetrics.generate import synthetic
+from twinstream.ops.audit import data_docs_site
+from twinstream.ops.publisher import publish
+from twinstream.platform.settings import REPO_ROOT, load_settings
 from twinstream.stack.layout import Layout
-from twinstream.testing.browser import CHROMIUM, CHROMIUM_ARGS
 
 
 def api_token(base: str, airflow_home: Path) -> str:

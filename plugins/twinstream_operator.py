@@ -2,8 +2,8 @@
 page (every pipeline's engines, takeovers, snapshots, latest audit and its Data Docs, with
 buttons that trigger the operating DAGs), served by the API server at /twinstream/.
 
-This file only wires: the page is `twinstream.operator_ui.app`, its facts come from
-`twinstream.overview`. Importing it does no network work (the plugin manager test checks):
+This file only wires: the page is `twinstream.ops.operator_ui.app`, its facts come from
+`twinstream.ops.overview`. Importing it does no network work (the plugin manager test checks):
 the engines are read when the page asks, through the connections `twinstream_engine_<id>`
 (their admin APIs, tokens as passwords): the local stack's from the connections file `up`
 rewrites (Airflow's LocalFilesystemBackend reads it at every lookup), compose's from
@@ -19,9 +19,9 @@ from typing import Any
 from airflow.api_fastapi.core_api.security import requires_authenticated
 from airflow.plugins_manager import AirflowPlugin
 
-from twinstream.config import Settings
-from twinstream.engine_client import EngineClient
-from twinstream.operator_ui.app import PREFIX, Sources, create_app
+from twinstream.engine.client import EngineClient
+from twinstream.ops.operator_ui.app import PREFIX, Sources, create_app
+from twinstream.platform.settings import Settings
 
 
 def _connection(conn_id: str) -> Any:
@@ -32,13 +32,13 @@ def _connection(conn_id: str) -> Any:
 
 
 def _engine(settings: Settings, engine_id: str) -> EngineClient:
-    from twinstream.operate import engine_client_factory
+    from twinstream.ops.operate import engine_client_factory
 
     return engine_client_factory(settings, _connection)(engine_id)
 
 
 def _log_starts(settings: Settings) -> Mapping[int, int]:
-    from twinstream.operate import inbound_log_starts
+    from twinstream.ops.operate import inbound_log_starts
 
     return inbound_log_starts(settings)
 

@@ -4,11 +4,11 @@
         [--progress-topic T] [--cursor ID] [--up-to committed|margin|P:END,...] [--run-id ID]
 
 Reads `.progress`, `.out` and `.dlq` (read_committed) from where the last audit ended, up
-to what `--up-to` says (`twinstream.audit.choose_ends`; by default the end of the last
+to what `--up-to` says (`twinstream.ops.audit.choose_ends`; by default the end of the last
 progress record committed, i.e. everything the pipeline has published; `margin`: the
 inbound high watermark minus TWINSTREAM_AUDIT_INFLIGHT_MSGS; or an end per partition),
 checks that the progress records account for every inbound offset exactly once and the
-outputs for each, validates them with the Great Expectations suites of `twinstream.audit`
+outputs for each, validates them with the Great Expectations suites of `twinstream.ops.audit`
 and the pipeline's own expectations (`twinstream.contract`), writes the result as JSON and
 Data Docs under TWINSTREAM_STATE_DIR/audit/<pipeline>/, and moves the cursor on only when
 the audit passes. Every run writes its verdict to `last-audit.json` beside the cursor (its
@@ -30,8 +30,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from twinstream import registry
-from twinstream.audit import (
+from twinstream.contract import ContractError
+from twinstream.core.rows import PARTITION_SHIFT
+from twinstream.ops.audit import (
     REPORT,
     Audited,
     Cursor,
@@ -46,15 +47,14 @@ from twinstream.audit import (
     report_summary,
     validate,
 )
-from twinstream.config import Settings, SettingsError, load_settings
-from twinstream.contract import ContractError
-from twinstream.core.rows import PARTITION_SHIFT
-from twinstream.kafka import spark_kafka_security
+from twinstream.platform import registry
+from twinstream.platform.kafka import spark_kafka_security
+from twinstream.platform.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-log = logging.getLogger("twinstream.audit")
+log = logging.getLogger("twinstream.ops.audit")
 PROGRESS_SCHEMA = "first BIGINT, last BIGINT, outputs BIGINT, dead_letters BIGINT"
 
 
@@ -120,7 +120,7 @@ def inbound_highs(settings: Settings) -> dict[int, int]:
     """Each inbound partition's high watermark."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from twinstream.kafka import consumer_config
+    from twinstream.platform.kafka import consumer_config
 
     topic = settings.inbound_topic
     consumer = Consumer(consumer_config(settings, f"twinstream-audit-{uuid.uuid4()}"))

@@ -1,8 +1,8 @@
 """Start one Twinstream engine: `python spark_jobs/engine.py --engine-id a`.
 
-Configuration comes from the TWINSTREAM_* environment (see twinstream.config) and the
+Configuration comes from the TWINSTREAM_* environment (see twinstream.platform.settings) and the
 pipelines file: the engine runs the pipeline whose engines include it (engine ids are the
-stack's, twinstream.registry.for_engine), so every engine of a stack shares one
+stack's, twinstream.platform.registry.for_engine), so every engine of a stack shares one
 environment. The engine serves its admin API, starts the streaming query from its own
 checkpoint, joins the election, and runs until SIGTERM or SIGINT, when it leaves the
 election first so that a standby takes over at once, then stops its query.
@@ -18,11 +18,11 @@ import threading
 
 import uvicorn
 
-from twinstream import registry, storage
-from twinstream.admin_api import create_app
-from twinstream.config import SettingsError, load_settings
 from twinstream.contract import ContractError
-from twinstream.engine import Engine, EngineControl
+from twinstream.engine.api import create_app
+from twinstream.engine.app import Engine, EngineControl
+from twinstream.platform import registry, storage
+from twinstream.platform.settings import SettingsError, load_settings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from twinstream import registry
-from twinstream.config import REPO_ROOT, Settings
+from devkit.harness import Pipeline, wait_for
+from twinstream.platform import registry
+from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack import core
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor, at_once
-from twinstream.testing.harness import Pipeline, wait_for
 
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
@@ -211,7 +211,7 @@ def dag_run_env(monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> Callable[[
     import sys
     from pathlib import Path
 
-    from twinstream.kafka import client_config
+    from twinstream.platform.kafka import client_config
     from twinstream.stack.launch import engine_connections
 
     def use(pipeline: Pipeline) -> None:

@@ -10,7 +10,7 @@ the pipelines file (`pipelines.toml`) as `module:attribute`. It declares:
   framework parses it in the JVM (`from_json`) and dead-letters, with a reason, every record
   that is not such an object: not UTF-8, not JSON, a member missing, of the wrong type,
   named twice, a number that is not finite, over `max_record_bytes` (see
-  `twinstream.pipeline.validated`). Every member is required and not null, unless listed
+  `twinstream.engine.pipeline.validated`). Every member is required and not null, unless listed
   in `optional`;
 - `optional`: members that may be absent or JSON `null` (the transform reads NULL); when
   present with a value, still type-checked;
@@ -24,7 +24,7 @@ the pipelines file (`pipelines.toml`) as `module:attribute`. It declares:
   declares `step(state, record) -> (new_state, outputs)`, a pure Python function the
   framework calls once per valid record, in msg_id order, with the state of the record's
   key (`partition_by`): its Python calls per micro-batch do not grow with the number of
-  keys (`twinstream.state`). The way to write a stateful pipeline;
+  keys (`twinstream.engine.state`). The way to write a stateful pipeline;
 - `transform`: typed records -> output rows. It receives a streaming DataFrame with
   `msg_id` (the record's identity: its inbound offset; with several partitions, the
   partition x 2^48 + the offset, `twinstream.core.rows.record_id`), the schema's fields
@@ -90,7 +90,7 @@ class Reject(Exception):
 
 @dataclass(frozen=True)
 class Keyed:
-    """State per key at any key count: the framework's runner (`twinstream.state`) calls
+    """State per key at any key count: the framework's runner (`twinstream.engine.state`) calls
     `step` once per valid record of a key, in msg_id order, and keeps each key's state.
 
     - `step(state, record) -> (new_state, outputs)`: `state` is the key's last new_state
@@ -229,7 +229,7 @@ class Pipeline:
     value_schema: str = ""
     sample: Callable[[int, int, int], Iterable[bytes]] | None = None
     # Spark settings the transform needs (state store options, say); the framework's own
-    # win where they meet (see twinstream.pipeline.spark_conf).
+    # win where they meet (see twinstream.engine.pipeline.spark_conf).
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
     # The inbound member producers key records by, so that with several partitions a key's
@@ -355,7 +355,7 @@ class Pipeline:
     @property
     def state_layout(self) -> str:
         """How the plan keeps state in the checkpoint; a snapshot resumes only its own
-        layout (`twinstream.snapshot.verify`). Bump the version when the keyed store's
+        layout (`twinstream.engine.snapshot.verify`). Bump the version when the keyed store's
         variables change."""
         return "keyed/1" if self.keyed is not None else "transform"
 

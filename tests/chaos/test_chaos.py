@@ -21,23 +21,23 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from examples.hostmetrics.generate import synthetic
-from twinstream import registry
-from twinstream.config import Settings
-from twinstream.kafka import admin_config, partition_ends
-from twinstream.publisher import publish
-from twinstream.stack import health, render
-from twinstream.stack.layout import Layout
-from twinstream.stack.supervisor import Supervisor, at_once
-from twinstream.subscriber import read_committed
-from twinstream.testing.chaos import (
+from devkit.chaos import (
     SteadyLoad,
     SupervisedEngines,
     audit_load,
     audit_summary,
     failover_round,
 )
-from twinstream.testing.harness import inbound_ends, wait_for
+from devkit.harness import inbound_ends, wait_for
+from pipelines.hostmetrics.generate import synthetic
+from twinstream.ops.publisher import publish
+from twinstream.ops.subscriber import read_committed
+from twinstream.platform import registry
+from twinstream.platform.kafka import admin_config, partition_ends
+from twinstream.platform.settings import Settings
+from twinstream.stack import health, render
+from twinstream.stack.layout import Layout
+from twinstream.stack.supervisor import Supervisor, at_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

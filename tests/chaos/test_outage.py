@@ -27,12 +27,12 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from devkit.harness import EngineProcess, Pipeline, audit, ranges, wait_for
 from tests.integration.engines import published
-from twinstream.config import Settings
-from twinstream.kafka import admin_config, alter_topic_configs
+from twinstream.platform.kafka import admin_config, alter_topic_configs
+from twinstream.platform.settings import Settings
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
-from twinstream.testing.harness import EngineProcess, Pipeline, audit, ranges, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.dags.policy import dag_problems
-from twinstream.config import REPO_ROOT
+from twinstream.platform.settings import REPO_ROOT
 
 DAGS = REPO_ROOT / "dags"
 DAG_FILES = sorted(p for p in DAGS.glob("*.py") if not p.name.startswith("_"))

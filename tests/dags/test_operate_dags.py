@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from twinstream.config import REPO_ROOT, load_settings
+from twinstream.platform.settings import REPO_ROOT, load_settings
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import sys
 import textwrap
 from typing import Any
 
-from twinstream.config import REPO_ROOT
+from twinstream.platform.settings import REPO_ROOT
 
 LOAD = textwrap.dedent(
     """

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from twinstream.testing.harness import Pipeline, coverage, ranges
+from devkit.harness import Pipeline, coverage, ranges
 
 
 def load_dag(dag_id: str) -> Any:
     """The DAG as Airflow parses it from its file in dags/, for dag.test()."""
     from airflow.dag_processing.dagbag import DagBag
 
-    from twinstream.config import REPO_ROOT
+    from twinstream.platform.settings import REPO_ROOT
 
     bag = DagBag(dag_folder=str(REPO_ROOT / "dags" / f"{dag_id}.py"))
     assert bag.import_errors == {}

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from twinstream import registry
-from twinstream.config import REPO_ROOT, Settings, load_settings
+from devkit import hostile
 from twinstream.contract import Bound, Pipeline
-from twinstream.pipeline import warm_up
-from twinstream.testing import expect, hostile, reference
+from twinstream.engine.pipeline import warm_up
+from twinstream.platform import registry
+from twinstream.platform.settings import REPO_ROOT, Settings, load_settings
+from twinstream.testing import expect, reference
 
 GOLDEN = REPO_ROOT / "tests" / "data" / "hostmetrics-golden.jsonl.gz"
 

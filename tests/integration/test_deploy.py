@@ -10,11 +10,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from devkit.harness import Pipeline, wait_for
+from devkit.spark_cluster import StandaloneCluster
+from devkit.zookeeper import Ensemble
 from tests.integration.engines import assert_exactly_once_and_as_reference, published
 from twinstream.core.election import zk_client
-from twinstream.testing.harness import Pipeline, wait_for
-from twinstream.testing.spark_cluster import StandaloneCluster
-from twinstream.testing.zookeeper import Ensemble
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 

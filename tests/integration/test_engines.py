@@ -15,15 +15,15 @@ from datetime import datetime
 import pytest
 from confluent_kafka import Producer
 
-from examples.hostmetrics.generate import synthetic
+from devkit import hostile
+from devkit.harness import EngineProcess, Pipeline, wait_for
+from pipelines.hostmetrics.generate import synthetic
 from tests.integration.engines import (
     assert_exactly_once_and_as_reference,
     processed,
     published,
 )
-from twinstream.kafka import producer_config
-from twinstream.testing import hostile
-from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
+from twinstream.platform.kafka import producer_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from devkit.harness import Pipeline, wait_for
 from tests.integration.engines import assert_exactly_once_and_as_reference, load_dag, task_states
-from twinstream.testing.harness import Pipeline, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 

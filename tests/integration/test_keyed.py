@@ -5,7 +5,7 @@ transaction, and its row is the one a plain Python run of the same step gives it
 (`twinstream.testing.keyed.run`, the runner with no Spark, over the records in msg_id order
 per partition): the same output, or the same dead letter, the guard's or the step's.
 
-The pipeline is tests/pipelines/sessions.py: one row per record, so a missing, repeated or
+The pipeline is pipelines/sessions.py: one row per record, so a missing, repeated or
 different row names its record. Its users each come once before any comes again, so by the
 end of the load the store of the three partitions holds 20,000 keys; a few busy users
 carry long sessions across the takeover, the rare ones' sessions expire by event time.
@@ -20,16 +20,16 @@ from typing import Any
 
 import pytest
 
+from devkit.harness import Pipeline, wait_for
+from pipelines import sessions
 from tests.integration.test_partitions import (
     SHARED,
     assert_exactly_once_per_partition_by_progress,
     in_sync,
     published_total,
 )
-from tests.pipelines import sessions
 from twinstream.core.rows import record_id, split_record_id
 from twinstream.testing import keyed
-from twinstream.testing.harness import Pipeline, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
@@ -67,9 +67,7 @@ def expected_rows(pipeline: Pipeline) -> dict[tuple[int, int], tuple[str, Any]]:
 def test_keyed_sessions_of_20_000_users_through_a_kill_9_under_load_as_plain_python(
     stack_env, tmp_path, request: pytest.FixtureRequest
 ):
-    pipeline = Pipeline(
-        stack_env, tmp_path, module="tests.pipelines.sessions", partitions=PARTITIONS
-    )
+    pipeline = Pipeline(stack_env, tmp_path, module="pipelines.sessions", partitions=PARTITIONS)
     # The engines' logs in the report if this fails (tests/conftest.py).
     request.node.twinstream_pipeline = pipeline
     try:

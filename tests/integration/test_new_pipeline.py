@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from twinstream import cli
+from twinstream.ops import cli
 
 
 def test_the_skeleton_passes_its_own_test(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from twinstream.config import REPO_ROOT, Settings
+from devkit.browser import admin_password, chromium, log_in
+from devkit.chaos import SteadyLoad, SupervisedEngines
+from devkit.harness import wait_for
+from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack.layout import Layout
-from twinstream.testing.browser import admin_password, chromium, log_in
-from twinstream.testing.chaos import SteadyLoad, SupervisedEngines
-from twinstream.testing.harness import wait_for
 
 if TYPE_CHECKING:
     from playwright.sync_api import Locator

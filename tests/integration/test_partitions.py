@@ -24,11 +24,13 @@ from typing import Any
 
 import pytest
 
-from examples.hostmetrics.generate import synthetic
+from devkit.harness import EngineProcess, Pipeline, wait_for
+from pipelines.hostmetrics.generate import synthetic
 from tests.integration.engines import load_dag, task_states
-from twinstream import cli, snapshot, storage
-from twinstream.subscriber import Record
-from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
+from twinstream.engine import snapshot
+from twinstream.ops import cli
+from twinstream.ops.subscriber import Record
+from twinstream.platform import storage
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
@@ -117,7 +119,7 @@ def assert_per_key_order(pipeline: Pipeline, outputs: list[Record]) -> None:
 def test_three_partitions_on_shared_storage_kill_9_and_a_lost_engine_restored_through_airflow(
     stack_env, tmp_path, dag_run_env
 ):
-    # Checkpoints and snapshots by `file://` URLs, as on HDFS or S3 (twinstream.storage):
+    # Checkpoints and snapshots by `file://` URLs, as on HDFS or S3 (twinstream.platform.storage):
     # Spark writes the checkpoints through Hadoop's file system for the scheme; the engines
     # copy and install them, and Airflow's tasks read the snapshots, through fsspec's.
     shared = tmp_path / "shared-storage"
@@ -218,7 +220,8 @@ def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactl
     env = {"TWINSTREAM_FAULT_MARKER": marker, "TWINSTREAM_MAX_OFFSETS_PER_TRIGGER": "250"}
     # The checkpoints by a `file://` URL, as on HDFS or S3: Spark writes them through
     # Hadoop's file system for the scheme, the engines narrow each failed batch's offsets
-    # entry through fsspec's (twinstream.storage), and Spark must then run the narrowed one.
+    # entry through fsspec's (twinstream.platform.storage), and Spark must then run the narrowed
+    # one.
     shared = {"TWINSTREAM_CHECKPOINT_ROOT": f"file://{tmp_path / 'shared'}/checkpoints"}
     pipeline = Pipeline(stack_env, tmp_path / "poison", partitions=PARTITIONS, env=shared)
     assert not storage.is_local(pipeline.settings.checkpoint_dir("a"))

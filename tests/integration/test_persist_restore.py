@@ -15,14 +15,14 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from devkit.harness import EngineProcess, Pipeline, wait_for
 from tests.integration.engines import (
     assert_exactly_once_and_as_reference,
     processed,
 )
-from twinstream import snapshot
-from twinstream.engine_client import EngineError
-from twinstream.kafka import admin_config
-from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
+from twinstream.engine import snapshot
+from twinstream.engine.client import EngineError
+from twinstream.platform.kafka import admin_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 

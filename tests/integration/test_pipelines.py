@@ -1,5 +1,5 @@
 """Any pipeline on the contract, two at once on one stack: `orders` (defined only here, in
-tests/pipelines: a fan-out, several outputs per input or none) and the `payments` example
+pipelines: a fan-out, several outputs per input or none) and the `payments` example
 (zero or one alert per input, per-card state). Orders' pair fails over by kill -9 under
 load while payments, one engine alone, runs on untouched (no role change, no new epoch, no
 pause beyond its batch rhythm: a standby of its own would only add a fourth JVM to two
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from devkit.harness import EngineProcess, Pipeline, wait_for
 from tests.integration.engines import assert_exactly_once_and_as_reference, published
-from twinstream.subscriber import read_committed
-from twinstream.testing.harness import EngineProcess, Pipeline, wait_for
+from twinstream.ops.subscriber import read_committed
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
@@ -34,8 +34,8 @@ COUNT = 5_000  # 50 s of load per pipeline: more than the scenario needs, stoppe
 
 @pytest.fixture
 def two(stack_env, tmp_path: Path) -> Iterator[tuple[Pipeline, Pipeline]]:
-    orders = Pipeline(stack_env, tmp_path / "orders", module="tests.pipelines.orders")
-    payments = Pipeline(stack_env, tmp_path / "payments", module="examples.payments.pipeline")
+    orders = Pipeline(stack_env, tmp_path / "orders", module="pipelines.orders")
+    payments = Pipeline(stack_env, tmp_path / "payments", module="pipelines.payments.pipeline")
     try:
         yield orders, payments
     finally:

@@ -11,11 +11,12 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from devkit.harness import Pipeline
 from tests.integration.engines import load_dag, task_states
-from twinstream import retention
-from twinstream.audit import Cursor
-from twinstream.config import load_settings
-from twinstream.kafka import (
+from twinstream.ops import retention
+from twinstream.ops.audit import Cursor
+from twinstream.ops.subscriber import read_committed
+from twinstream.platform.kafka import (
     TopicSpec,
     admin_config,
     alter_topic_configs,
@@ -23,9 +24,8 @@ from twinstream.kafka import (
     ensure_topics,
     producer_config,
 )
-from twinstream.kafka_auth import grant_read
-from twinstream.subscriber import read_committed
-from twinstream.testing.harness import Pipeline
+from twinstream.platform.kafka_auth import grant_read
+from twinstream.platform.settings import load_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 

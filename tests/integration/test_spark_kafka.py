@@ -9,14 +9,14 @@ import psutil
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from twinstream.kafka import TopicSpec, admin_config, ensure_topics, spark_kafka_security
-from twinstream.spark import (
+from twinstream.engine.spark import (
     DRIVER_JAVA_OPTIONS,
     class_archive,
     kafka_jars,
     session,
     stop_session,
 )
+from twinstream.platform.kafka import TopicSpec, admin_config, ensure_topics, spark_kafka_security
 
 pytestmark = pytest.mark.integration
 
@@ -103,15 +103,15 @@ def test_structured_streaming_reads_and_writes_kafka(spark, settings, tmp_path):
 
 
 def test_a_keyed_pipeline_scans_kafka_once_per_batch_a_transform_twice(spark, settings, tmp_path):
-    """Issue 34: a Keyed pipeline's plan (`twinstream.pipeline.keyed_plan`) sends every
+    """Issue 34: a Keyed pipeline's plan (`twinstream.engine.pipeline.keyed_plan`) sends every
     record, valid or not, through one stateful operator, so a micro-batch reads its Kafka
     offsets once: one MicroBatchScan in the started query's physical plan. A transform
     pipeline's plan unions the transform's branch with the coverage branch, each reading the
     source: two. Both on the same few records of a topic of their own."""
-    from examples.hostmetrics.generate import synthetic
-    from examples.hostmetrics.pipeline import pipeline as hostmetrics
-    from tests.pipelines.orders import pipeline as orders
-    from twinstream.pipeline import plan, read_inbound, spark_conf, validated
+    from pipelines.hostmetrics.generate import synthetic
+    from pipelines.hostmetrics.pipeline import pipeline as hostmetrics
+    from pipelines.orders import pipeline as orders
+    from twinstream.engine.pipeline import plan, read_inbound, spark_conf, validated
 
     topic = f"spark-plan-{uuid.uuid4().hex[:8]}"
     ensure_topics(AdminClient(admin_config(settings)), [TopicSpec(topic, 1, 3)])

@@ -19,21 +19,22 @@ from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
-from twinstream import cli, registry
-from twinstream.kafka import (
+from devkit.harness import wait_for
+from twinstream.ops import cli
+from twinstream.ops.overview import Overview
+from twinstream.ops.publisher import publish
+from twinstream.ops.subscriber import read_committed
+from twinstream.platform import registry
+from twinstream.platform.kafka import (
     admin_config,
     client_config,
     describe_topic_configs,
     partition_ends,
     topic_specs,
 )
-from twinstream.overview import Overview
-from twinstream.publisher import publish
 from twinstream.stack import core, health
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
-from twinstream.subscriber import read_committed
-from twinstream.testing.harness import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -677,7 +678,7 @@ def test_remove_pipeline_deletes_a_throwaway_pipelines_topics_users_znode_and_ta
     )
 
     from twinstream.core.election import zk_client
-    from twinstream.kafka_auth import Credentials
+    from twinstream.platform.kafka_auth import Credentials
     from twinstream.stack.remove import remove_pipeline
     from twinstream.stack.tls import kafka_superuser_config
 

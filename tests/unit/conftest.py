@@ -8,8 +8,8 @@ from unittest import mock
 
 import pytest
 
-import twinstream.engine as engine_module
-from twinstream.config import load_settings
+import twinstream.engine.app as engine_module
+from twinstream.platform.settings import load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +46,7 @@ def storage_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     """A fresh empty folder: on a local disk by path, by a `file://` URL (through fsspec's
     local file system, as a remote one is reached), and on fsspec's in-memory file system.
     Code that passes on the last two calls no local-only API, as checkpoints and snapshots
-    on HDFS or S3 (twinstream.storage) need."""
+    on HDFS or S3 (twinstream.platform.storage) need."""
     if request.param == "local":
         yield tmp_path_factory.mktemp("root")
         return

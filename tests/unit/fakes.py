@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from twinstream.admin_api import PipelineInfo, ServerInfo
+from twinstream.engine.api import PipelineInfo, ServerInfo
 
 
 class FakeClock:
@@ -52,7 +52,7 @@ def pipeline_info(**fields: Any) -> PipelineInfo:
 
 
 def timeline(now: float = 1_000.0, **fields: Any) -> dict[str, Any]:
-    """An engine's GET /timeline as `twinstream.timeline.Timeline.snapshot()` gives it: two
+    """An engine's GET /timeline as `twinstream.engine.timeline.Timeline.snapshot()` gives it: two
     buckets and one takeover unless a test says otherwise."""
     base: dict[str, Any] = {
         "window_s": 900.0,

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from starlette.routing import Route
 
 from tests.unit import fakes
-from twinstream.admin_api import (
+from twinstream.engine.api import (
     BufferedRow,
     Conflict,
     PipelineInfo,
@@ -27,9 +27,9 @@ from twinstream.admin_api import (
     create_app,
     public_paths,
 )
-from twinstream.config import REPO_ROOT, Settings, load_settings
-from twinstream.engine_client import EngineClient, EngineError
-from twinstream.snapshot import Manifest, SnapshotError
+from twinstream.engine.client import EngineClient, EngineError
+from twinstream.engine.snapshot import Manifest, SnapshotError
+from twinstream.platform.settings import REPO_ROOT, Settings, load_settings
 from twinstream.stack.tls import TlsFiles, ensure_tls
 
 TOKEN = "s3cret-token"

@@ -32,7 +32,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from tests.unit.test_admin_api import AUTH, TOKEN, FakeControl
-from twinstream.admin_api import create_app, public_paths
+from twinstream.engine.api import create_app, public_paths
 
 APP = create_app(FakeControl(), TOKEN)
 SCHEMA = schemathesis.openapi.from_asgi("/openapi.json", APP)

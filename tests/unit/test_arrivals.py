@@ -1,4 +1,4 @@
-"""The arrival of inbound records from sampled high watermarks (twinstream.arrivals): the
+"""The arrival of inbound records from sampled high watermarks (twinstream.engine.arrivals): the
 latency an engine reports of what it published."""
 
 import time
@@ -6,8 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from twinstream.arrivals import Arrivals, ArrivalSampler
 from twinstream.core.rows import OUT, Output
+from twinstream.engine.arrivals import Arrivals, ArrivalSampler
 
 
 def rows(partition, *offsets):

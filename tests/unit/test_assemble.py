@@ -1,4 +1,4 @@
-"""A batch's rows for the gate (twinstream.pipeline.assemble), from the plan's columns as the
+"""A batch's rows for the gate (twinstream.engine.pipeline.assemble), from the plan's columns as the
 batch hands them over in whatever order Spark gave: every engine must publish the same rows
 in the same order, one dead letter or the outputs or one coverage row per record."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from twinstream.core.rows import DLQ, NONE, OUT, Output, covered, dead_letter, record_id
-from twinstream.pipeline import QUARANTINED, assemble
+from twinstream.engine.pipeline import QUARANTINED, assemble
 
 Row = tuple[int, str, str | None, str | None, bytes | None]
 

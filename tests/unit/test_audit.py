@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from twinstream.audit import (
+from twinstream.ops.audit import (
     REPORT,
     SUITE_VALUES,
     Audited,
@@ -35,7 +35,7 @@ from twinstream.audit import (
     report_summary,
     verdict,
 )
-from twinstream.config import REPO_ROOT
+from twinstream.platform.settings import REPO_ROOT
 
 
 def test_ranges_are_merged_not_listed_one_by_one():
@@ -233,7 +233,7 @@ def test_param_patterns_refuse_a_trailing_newline_that_pythons_dollar_lets_throu
     from airflow.exceptions import ParamValidationError
     from airflow.sdk import Param
 
-    from twinstream.audit import (
+    from twinstream.ops.audit import (
         CURSOR_ID_PATTERN,
         SNAPSHOT_PARAM_PATTERN,
         TOPIC_NAME_PATTERN,
@@ -395,7 +395,7 @@ def test_the_summary_names_each_failed_expectation_its_column_bound_and_values()
 
 
 def test_observed_values_exceptions_and_many_failures_are_said():
-    from twinstream.audit import describe_expectation
+    from twinstream.ops.audit import describe_expectation
 
     observed = {
         "expectation_type": "expect_column_min_to_be_between",
@@ -433,7 +433,7 @@ def _audit_job():
 
 
 def test_the_report_twinstream_status_reads_names_the_failed_expectation(tmp_path):
-    from twinstream.overview import latest_audit
+    from twinstream.ops.overview import latest_audit
 
     failed = failed_expectations({SUITE_VALUES: _great_expectations_result([-3.5, 1.0])})
     findings = Audited({0: find_problems(spans_of((0, 1)), rows_of(range(2)), 0, 2)})

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench.baseline import FLINK, Instance, Status, figure, pair, parse_status
-from twinstream.config import Settings
+from twinstream.platform.settings import Settings
 
 
 def status(state: str = "RUNNING", active: str = "", standby: str = "", lag: str = "-") -> str:

@@ -1,9 +1,9 @@
-"""The batch-size rule (twinstream.batching): level with the head, a batch takes what
+"""The batch-size rule (twinstream.engine.batching): level with the head, a batch takes what
 arrived; behind, it takes the limit, which is `max_batch_s` of work at the measured rate."""
 
 import pytest
 
-from twinstream.batching import DrainRate, batch_limit, next_batch
+from twinstream.engine.batching import DrainRate, batch_limit, next_batch
 
 LIMIT = batch_limit(2_000.0, max_batch_s=3.0, floor=2_000, ceiling=20_000)
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.unit.fakes import FakeClock
-from twinstream.config import REPO_ROOT
+from twinstream.platform.settings import REPO_ROOT
 
 
 @pytest.fixture

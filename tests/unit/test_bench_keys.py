@@ -21,7 +21,7 @@ from bench.keys import (
     ratios,
     table,
 )
-from twinstream.testing.harness import wait_for
+from devkit.harness import wait_for
 
 
 def test_the_defaults_are_the_issue_run():

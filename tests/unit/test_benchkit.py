@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from bench.plots import mark_styles, plot, rate_series
-from twinstream.config import load_settings
-from twinstream.testing.chaos import KINDS, granted_session_s
-from twinstream.testing.harness import drain_rate, summary, wait_gone
+from devkit.chaos import KINDS, granted_session_s
+from devkit.harness import drain_rate, summary, wait_gone
+from twinstream.platform.settings import load_settings
 
 
 def test_the_drain_rate_leaves_the_start_up_out():
@@ -148,7 +148,7 @@ def test_scale_out_reads_the_timings_of_the_drains_largest_batches(tmp_path):
 
     def line(total: int, rows: str, job: int, gate: int) -> str:
         return (
-            f"2026-11-26 INFO engine=a twinstream.engine: engine a pipeline p: 2 batches "
+            f"2026-11-26 INFO engine=a twinstream.engine.app: engine a pipeline p: 2 batches "
             f"sampled, medians: {total} ms (latestOffset 3, stateCommit 4), {rows} input rows; "
             f"in addBatch, of 2 batches: job {job} ms, gate {gate} ms"
         )
@@ -183,18 +183,20 @@ def test_the_engine_profile_splits_samples_into_the_parts_of_a_records_path(tmp_
 
     python = tmp_path / "python.collapsed"
     python.write_text(
-        'process 2:"python -m pyspark.daemon";handleInputRows (twinstream/state/processor.py:107)'
-        ";run (twinstream/state/keyed.py:75);step (examples/hostmetrics/logic.py:103) 7\n"
-        'process 2:"python -m pyspark.daemon";handleInputRows (twinstream/state/processor.py:99)'
+        'process 2:"python -m pyspark.daemon";'
+        "handleInputRows (twinstream/engine/state/processor.py:107)"
+        ";run (twinstream/engine/state/keyed.py:75);step (pipelines/hostmetrics/logic.py:103) 7\n"
+        'process 2:"python -m pyspark.daemon";'
+        "handleInputRows (twinstream/engine/state/processor.py:99)"
         " 3\n"
         'process 2:"python -m pyspark.daemon";dump_stream (pyspark/serializers.py:70) 5\n'
-        'process 1:"engine.py";process_batch (twinstream/engine.py:637)'
-        ";rows_of (twinstream/pipeline.py:390) 4\n"
+        'process 1:"engine.py";process_batch (twinstream/engine/app.py:637)'
+        ";rows_of (twinstream/engine/pipeline.py:390) 4\n"
         'process 1:"engine.py";on_batch (twinstream/core/gate.py:262)'
         ";_publish (twinstream/core/gate.py:657) 2\n"
         'process 1:"engine.py";zk_loop (kazoo/protocol/connection.py:537) 1\n'
     )
-    parts = split(load_collapsed(python), PYTHON_PARTS, ["examples/hostmetrics/"])
+    parts = split(load_collapsed(python), PYTHON_PARTS, ["pipelines/hostmetrics/"])
     assert parts == {
         "worker: the pipeline's step": 7,
         "worker: twinstream's processor (dicts in, frame out)": 3,

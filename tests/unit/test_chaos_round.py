@@ -10,9 +10,9 @@ from typing import cast
 
 import pytest
 
+from devkit import chaos
 from tests.unit.fakes import pipeline_info, server_info
-from twinstream.audit import Findings
-from twinstream.testing import chaos
+from twinstream.ops.audit import Findings
 
 
 class Client:

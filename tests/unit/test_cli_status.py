@@ -13,12 +13,13 @@ import pytest
 
 from tests.unit import fakes
 from tests.unit.fakes import pipeline_info, server_info
-from twinstream import cli, registry
-from twinstream.admin_api import PipelineInfo, ServerInfo
-from twinstream.config import Settings, load_settings
 from twinstream.core.rows import record_id, record_text
-from twinstream.engine_client import EngineClient, EngineError
-from twinstream.overview import Overview, overview
+from twinstream.engine.api import PipelineInfo, ServerInfo
+from twinstream.engine.client import EngineClient, EngineError
+from twinstream.ops import cli
+from twinstream.ops.overview import Overview, overview
+from twinstream.platform import registry
+from twinstream.platform.settings import Settings, load_settings
 
 PIPELINES: dict[str, dict[str, Any]] = {
     "a": {
@@ -209,7 +210,7 @@ def test_one_engine_down_is_its_row_not_a_traceback(
 def test_watch_redraws_until_told_to_stop(
     monkeypatch: pytest.MonkeyPatch, settings: Settings
 ) -> None:
-    from twinstream.status_view import watch
+    from twinstream.ops.status_view import watch
 
     fake_engines(monkeypatch, actives={"a", "c"})
     looks: list[int] = []
@@ -252,13 +253,13 @@ def test_a_wrong_token_is_named_even_with_some_engines_down(
     assert ", 2 more not answering" in err
 
 
-# -- --watch's sparklines (twinstream.timeline's figures) -----------------------------------
+# -- --watch's sparklines (twinstream.engine.timeline's figures) -----------------------------------
 
 NOW = 1_000_000.0
 
 
 def test_a_sparkline_scales_from_zero_to_its_highest_and_leaves_unknown_blank() -> None:
-    from twinstream.status_view import slots, sparkline
+    from twinstream.ops.status_view import slots, sparkline
 
     assert sparkline([0.0, 3.5, 7.0, None, 1.0]) == "▁▅█ ▂"
     assert sparkline([None, None]) == "  "
@@ -271,8 +272,8 @@ def test_a_sparkline_scales_from_zero_to_its_highest_and_leaves_unknown_blank() 
 
 
 def merged_timeline() -> Any:
-    from twinstream.admin_api import TimelineInfo
-    from twinstream.timeline import merge
+    from twinstream.engine.api import TimelineInfo
+    from twinstream.engine.timeline import merge
 
     def point(t: float, **fields: Any) -> dict[str, Any]:
         base = {"p50_s": None, "p99_s": None, "published": 0, "in_per_s": None, "lag": None}
@@ -297,7 +298,7 @@ def merged_timeline() -> Any:
 
 
 def test_the_sparklines_show_p99_rate_each_lag_and_the_takeovers() -> None:
-    from twinstream.status_view import timeline_text
+    from twinstream.ops.status_view import timeline_text
 
     text = timeline_text(merged_timeline(), {"a": None, "b": "active"}, width=60).plain
     header, *rest = text.splitlines()
@@ -324,7 +325,7 @@ def test_the_sparklines_show_p99_rate_each_lag_and_the_takeovers() -> None:
 def test_watch_draws_the_sparklines_under_each_pipelines_table(
     monkeypatch: pytest.MonkeyPatch, settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from twinstream.status_view import watch
+    from twinstream.ops.status_view import watch
 
     fake_engines(monkeypatch, actives={"a", "c"})
 
@@ -349,8 +350,8 @@ def test_watch_draws_the_sparklines_under_each_pipelines_table(
 def test_status_watch_asks_every_engine_for_its_timeline_unless_told_not_to(
     monkeypatch: pytest.MonkeyPatch, settings: Settings
 ) -> None:
-    from twinstream import status_view
-    from twinstream.admin_api import TimelineInfo
+    from twinstream.engine.api import TimelineInfo
+    from twinstream.ops import status_view
 
     asked: list[str] = []
     # cmd_status merges on the wall clock: the engines' figures are of now.

@@ -17,12 +17,13 @@ from typing import Any, ClassVar
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
 
-from twinstream import cli, registry, subscriber
-from twinstream.config import load_settings
 from twinstream.contract import Pipeline
 from twinstream.core.rows import record_id
-from twinstream.kafka import LibrdkafkaLog
-from twinstream.subscriber import ReadFailed, Record, read_committed
+from twinstream.ops import cli, subscriber
+from twinstream.ops.subscriber import ReadFailed, Record, read_committed
+from twinstream.platform import registry
+from twinstream.platform.kafka import LibrdkafkaLog
+from twinstream.platform.settings import load_settings
 
 
 def _identity(frame: Any) -> Any:

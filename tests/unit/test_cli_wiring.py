@@ -1,6 +1,6 @@
 """The CLI around other modules' work: `remove-pipeline` (twinstream.stack.remove) asks
 before it removes anything, and refuses rather than asks when no one can answer;
-`new-pipeline` prints the pipelines-file entry twinstream.skeleton makes."""
+`new-pipeline` prints the pipelines-file entry twinstream.ops.skeleton makes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from twinstream import cli, skeleton
-from twinstream.config import Settings
+from twinstream.ops import cli, skeleton
+from twinstream.platform.settings import Settings
 
 
 class Terminal(io.StringIO):
@@ -74,7 +74,7 @@ def test_new_pipeline_prints_the_entry_the_skeleton_makes(
 ) -> None:
     offered: list[Sequence[tuple[str, int]]] = []
 
-    def entry(name: str, free: Sequence[tuple[str, int]]) -> str:
+    def entry(name: str, free: Sequence[tuple[str, int]], package: str = "") -> str:
         offered.append(free)
         return f"[{name}]\nmodule = 'from-the-skeleton'\n"
 

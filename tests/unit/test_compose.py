@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from twinstream import registry
-from twinstream.config import Settings, load_settings
+from twinstream.platform import registry
+from twinstream.platform.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yaml"
@@ -506,7 +506,7 @@ def test_image_carries_the_spark_kafka_jars_where_settings_look():
     assert copies == [("/jars/spark-kafka", "/opt/twinstream/jars/spark-kafka")]
     env = dockerfile_env()
     assert env["TWINSTREAM_JARS_DIR"] == "/opt/twinstream/jars"
-    # twinstream.spark.kafka_jars reads <jars_dir>/spark-kafka: the copy's destination.
+    # twinstream.engine.spark.kafka_jars reads <jars_dir>/spark-kafka: the copy's destination.
     settings = load_settings(jars_dir=env["TWINSTREAM_JARS_DIR"])
     assert str(PurePosixPath(settings.jars_dir) / "spark-kafka") == copies[0][1]
 
@@ -545,7 +545,7 @@ def test_dockerignore_keeps_what_the_dockerfile_copies():
         "requirements.txt",
         "constraints.txt",
         "pyproject.toml",
-        "include/twinstream/config.py",
+        "include/twinstream/platform/settings.py",
         *(str(p.relative_to(REPO)) for p in sorted((REPO / "java").rglob("*.xml"))),
     ]
     assert "java/pom.xml" in needed
@@ -580,10 +580,10 @@ def test_engine_service_runs_the_engine_in_our_image(services, index, engine_id)
     assert binds == {
         str(REPO / "include"): engine["environment"]["PYTHONPATH"],
         str(REPO / "spark_jobs"): "/opt/airflow/spark_jobs",
-        # The pipelines file beside the package's parent, as twinstream.config.REPO_ROOT
+        # The pipelines file beside the package's parent, as twinstream.platform.settings.REPO_ROOT
         # finds it, and the pipelines it lists.
         str(REPO / "pipelines.toml"): "/opt/airflow/pipelines.toml",
-        str(REPO / "examples"): "/opt/airflow/examples",
+        str(REPO / "pipelines"): "/opt/airflow/pipelines",
     }
     assert all(v.get("read_only") for v in engine["volumes"] if v["type"] == "bind")
     script = f"{binds[str(REPO / 'spark_jobs')]}/engine.py"
@@ -627,7 +627,7 @@ def test_engines_have_their_own_state_and_share_the_snapshots(config, services):
         assert env["TWINSTREAM_STATE_DIR"] == "/opt/twinstream/state"
         # The engine's own folder of the state, where a cluster's worker mounts it too.
         engine_id = name.removeprefix("engine-")
-        state_volumes.append(named[f"/opt/twinstream/state/engines/{engine_id}"])
+        state_volumes.append(named[f"/opt/twinstream/engine/state/engines/{engine_id}"])
         assert named["/opt/twinstream/snapshots"] == "snapshots"
     assert state_volumes == [f"{name}-state" for name in ENGINES]
     assert set(state_volumes) <= set(config["volumes"])
@@ -813,7 +813,7 @@ def test_compose_follows_the_pipelines_file(services, monkeypatch, no_twinstream
     # kafka-init reads the same pipelines file (mounted where the settings look for it).
     init = {v["target"]: v.get("source") for v in services["kafka-init"]["volumes"]}
     assert init["/opt/airflow/pipelines.toml"] == str(REPO / "pipelines.toml")
-    assert init["/opt/airflow/examples"] == str(REPO / "examples")
+    assert init["/opt/airflow/pipelines"] == str(REPO / "pipelines")
     airflow = services["airflow-scheduler"]["environment"]
     for pipeline in pipelines.values():
         for engine_id in pipeline.engine_ids:
@@ -867,7 +867,7 @@ def test_the_spark_cluster_profile_runs_a_master_and_a_worker_for_the_engines(co
         engine_mounts = {
             v["target"]: v["source"] for v in services[name]["volumes"] if v["type"] == "volume"
         }
-        target = f"/opt/twinstream/state/engines/{name.removeprefix('engine-')}"
+        target = f"/opt/twinstream/engine/state/engines/{name.removeprefix('engine-')}"
         assert mounts[target] == engine_mounts[target] == f"{name}-state"
 
 

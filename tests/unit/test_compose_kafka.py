@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from twinstream.config import Settings
-from twinstream.kafka_auth import ADMIN_USER, CredentialsError
+from twinstream.platform.kafka_auth import ADMIN_USER, CredentialsError
+from twinstream.platform.settings import Settings
 from twinstream.stack import compose, core
 
 

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from twinstream.config import DAY_MS, REPO_ROOT, SettingsError, load_settings
+from twinstream.platform.settings import DAY_MS, REPO_ROOT, SettingsError, load_settings
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from twinstream import registry
-from twinstream.config import REPO_ROOT, SettingsError, load_settings
 from twinstream.contract import Bound, ContractError, Pipeline, field_types
+from twinstream.platform import registry
+from twinstream.platform.settings import REPO_ROOT, SettingsError, load_settings
 
 
 def identity(df):
@@ -188,12 +188,12 @@ def test_two_pipelines_may_not_share_an_engine_or_a_port(tmp_path):
 
 
 def test_new_pipeline_offers_engines_and_ports_no_pipeline_uses(tmp_path, capsys):
-    from twinstream import cli
+    from twinstream.ops import cli
 
     assert registry.free_engines(load_settings()) == [("e", 8705), ("f", 8706)]
     assert cli.main(["new-pipeline", "shop_totals", "--dir", str(tmp_path)]) == 0
     hint = capsys.readouterr().out
-    from twinstream.skeleton import pipelines_entry
+    from twinstream.ops.skeleton import pipelines_entry
 
     # The entry as skeleton.pipelines_entry writes it (tests/unit/test_pipeline_fields_documented.py
     # holds its keys to the registry's), with the engines and ports no pipeline uses.
@@ -314,8 +314,8 @@ def test_a_bound_gives_the_expectation_it_implies():
 def test_the_examples_declare_their_ranges_once():
     """hostmetrics' audit expects of mem_used_sum20 what its guard enforces on mem_used_mb:
     one Bound, used by both (tests/integration/test_contract.py runs them)."""
-    from examples.hostmetrics import pipeline as hostmetrics
-    from examples.payments import pipeline as payments
+    from pipelines.hostmetrics import pipeline as hostmetrics
+    from pipelines.payments import pipeline as payments
 
     assert hostmetrics.pipeline.bounds["mem_used_mb"] == Bound(min=0)
     assert "out_of_range: mem_used_mb is below 0" in hostmetrics.pipeline.rules()
@@ -326,3 +326,29 @@ def test_the_examples_declare_their_ranges_once():
     assert by_column["mem_used_sum20"].min_value == 0
     assert by_column["cpu_user_avg20"].min_value == 0
     assert "out_of_range: amount is not above 0" in payments.pipeline.rules()
+
+
+def test_new_pipeline_writes_beside_the_others_by_default_and_the_registry_loads_it(
+    tmp_path, capsys, monkeypatch
+):
+    """Without --dir the skeleton goes to pipelines/ beside the pipelines file, and the entry
+    it prints names it there: the registry loads it as written, with nothing on PYTHONPATH."""
+    from twinstream.ops import cli
+
+    pipelines_file = write(tmp_path, (REPO_ROOT / "pipelines.toml").read_text())
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "__init__.py").write_text("")
+    monkeypatch.setenv("TWINSTREAM_PIPELINES_FILE", str(pipelines_file))
+    monkeypatch.delitem(sys.modules, "pipelines", raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert cli.main(["new-pipeline", "shop_totals"]) == 0
+    hint = capsys.readouterr().out
+    assert (tmp_path / "pipelines" / "shop_totals" / "pipeline.py").is_file()
+    assert 'module = "pipelines.shop_totals.pipeline"' in hint
+    pipelines_file.write_text(
+        pipelines_file.read_text() + hint[hint.index("[shop_totals]") : hint.index("\n\nand")]
+    )
+    settings = load_settings(pipelines_file=pipelines_file, pipeline="shop_totals")
+    for name in [m for m in sys.modules if m == "pipelines" or m.startswith("pipelines.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert registry.load(settings).name == "shop_totals"

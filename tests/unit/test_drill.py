@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from tests.unit.fakes import FakeClock, pipeline_info, server_info
-from twinstream import drill
-from twinstream.admin_api import BufferedRow, PipelineInfo, RestoreReport, ServerInfo
-from twinstream.config import load_settings
-from twinstream.drill import Takeover
-from twinstream.engine_client import EngineError
-from twinstream.operate import EngineView, OperateError
-from twinstream.snapshot import Manifest
+from twinstream.engine.api import BufferedRow, PipelineInfo, RestoreReport, ServerInfo
+from twinstream.engine.client import EngineError
+from twinstream.engine.snapshot import Manifest
+from twinstream.ops import drill
+from twinstream.ops.drill import Takeover
+from twinstream.ops.operate import EngineView, OperateError
+from twinstream.platform.settings import load_settings
 
 
 def view(engine_id: str, role="standby", in_sync=True, **kw: Any) -> EngineView:
@@ -195,7 +195,7 @@ def test_the_handover_audit_waits_for_new_output_with_progress(monkeypatch, capl
     b = Engine("b", clock, "active")
     b.published = [1500, 1500, 1502]
     monkeypatch.setattr(
-        "twinstream.operate.committed_since",
+        "twinstream.ops.operate.committed_since",
         lambda _settings, first, partition=0: (
             [("out", type("R", (), {"msg_id": i, "value": "{}"})()) for i in range(first, 1503)]
             + [
@@ -262,7 +262,7 @@ def test_the_handover_is_audited_in_every_partition_that_got_input(monkeypatch, 
         progress = type("R", (), {"msg_id": end - 1, "value": value})()
         return [*outputs, ("progress", progress)]
 
-    monkeypatch.setattr("twinstream.operate.committed_since", committed_since)
+    monkeypatch.setattr("twinstream.ops.operate.committed_since", committed_since)
     takeover = drill.as_dict(Takeover("a", 7, None, "b", 8, 1.0, 1.5, published_before=before))
     takeover = json.loads(json.dumps(takeover))  # as the audit task gets it: an XCom
     report = drill.audit_handover(

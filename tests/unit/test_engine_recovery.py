@@ -10,10 +10,10 @@ from unittest import mock
 
 import pytest
 
-import twinstream.engine as engine_module
-from twinstream import snapshot
+import twinstream.engine.app as engine_module
 from twinstream.core.checkpoint import RewindPoint, batch_end
-from twinstream.snapshot import Manifest, SnapshotInfo
+from twinstream.engine import snapshot
+from twinstream.engine.snapshot import Manifest, SnapshotInfo
 
 
 def _batch(checkpoint: Path, topic: str, batch: int, end: int, committed: bool = True) -> None:

@@ -1,7 +1,7 @@
 """A pipeline falling behind is a problem in `twinstream status`, on the page and in
 /metrics; each partition's buffer is shown against its own bound (issue 33, point 6).
 
-The lag's trend (twinstream.lag_trend) from a fake clock: a lag that rises through a minute
+The lag's trend (twinstream.engine.lag_trend) from a fake clock: a lag that rises through a minute
 is "growing"; a burst the pair absorbs, a drained backlog, the sawtooth of large batches
 and too little history are not. The overview names the problem with what to do; the CLI
 table shows `p0 9,800/10,000 · p1 ...`, never a sum over one partition's bound.
@@ -18,12 +18,12 @@ import pytest
 
 from tests.unit.fakes import FakeClock, pipeline_info
 from tests.unit.test_overview import fake_engines, pipelines
-from twinstream.admin_api import LagTrend, buffer_text
 from twinstream.core.rows import OUT, Output
-from twinstream.lag_trend import LagHistory
-from twinstream.metrics import EngineMetrics
-from twinstream.overview import FALLING_BEHIND_FIX, WARN, covers, overview
-from twinstream.status_view import console, engines_table
+from twinstream.engine.api import LagTrend, buffer_text
+from twinstream.engine.lag_trend import LagHistory
+from twinstream.engine.metrics import EngineMetrics
+from twinstream.ops.overview import FALLING_BEHIND_FIX, WARN, covers, overview
+from twinstream.ops.status_view import console, engines_table
 
 
 def history_of(lag_at: Callable[[float], int], seconds: float = 60, every_s: float = 1.0):

@@ -1,4 +1,4 @@
-"""twinstream.testing.harness.Load with a generator: records made as they are sent (a
+"""devkit.harness.Load with a generator: records made as they are sent (a
 "longer than the scenario" load of 10**6 records cost 11 s to build as a list first), and
 `planned` keeping the count a test compares with exact."""
 
@@ -11,9 +11,9 @@ from typing import Any, cast
 
 import pytest
 
-from twinstream.config import Settings
-from twinstream.testing import harness
-from twinstream.testing.harness import Load, Pipeline
+from devkit import harness
+from devkit.harness import Load, Pipeline
+from twinstream.platform.settings import Settings
 
 SETTINGS = cast(Settings, object())  # the fake publish below never reads it
 

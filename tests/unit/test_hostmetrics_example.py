@@ -4,9 +4,9 @@ JVM: tests/integration/test_contract.py.)"""
 
 import json
 
-from examples.hostmetrics.generate import BROKEN_KINDS, synthetic
-from examples.hostmetrics.logic import FIELDS, WINDOW_SIZE, parse_time
-from examples.hostmetrics.pipeline import advance
+from pipelines.hostmetrics.generate import BROKEN_KINDS, synthetic
+from pipelines.hostmetrics.logic import FIELDS, WINDOW_SIZE, parse_time
+from pipelines.hostmetrics.pipeline import advance
 
 GOOD = {
     "host": "web-1",

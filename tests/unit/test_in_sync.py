@@ -3,7 +3,7 @@ restore sensor rely on."""
 
 import pytest
 
-from twinstream.positions import events_per_s, is_in_sync, lag, query_position
+from twinstream.engine.positions import events_per_s, is_in_sync, lag, query_position
 
 
 @pytest.mark.parametrize(

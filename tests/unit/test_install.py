@@ -7,7 +7,7 @@ from importlib import metadata
 
 import pytest
 
-from twinstream.config import REPO_ROOT, load_settings
+from twinstream.platform.settings import REPO_ROOT, load_settings
 from twinstream.stack.core import REQUIRED_JARS, check_jars
 
 

@@ -7,8 +7,7 @@ from typing import Any, ClassVar, cast
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from twinstream.config import load_settings
-from twinstream.kafka import (
+from twinstream.platform.kafka import (
     TopicShapeError,
     consumer_config,
     ensure_topics,
@@ -16,6 +15,7 @@ from twinstream.kafka import (
     topic_specs,
     watermarks,
 )
+from twinstream.platform.settings import load_settings
 
 
 def _done(value=None, exc=None):

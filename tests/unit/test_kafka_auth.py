@@ -1,4 +1,5 @@
-"""The stack's Kafka users and each pipeline's ACLs, as twinstream.kafka_auth states them."""
+"""The stack's Kafka users and each pipeline's ACLs, as twinstream.platform.kafka_auth states
+them."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from concurrent.futures import Future
 import pytest
 from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
 
-from twinstream.config import load_settings
-from twinstream.kafka_auth import (
+from twinstream.platform.kafka_auth import (
     ADMIN_USER,
     Credentials,
     CredentialsError,
@@ -17,6 +17,7 @@ from twinstream.kafka_auth import (
     provision,
     users,
 )
+from twinstream.platform.settings import load_settings
 
 
 def test_credentials_are_made_once_owner_only_and_extended_for_a_new_pipeline(tmp_path):

@@ -1,6 +1,7 @@
 """`twinstream kafka-config` (issue 33): a pipeline user's client settings, from the one
-config builder (twinstream.kafka) and the ACLs themselves (twinstream.kafka_auth), as
-librdkafka or Java properties or JSON, with the group prefix and the topics as comments."""
+config builder (twinstream.platform.kafka) and the ACLs themselves
+(twinstream.platform.kafka_auth), as librdkafka or Java properties or JSON, with the group
+prefix and the topics as comments."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from twinstream import cli
-from twinstream.config import load_settings
-from twinstream.kafka import client_config, java_security_config, user_client
-from twinstream.kafka_auth import GROUP_PREFIXES, Credentials, users
+from twinstream.ops import cli
+from twinstream.platform.kafka import client_config, java_security_config, user_client
+from twinstream.platform.kafka_auth import GROUP_PREFIXES, Credentials, users
+from twinstream.platform.settings import load_settings
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from twinstream.contract import ContractError, Keyed, Pipeline, Reject
-from twinstream.state import processor as processor_module
-from twinstream.state.processor import KeyedProcessor
+from twinstream.engine.state import processor as processor_module
+from twinstream.engine.state.processor import KeyedProcessor
 from twinstream.testing import keyed as keyed_testing
 
 SCHEMA = "user STRING, amount BIGINT, ts_ms BIGINT"

@@ -12,12 +12,12 @@ import pytest
 
 from tests.unit.fakes import pipeline_info, server_info
 from tests.unit.test_snapshot import Clock, fake_checkpoint, write
-from twinstream import operate
-from twinstream.admin_api import BufferedRow, RestoreReport
-from twinstream.config import load_settings
-from twinstream.engine_client import EngineClient, EngineError
-from twinstream.operate import EngineView, OperateError
-from twinstream.snapshot import Manifest
+from twinstream.engine.api import BufferedRow, RestoreReport
+from twinstream.engine.client import EngineClient, EngineError
+from twinstream.engine.snapshot import Manifest
+from twinstream.ops import operate
+from twinstream.ops.operate import EngineView, OperateError
+from twinstream.platform.settings import load_settings
 
 
 def view(engine_id: str, role="standby", state="running", in_sync=True, **kw) -> EngineView:

@@ -1,4 +1,4 @@
-"""The plugin's app (twinstream.operator_ui) with fake engines and a fake login: the page,
+"""The plugin's app (twinstream.ops.operator_ui) with fake engines and a fake login: the page,
 the overview, Data Docs rewritten to load nothing from the internet, the vendored files
 checked against their manifest, and nothing served without Airflow's login."""
 
@@ -17,11 +17,11 @@ from fastapi.testclient import TestClient
 
 from tests.unit import fakes
 from tests.unit.test_overview import ACTIVE, fake_engines, standby
-from twinstream.config import Settings, load_settings
-from twinstream.engine_client import EngineClient
-from twinstream.operator_ui import vendor
-from twinstream.operator_ui.app import PREFIX, STATIC, Sources, create_app
-from twinstream.operator_ui.datadocs import CDN, VENDOR, external_resources, offline
+from twinstream.engine.client import EngineClient
+from twinstream.ops.operator_ui import vendor
+from twinstream.ops.operator_ui.app import PREFIX, STATIC, Sources, create_app
+from twinstream.ops.operator_ui.datadocs import CDN, VENDOR, external_resources, offline
+from twinstream.platform.settings import Settings, load_settings
 
 GE_VIEW = Path(str(__import__("great_expectations").__file__)).parent / "render" / "view"
 

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 
 from tests.unit.test_operator_ui import logged_in
 from tests.unit.test_overview import ACTIVE, fake_engines, standby
-from twinstream.config import load_settings
-from twinstream.operator_ui.app import Sources, create_app
+from twinstream.ops.operator_ui.app import Sources, create_app
+from twinstream.platform.settings import load_settings
 
 ONE = '[hostmetrics]\nmodule = "m.h"\n'
 TWO = ONE + '\n[shop]\nmodule = "m.s"\nengines = ["e", "f"]\nadmin_ports = [8705, 8706]\n'

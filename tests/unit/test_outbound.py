@@ -11,9 +11,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 import twinstream.core.outbound as outbound
-from twinstream.config import Settings
 from twinstream.core.gate import Fenced, TransientPublishError
 from twinstream.core.rows import Output, covered
+from twinstream.platform.settings import Settings
 
 
 class FakeProducer:

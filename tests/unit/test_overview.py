@@ -1,4 +1,4 @@
-"""The operator's view (twinstream.overview) from fake admin APIs: roles, what a takeover
+"""The operator's view (twinstream.ops.overview) from fake admin APIs: roles, what a takeover
 needs against the standby's buffer, takeovers merged across engines, snapshots' age and
 restorability, the latest audit, and every problem named."""
 
@@ -13,10 +13,11 @@ import httpx
 import pytest
 
 from tests.unit.fakes import pipeline_info, server_info
-from twinstream import registry, snapshot
-from twinstream.config import Settings, load_settings
-from twinstream.engine_client import EngineClient
-from twinstream.overview import FAIL, WARN, covers, latest_audit, overview
+from twinstream.engine import snapshot
+from twinstream.engine.client import EngineClient
+from twinstream.ops.overview import FAIL, WARN, covers, latest_audit, overview
+from twinstream.platform import registry
+from twinstream.platform.settings import Settings, load_settings
 
 
 def fake_engines(answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | int | None]):

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from examples.payments.generate import payments
-from examples.payments.logic import WINDOW_MS
-from examples.payments.pipeline import per_card, pipeline
+from pipelines.payments.generate import payments
+from pipelines.payments.logic import WINDOW_MS
+from pipelines.payments.pipeline import per_card, pipeline
 from twinstream.contract import Reject
 from twinstream.testing import keyed
 

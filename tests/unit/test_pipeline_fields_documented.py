@@ -11,9 +11,10 @@ import tomllib
 
 import pytest
 
-from twinstream import registry, skeleton
-from twinstream.config import REPO_ROOT, load_settings
 from twinstream.contract import Pipeline
+from twinstream.ops import skeleton
+from twinstream.platform import registry
+from twinstream.platform.settings import REPO_ROOT, load_settings
 
 DOC = REPO_ROOT / "docs" / "pipelines.md"
 PIPELINE_FIELDS = [f.name for f in dataclasses.fields(Pipeline)]

@@ -1,4 +1,4 @@
-"""The engine's view of its inbound partition (twinstream.positions): cached watermarks, and
+"""The engine's view of its inbound partition (twinstream.engine.positions): cached watermarks, and
 a fresh consumer after Kafka failed to answer (an idle consumer can keep a partition
 "unknown" for minutes after its broker came back)."""
 
@@ -10,8 +10,8 @@ from unittest import mock
 import pytest
 from confluent_kafka import KafkaException
 
-from twinstream.config import load_settings
-from twinstream.positions import BatchTimings, InboundWatermarks
+from twinstream.engine.positions import BatchTimings, InboundWatermarks
+from twinstream.platform.settings import load_settings
 
 
 class Clock:

@@ -5,12 +5,12 @@ from typing import Any
 
 import pytest
 
-from examples.hostmetrics.logic import SCHEMA
+from pipelines.hostmetrics.logic import SCHEMA
 from tests.unit.fakes import FakeClock
-from twinstream import publisher
-from twinstream.config import load_settings
 from twinstream.contract import field_types
-from twinstream.publisher import from_file
+from twinstream.ops import publisher
+from twinstream.ops.publisher import from_file
+from twinstream.platform.settings import load_settings
 
 
 def test_csv_rows_become_typed_json_and_bad_values_pass_through_for_the_dead_letter_topic(

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from twinstream.config import Settings, load_settings
-from twinstream.kafka_auth import Credentials
+from twinstream.platform.kafka_auth import Credentials
+from twinstream.platform.settings import Settings, load_settings
 from twinstream.stack import render
 from twinstream.stack.layout import Layout
 from twinstream.stack.remove import remove_pipeline, without_table
@@ -24,12 +24,12 @@ FILE = """# The pipelines.
 # Second line of the file's comment.
 
 [hostmetrics]
-module = "examples.hostmetrics.pipeline"
+module = "pipelines.hostmetrics.pipeline"
 partitions = 3
 
 # Payments: c and d.
 [payments]
-module = "examples.payments.pipeline"
+module = "pipelines.payments.pipeline"
 engines = ["c", "d"]
 admin_ports = [8703, 8704]
 

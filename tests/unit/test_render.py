@@ -4,7 +4,7 @@ import shlex
 import pytest
 from supervisor.options import ServerOptions
 
-from twinstream.config import load_settings
+from twinstream.platform.settings import load_settings
 from twinstream.stack import render
 from twinstream.stack.layout import Layout
 
@@ -153,8 +153,8 @@ def test_a_secure_kafka_node_takes_scram_over_tls_and_denies_what_no_acl_allows(
 
 
 def test_secure_clients_log_in_as_their_role_and_trust_the_stacks_ca(tmp_path):
-    from twinstream.kafka import client_config, spark_kafka_security
-    from twinstream.kafka_auth import Credentials, users
+    from twinstream.platform.kafka import client_config, spark_kafka_security
+    from twinstream.platform.kafka_auth import Credentials, users
 
     s = _settings(tmp_path, kafka_security=True, kafka_role="publisher")
     creds, _ = Credentials.ensure(s.kafka_credentials_path, users(["hostmetrics"]))
@@ -344,7 +344,7 @@ def test_https_engines_connections_carry_the_ca_the_dags_verify_them_with(tmp_pa
     import json
 
     from tests.unit.test_admin_api import write_tls_files
-    from twinstream.engine_client import EngineClient
+    from twinstream.engine.client import EngineClient
     from twinstream.stack.launch import engine_connections
 
     tls = write_tls_files(tmp_path)
@@ -360,7 +360,7 @@ def test_https_engines_connections_carry_the_ca_the_dags_verify_them_with(tmp_pa
 
 
 def test_every_pipelines_engines_run_and_each_finds_its_own_pipeline(tmp_path, monkeypatch):
-    from twinstream import registry
+    from twinstream.platform import registry
 
     path = tmp_path / "pipelines.toml"
     path.write_text(

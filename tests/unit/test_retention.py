@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from twinstream.retention import FAIL, OK, WARN, Facts, TopicFacts, evaluate, retention_fixes
+from twinstream.ops.retention import FAIL, OK, WARN, Facts, TopicFacts, evaluate, retention_fixes
 
 HOUR = 3_600_000
 GOOD = {

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from twinstream import skeleton
 from twinstream.contract import Keyed, Pipeline
+from twinstream.ops import skeleton
 from twinstream.testing import keyed
 
 

@@ -9,10 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from upath import UPath
 
-from twinstream import snapshot, storage
 from twinstream.core.rows import Output
-from twinstream.snapshot import SnapshotError
-from twinstream.storage import Location
+from twinstream.engine import snapshot
+from twinstream.engine.snapshot import SnapshotError
+from twinstream.platform import storage
+from twinstream.platform.storage import Location
 
 TOPIC = "hostmetrics.in"
 PIPELINE = "hostmetrics"

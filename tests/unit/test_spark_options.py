@@ -1,4 +1,4 @@
-"""The driver JVM's options (twinstream.spark): the class archive `make install` writes is
+"""The driver JVM's options (twinstream.engine.spark): the class archive `make install` writes is
 mapped by every session once it exists, added to the session's own options, and never
 while a JVM is writing one."""
 
@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from twinstream.config import Settings, SettingsError, load_settings
-from twinstream.spark import DRIVER_JAVA_OPTIONS, class_archive, cluster_conf, driver_java_options
+from twinstream.engine.spark import (
+    DRIVER_JAVA_OPTIONS,
+    class_archive,
+    cluster_conf,
+    driver_java_options,
+)
+from twinstream.platform.settings import Settings, SettingsError, load_settings
 
 
 def test_no_archive_no_option_the_sessions_own_options_kept(tmp_path: Path) -> None:

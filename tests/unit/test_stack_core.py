@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.unit.fakes import FakeClock
-from twinstream.config import load_settings
+from twinstream.platform.settings import load_settings
 from twinstream.stack import core, health
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import ProcessInfo

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from upath import UPath
 
-from twinstream import storage
-from twinstream.config import SettingsError, load_settings
+from twinstream.platform import storage
+from twinstream.platform.settings import SettingsError, load_settings
 
 
 def test_a_plain_path_stays_local_and_a_url_goes_through_fsspec(tmp_path: Path):

@@ -1,4 +1,4 @@
-"""twinstream.timeline with an injected clock: exact per-bucket quantiles, the window, the
+"""twinstream.engine.timeline with an injected clock: exact per-bucket quantiles, the window, the
 bounded sample above MAX_SAMPLES, thread safety, and the merge of a pipeline's engines."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from tests.unit import fakes
 from tests.unit.fakes import FakeClock
-from twinstream import timeline as tl
-from twinstream.admin_api import TimelineInfo
-from twinstream.timeline import Timeline, merge
+from twinstream.engine import timeline as tl
+from twinstream.engine.api import TimelineInfo
+from twinstream.engine.timeline import Timeline, merge
 
 T0 = 1_000_000.0  # a multiple of 5: bucket starts are round
 

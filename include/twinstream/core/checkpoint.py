@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from twinstream.storage import Location, rename
+from twinstream.platform.storage import Location, rename
 
 
 def numbered(folder: Location) -> list[int]:

@@ -40,7 +40,7 @@ from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNod
 from kazoo.protocol.states import KeeperState
 from kazoo.security import ACL, Permissions, make_acl
 
-from twinstream.config import Settings
+from twinstream.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def ensure_chroot(settings: Settings, acl: list[ACL]) -> None:
 
 @dataclass(frozen=True)
 class Standing:
-    """How far an engine is: in sync (twinstream.positions.is_in_sync) and its lag."""
+    """How far an engine is: in sync (twinstream.engine.positions.is_in_sync) and its lag."""
 
     in_sync: bool
     lag: int | None

@@ -5,7 +5,7 @@ Guarantee: a row of inbound partition p goes to partition p of the outbound or d
 topic, and each transaction writes, to partition p of the progress topic, one progress
 record per partition it has rows of; so the tail of partition p of the three topics says
 how far partition p has been published (the topics have as many partitions as the inbound
-one: `twinstream.kafka.topic_specs`)."""
+one: `twinstream.platform.kafka.topic_specs`)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from twinstream.config import Settings
 from twinstream.core.gate import Fenced, TransientPublishError, by_partition
 from twinstream.core.rows import DLQ, NONE, OUT, Output, dead_letter, encode
-from twinstream.kafka import consumer_config, producer_config
+from twinstream.platform.kafka import consumer_config, producer_config
+from twinstream.platform.settings import Settings
 
 if TYPE_CHECKING:
     from confluent_kafka._types import HeadersType
@@ -65,7 +65,8 @@ def access_denied(error: KafkaError, settings: Settings) -> str | None:
         return None
     return (
         f"Kafka denies pipeline {settings.pipeline}'s engine user ({error.name()}): its "
-        "users and ACLs are made by `make up` (twinstream.kafka_auth.provision); check that "
+        "users and ACLs are made by `make up` (twinstream.platform.kafka_auth.provision); "
+        "check that "
         f"{settings.kafka_credentials_path} holds the password Kafka knows"
     )
 
@@ -98,7 +99,7 @@ class KafkaPublisher:
                     "message.timeout.ms": 9_000,
                     "client.id": f"twinstream-{settings.pipeline}-{engine_id}",
                     # The rows are sized for this limit (twinstream.core.rows); the topics accept
-                    # a little more (twinstream.kafka.topic_specs).
+                    # a little more (twinstream.platform.kafka.topic_specs).
                     "message.max.bytes": settings.max_message_bytes,
                 },
             )

@@ -43,7 +43,7 @@ from kazoo.security import ACL
 
 from twinstream.core.checkpoint import batch_end, end_offsets, forget_batches, numbered
 from twinstream.core.rows import clean_reason, range_text, record_id, split_record_id
-from twinstream.storage import Location
+from twinstream.platform.storage import Location
 
 log = logging.getLogger(__name__)
 

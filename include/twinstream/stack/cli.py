@@ -6,8 +6,8 @@ import argparse
 import logging
 import sys
 
-from twinstream.config import SettingsError, load_settings
-from twinstream.kafka import TopicShapeError
+from twinstream.platform.kafka import TopicShapeError
+from twinstream.platform.settings import SettingsError, load_settings
 from twinstream.stack import core
 
 

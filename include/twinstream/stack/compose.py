@@ -22,8 +22,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from twinstream.config import REPO_ROOT, Settings
-from twinstream.kafka_auth import ADMIN_USER, MECHANISM, PASSWORD, CredentialsError
+from twinstream.platform.kafka_auth import ADMIN_USER, MECHANISM, PASSWORD, CredentialsError
+from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack.tls import SERVER_CN, TlsFiles, ensure_tls
 
 # Every name a client reaches a broker by: the service names, and the host's localhost.
@@ -119,7 +119,7 @@ def admin_password(environ: dict[str, str]) -> str:
 def kafka_init(settings: Settings, environ: dict[str, str], echo: Callable[[str], None]) -> None:
     """Every pipeline's users (the admin's password the one given), ACLs and topics, as
     `make up` makes them (twinstream.stack.core.provision_kafka)."""
-    from twinstream import registry
+    from twinstream.platform import registry
     from twinstream.stack.core import provision_kafka
 
     pipelines = registry.stack(settings)
@@ -128,7 +128,7 @@ def kafka_init(settings: Settings, environ: dict[str, str], echo: Callable[[str]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from twinstream.config import load_settings
+    from twinstream.platform.settings import load_settings
 
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args else ""

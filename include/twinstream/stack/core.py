@@ -28,10 +28,10 @@ from pathlib import Path
 import psutil
 from confluent_kafka.admin import AdminClient
 
-from twinstream import registry
-from twinstream.config import Settings
-from twinstream.kafka import TopicChange, ensure_topics, topic_specs
-from twinstream.kafka_auth import Credentials, provision, users
+from twinstream.platform import registry
+from twinstream.platform.kafka import TopicChange, ensure_topics, topic_specs
+from twinstream.platform.kafka_auth import Credentials, provision, users
+from twinstream.platform.settings import Settings
 from twinstream.stack import health, render
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import ProcessInfo, Supervisor, at_once

@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 from confluent_kafka.admin import AdminClient
 
-from twinstream.config import Settings
-from twinstream.engine_client import EngineClient, EngineError
-from twinstream.kafka import admin_config
+from twinstream.engine.client import EngineClient, EngineError
+from twinstream.platform.kafka import admin_config
+from twinstream.platform.settings import Settings
 from twinstream.stack.tls import kafka_superuser_config
 
 Probe = Callable[[], tuple[bool, str]]

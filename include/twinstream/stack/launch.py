@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 
-from twinstream.config import Settings, load_settings
-from twinstream.kafka import client_config
+from twinstream.platform.kafka import client_config
+from twinstream.platform.settings import Settings, load_settings
 from twinstream.stack.layout import Layout
 
 LOCAL_FILESYSTEM_BACKEND = "airflow.secrets.local_filesystem.LocalFilesystemBackend"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from twinstream.config import Settings
+from twinstream.platform.settings import Settings
 
 # AF_UNIX socket paths are limited to 108 bytes on Linux, terminator included.
 MAX_SOCKET_PATH = 107

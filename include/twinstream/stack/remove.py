@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twinstream import registry
-from twinstream.config import Settings, SettingsError
-from twinstream.storage import Location, remove_tree
+from twinstream.platform import registry
+from twinstream.platform.settings import Settings, SettingsError
+from twinstream.platform.storage import Location, remove_tree
 
 Echo = Callable[[str], None]
 Confirm = Callable[[str], bool]
@@ -280,7 +280,7 @@ def _plan(
     supervisor: Any,
 ) -> Plan:
     from twinstream.core.election import ROOT
-    from twinstream.kafka_auth import ROLES, user_name
+    from twinstream.platform.kafka_auth import ROLES, user_name
 
     plan = Plan(pipeline, settings.pipelines_file, new_text, removed_text)
     running = {p.name for p in supervisor.processes()}
@@ -353,7 +353,7 @@ def _remove_users(pipeline: Settings, users: list[str], admin: Any, echo: Echo) 
         UserScramCredentialDeletion,
     )
 
-    from twinstream.kafka_auth import Credentials, principal
+    from twinstream.platform.kafka_auth import Credentials, principal
 
     # Every ACL naming one of its users, whatever the resource: the pipeline's own
     # (kafka_auth.acl_bindings) and any read of another topic granted since (grant_read).

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from twinstream import registry
-from twinstream.config import REPO_ROOT, Settings
-from twinstream.kafka_auth import ADMIN_USER, MECHANISM
+from twinstream.platform import registry
+from twinstream.platform.kafka_auth import ADMIN_USER, MECHANISM
+from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack.layout import Layout
 from twinstream.stack.tls import SERVER_CN, TlsFiles
 
@@ -30,7 +30,7 @@ SPARK_WORKER_MAIN = "org.apache.spark.deploy.worker.Worker"
 
 
 # Engines reach Kafka as their pipeline's engine user: the one allowed to write its outputs
-# and use its transactional id (twinstream.kafka_auth).
+# and use its transactional id (twinstream.platform.kafka_auth).
 ENGINE_KAFKA_ROLE = {"TWINSTREAM_KAFKA_ROLE": "engine"}
 
 
@@ -186,13 +186,13 @@ def kafka_server_properties(settings: Settings, layout: Layout, node_id: int) ->
 def kafka_listeners(settings: Settings, node_id: int) -> list[str]:
     """server.properties lines of the listeners: PLAINTEXT without Kafka security; else
     SASL/SCRAM over TLS for clients, mutual TLS among the brokers and the controllers, and
-    ACLs (twinstream.kafka_auth).
+    ACLs (twinstream.platform.kafka_auth).
 
     Brokers and controllers prove who they are with the servers' certificate, not a SCRAM
     password: SCRAM users live in the metadata log, which the quorum must first agree on, and
     a storage formatted before Kafka security (an existing stack) has none. So the stack's
     own identity needs nothing from the metadata, and `up` makes every SCRAM user itself
-    (twinstream.kafka_auth.provision), over the brokers' mutual-TLS listener."""
+    (twinstream.platform.kafka_auth.provision), over the brokers' mutual-TLS listener."""
     host = settings.bind_host
     port = settings.kafka_ports[node_id - 1]
     controller_port = settings.kafka_controller_ports[node_id - 1]
@@ -309,7 +309,7 @@ def programs(
     settings: Settings, layout: Layout, pipelines: Mapping[str, Settings] | None = None
 ) -> list[Program]:
     """Every program of the stack; the engines of every pipeline in `pipelines` (name ->
-    its settings), by default the stack's (twinstream.registry.stack)."""
+    its settings), by default the stack's (twinstream.platform.registry.stack)."""
     env = settings_environment(settings)
     result = [
         Program(
@@ -396,7 +396,7 @@ def engine_connections(
 ) -> dict[str, dict[str, object]]:
     """conn_id -> Airflow connection (as JSON fields) of every engine of every pipeline in
     `pipelines` (by default the stack's): its admin API, the token as password, and for https
-    with a private CA the CA's file as "ca" in the extra (twinstream.operate reads them)."""
+    with a private CA the CA's file as "ca" in the extra (twinstream.ops.operate reads them)."""
     token = settings.secret("admin_token")
     stack = registry.stack(settings) if pipelines is None else pipelines
     # https with a private CA: the client verifies the engines against it.

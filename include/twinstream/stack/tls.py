@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from twinstream.config import Settings
-from twinstream.kafka import admin_config
+from twinstream.platform.kafka import admin_config
+from twinstream.platform.settings import Settings
 
 CA_DAYS = 3650
 CERT_DAYS = 825
@@ -207,7 +207,7 @@ def kafka_superuser_config(settings: Settings, **overrides: Any) -> dict[str, An
     """An admin client as the stack itself: the servers' certificate over the brokers'
     mutual-TLS listeners, a super user that needs no SCRAM user. For what only the stack
     does (`up`: users, ACLs, topics; its health checks), where the servers' key is; the
-    admin's SCRAM login (twinstream.kafka.admin_config) for everything else. Without Kafka
+    admin's SCRAM login (twinstream.platform.kafka.admin_config) for everything else. Without Kafka
     security, that same admin_config."""
     if not settings.kafka_security:
         return admin_config(settings, **overrides)

@@ -2,7 +2,7 @@
 tests and the platform's reference runs, no Spark.
 
 `run(pipeline, records, batches)` feeds the records (dicts as the step receives them:
-the schema's members, derived columns and `msg_id`) through `twinstream.state.keyed.Runner`
+the schema's members, derived columns and `msg_id`) through `twinstream.engine.state.keyed.Runner`
 partition by partition, in `batches` slices, and checks every new state against the
 pipeline's `Keyed.state` (a tuple of that many fields). The outcome does not depend on
 `batches`: a test that compares two batchings checks the contract's one rule.
@@ -16,7 +16,7 @@ from typing import Any
 
 from twinstream.contract import MSG_ID, ContractError, Keyed, Pipeline, field_types
 from twinstream.core.rows import DLQ, OUT
-from twinstream.state.keyed import Partition, Runner
+from twinstream.engine.state.keyed import Partition, Runner
 
 
 @dataclass

@@ -10,7 +10,7 @@ import java.time.ZoneOffset;
 import java.time.format.DateTimeParseException;
 
 /**
- * The hostmetrics example's window (examples/hostmetrics/logic.py) in Java: per host, the
+ * The hostmetrics example's window (pipelines/hostmetrics/logic.py) in Java: per host, the
  * last 20 events' cpu_user and mem_used_mb, their average and sum, and a fresh window after a
  * gap in the host's event time longer than the retention. The state is JSON text, as the
  * Twinstream pipeline keeps it. A record that is not a valid event gives a dead letter and

@@ -1,0 +1,427 @@
+"""The engine admin API: FastAPI, bearer-token auth on everything but its public pages
+(public_paths(): /healthz, and the OpenAPI document and its Swagger UI at /openapi.json and
+/docs unless turned off). Errors are JSON with a reason, never a stack trace.
+
+Served over plain HTTP, or HTTPS when the engine has a certificate
+(TWINSTREAM_ADMIN_TLS_CERTFILE and _KEYFILE, spark_jobs/engine.py): over plain HTTP the
+token crosses the network readable.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import twinstream
+from twinstream.engine.snapshot import Manifest, SnapshotError
+
+log = logging.getLogger(__name__)
+
+# The pages anyone who reaches the port may read, without the token: the liveness probe,
+# and (unless create_app(docs=False)) the OpenAPI document and Swagger UI, which describe
+# the endpoints but hold no engine data. Everything else, unknown paths included, is 401
+# without the token. README ("Admin API") lists the same; a unit test holds both to it.
+HEALTH_PATH = "/healthz"
+DOCS_PATHS = ("/openapi.json", "/docs")
+# The longest reason a 500 carries: the full error goes to the engine's log.
+MAX_ERROR_REASON = 300
+
+
+class ErrorReason(BaseModel):
+    """Every error's body: what went wrong, in one line."""
+
+    reason: str
+
+
+class ServerInfo(BaseModel):
+    engine_id: str
+    role: str
+    pid: int
+    zk_state: str
+    epoch: int
+    version: str
+
+
+class QuarantinedOffset(BaseModel):
+    msg_id: int
+    reason: str
+    partition: int = 0
+
+
+class RepairInfo(BaseModel):
+    """A range no buffer covered at a takeover, recomputed and published; `seconds` is
+    null while the repair is in progress."""
+
+    first: int
+    last: int
+    seconds: float | None
+    partition: int = 0
+
+
+class UncoveredRange(BaseModel):
+    """msg_id first..last of an inbound partition: in no buffer at a takeover, and not
+    recomputed (missing from the output)."""
+
+    partition: int
+    first: int
+    last: int
+
+
+class TakeoverInfo(BaseModel):
+    """One takeover by this engine, as it remembers it (its last few, newest first)."""
+
+    epoch: int
+    # When it won the election (UTC, ISO 8601).
+    at: str
+    # Winning to fenced, with the last published msg_id of each partition read.
+    fence_and_read_s: float
+    # Winning to its first committed transaction as active: the output's pause as this
+    # engine sees it (None until it has published; the previous active's failure to its
+    # session's expiry comes before and is not in it).
+    first_commit_s: float | None = None
+
+
+class LagTrend(BaseModel):
+    """The engine's lag over its last `window_s` seconds, as `twinstream.engine.lag_trend` judges
+    it: `growing` only when the lag rose through the whole window (a burst the engine
+    absorbs never counts)."""
+
+    window_s: float
+    # The lag at the window's oldest and newest samples.
+    first: int
+    last: int
+    # The median lag of each quarter of the window, oldest first.
+    quarters: list[int]
+    growing: bool
+
+
+def buffer_text(fills: Mapping[int, int], total: int | None, bound: int | None) -> str:
+    """Each partition's buffered rows against the per-partition bound (num_buffered_msgs),
+    e.g. "p0 9,800/10,000 · p1 10,000/10,000": the bound holds per partition, so a sum over
+    partitions against it would read as an overflow. Without per-partition figures (an
+    engine of an older version) the total alone, never against the bound."""
+    if total is None or bound is None:
+        return "-"
+    if fills:
+        return " · ".join(f"p{p} {n:,}/{bound:,}" for p, n in sorted(fills.items()))
+    if total == 0:
+        return f"0/{bound:,}"
+    return f"{total:,} total"
+
+
+class PipelineInfo(BaseModel):
+    state: str
+    reason: str
+    last_msg_id_processed: int | None
+    last_msg_id_published: int | None
+    lag: int | None
+    # Rows in the buffer over every partition; `buffer_fills` has each partition's, and
+    # `buffer_size` is the bound of one partition (num_buffered_msgs), not of the sum.
+    buffer_fill: int
+    buffer_size: int
+    in_sync: bool
+    uncovered_ranges: list[UncoveredRange]
+    # Rows the active could not publish yet (at most max_buffered_msgs before it pauses).
+    unpublished: int = 0
+    # Why the query is paused for backpressure, if it is (GET /pipeline shows it as such).
+    paused: str | None = None
+    # The pipeline's quarantined inbound offsets (shared by its engines through ZooKeeper),
+    # each published as a dead letter with its reason.
+    quarantined: list[QuarantinedOffset] = Field(default_factory=list)
+    repairs: list[RepairInfo] = Field(default_factory=list)
+    # Replay progress while restoring (Spark's processedRowsPerSecond of the last batch).
+    events_per_s: float | None = None
+    # The snapshot id (or "cold") the running pipeline was restored from, if any.
+    restored_from: str | None = None
+    # Per inbound partition: the last msg_id processed (buffered), and the last published
+    # as this engine knows it. With one partition, the last_msg_id_* fields say the same.
+    processed: dict[int, int] = Field(default_factory=dict)
+    published: dict[int, int] = Field(default_factory=dict)
+    takeovers: list[TakeoverInfo] = Field(default_factory=list)
+    # Per inbound partition: the rows its buffer holds (against `buffer_size` each).
+    buffer_fills: dict[int, int] = Field(default_factory=dict)
+    # None until the engine has sampled its lag over a whole window (a minute after start).
+    lag_trend: LagTrend | None = None
+
+    def buffer_text(self) -> str:
+        return buffer_text(self.buffer_fills, self.buffer_fill, self.buffer_size)
+
+
+class RestoreRequest(BaseModel):
+    snapshot: str = Field(
+        default="latest",
+        description='a snapshot id, "latest" (the newest valid one) or "cold" (rebuild from '
+        "the inbound offset at now - window retention)",
+        pattern=r"^[A-Za-z0-9_.:-]{1,200}$",
+    )
+
+
+class RestoreReport(BaseModel):
+    snapshot: str
+    # Partition 0's; `next_offsets` and `log_start_offsets` have every partition's.
+    next_offset: int
+    log_start_offset: int
+    pipeline: PipelineInfo
+    next_offsets: dict[int, int] = Field(default_factory=dict)
+    log_start_offsets: dict[int, int] = Field(default_factory=dict)
+
+
+class BufferedRow(BaseModel):
+    msg_id: int
+    kind: str
+    key: str | None
+    value: str
+    partition: int = 0
+
+
+class TimelinePoint(BaseModel):
+    """One bucket (`step_s` long) of an engine's timeline (`twinstream.engine.timeline`)."""
+
+    # The bucket's start, epoch seconds.
+    t: float
+    # End-to-end latency (inbound record's Kafka timestamp to the commit that made it
+    # visible) of the records this engine published in the bucket: None if it published none.
+    p50_s: float | None
+    p99_s: float | None
+    published: int
+    # The inbound rate (mean of the bucket's samples) and this engine's highest lag in it.
+    in_per_s: float | None
+    lag: int | None
+
+
+class TimelineMark(BaseModel):
+    """This engine won the election with `epoch` at `t` (epoch seconds)."""
+
+    t: float
+    epoch: int
+
+
+class TimelineInfo(BaseModel):
+    """The engine's own figures over its last `window_s` seconds, oldest first: only the
+    buckets it reported anything in (an engine restarted has no history before it)."""
+
+    window_s: float
+    step_s: float
+    # The engine's clock at the answer, epoch seconds.
+    now: float | None = None
+    points: list[TimelinePoint] = Field(default_factory=list)
+    takeovers: list[TimelineMark] = Field(default_factory=list)
+
+
+class Control(Protocol):
+    """What the API needs from an engine (a fake in unit tests)."""
+
+    def server_info(self) -> ServerInfo: ...
+    def pipeline_info(self) -> PipelineInfo: ...
+    def start_pipeline(self) -> None: ...
+    def stop_pipeline(self) -> None: ...
+    def persist(self) -> Manifest: ...
+    def restore(self, requested: str) -> RestoreReport: ...
+    def buffer_tail(self, last: int) -> list[BufferedRow]: ...
+    def metrics(self) -> bytes: ...
+    def timeline(self) -> dict[str, Any]: ...
+
+
+class Conflict(Exception):
+    """The request does not fit the engine's state (409 with the reason)."""
+
+
+def public_paths(docs: bool = True) -> frozenset[str]:
+    """The paths create_app(docs=...) serves without the token."""
+    return frozenset({HEALTH_PATH, *(DOCS_PATHS if docs else ())})
+
+
+def token_problem(authorization: str | None, token: str) -> str | None:
+    """Why an Authorization header does not carry the token, or None when it does."""
+    scheme, _, credentials = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        return "missing bearer token (Authorization: Bearer <token>)"
+    # Constant time, so that the answer's timing does not reveal how much of a guess is right.
+    if not hmac.compare_digest(credentials.strip().encode(), token.encode()):
+        return "wrong bearer token"
+    return None
+
+
+def _unauthorized(reason: str) -> JSONResponse:
+    return JSONResponse({"reason": reason}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
+class _TokenGate:
+    """Refuses a request without the token before the app routes it or reads its body.
+
+    A route's auth dependency alone runs after FastAPI has parsed the body and matched the
+    route, so a caller without the token got 400/422 for a malformed body and 404/405 for
+    a path or method the API lacks: the app had read input from, and answered, a stranger.
+    """
+
+    def __init__(self, app: ASGIApp, token: str, public: frozenset[str]) -> None:
+        self.app = app
+        self.token = token
+        self.public = public
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.public:
+            problem = token_problem(Headers(scope=scope).get("authorization"), self.token)
+            if problem is not None:
+                await _unauthorized(problem)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _one_line(exc: Exception) -> str:
+    """The error's type and the first line of its message: a Py4J or pydantic error's text
+    goes on for lines (a Java stack trace, the offending values), which belong in the log."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    if len(text) > MAX_ERROR_REASON:
+        text = text[: MAX_ERROR_REASON - 3] + "..."
+    return text + (" (the engine's log has the rest)" if len(lines) > 1 else "")
+
+
+# The error answers a route may give, for its OpenAPI description. The content is spelled
+# out rather than given as a model: FastAPI would describe a model's answer in the route's
+# own media type, text/plain for /metrics, where the error is JSON like everywhere else.
+_ERROR_ANSWERS = {
+    400: "a body that cannot be read",
+    401: "missing or wrong bearer token",
+    409: "the request does not fit the engine's state",
+    422: "an invalid request (and for a restore, an unusable snapshot)",
+}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    schema = ErrorReason.model_json_schema()
+    return {
+        code: {
+            "description": _ERROR_ANSWERS[code],
+            "content": {"application/json": {"schema": schema}},
+        }
+        for code in codes
+    }
+
+
+def create_app(control: Control, token: str, *, docs: bool = True) -> FastAPI:
+    """The admin API of `control`'s engine; `docs=False` serves no OpenAPI document or
+    Swagger UI (TWINSTREAM_ADMIN_API_DOCS=false), leaving /healthz the one public page."""
+    if not token:
+        raise ValueError("the admin API needs a token (TWINSTREAM_ADMIN_TOKEN)")
+    app = FastAPI(
+        title="Twinstream engine admin API",
+        version=twinstream.__version__,
+        description="Role, progress and control of one Twinstream engine. Every endpoint but "
+        "/healthz, /openapi.json and /docs needs `Authorization: Bearer <token>`.",
+        openapi_url=DOCS_PATHS[0] if docs else None,
+        docs_url=DOCS_PATHS[1] if docs else None,
+        # Not served: ReDoc would be one more public page saying what /docs says, and the
+        # OAuth2 redirect page serves an OAuth2 login this API does not have.
+        redoc_url=None,
+        swagger_ui_oauth2_redirect_url=None,
+    )
+    app.add_middleware(_TokenGate, token=token, public=public_paths(docs))
+    bearer = HTTPBearer(auto_error=False)
+
+    def authorized(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
+        # _TokenGate has refused a request without the token already; this dependency puts
+        # the bearer scheme into the OpenAPI document (Swagger UI's Authorize button), and
+        # checks again so that a route never depends on the gate alone.
+        header = None if creds is None else f"{creds.scheme} {creds.credentials}"
+        problem = token_problem(header, token)
+        if problem is not None:
+            raise HTTPException(401, problem)
+
+    # Starlette's HTTPException, which FastAPI's subclasses: routing's own 404 and 405 and
+    # FastAPI's 400 for an unreadable body raise the base class, and answered
+    # {"detail": ...} before this handler caught it too (found by tests/unit/
+    # test_admin_api_schema.py).
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 401:
+            return _unauthorized(str(exc.detail))
+        # The Allow header of a 405 stays.
+        return JSONResponse(
+            {"reason": exc.detail}, status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(Conflict)
+    async def conflict(_request: Request, exc: Conflict) -> JSONResponse:
+        return JSONResponse({"reason": str(exc)}, status_code=409)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return JSONResponse({"reason": f"invalid request: {problems}"}, status_code=422)
+
+    @app.exception_handler(SnapshotError)
+    async def unusable_snapshot(_request: Request, exc: SnapshotError) -> JSONResponse:
+        return JSONResponse({"reason": str(exc)}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("admin API request failed: %s", exc, exc_info=exc)
+        return JSONResponse({"reason": _one_line(exc)}, status_code=500)
+
+    auth = [Depends(authorized)]
+
+    @app.get(HEALTH_PATH)
+    def healthz() -> dict[str, Any]:
+        return {"ok": True}
+
+    @app.get("/server", dependencies=auth, responses=_errors(401))
+    def server() -> ServerInfo:
+        return control.server_info()
+
+    @app.get("/pipeline", dependencies=auth, responses=_errors(401))
+    def pipeline() -> PipelineInfo:
+        return control.pipeline_info()
+
+    @app.get("/timeline", dependencies=auth, responses=_errors(401))
+    def timeline() -> TimelineInfo:
+        """The last 15 minutes of this engine's end-to-end latency (p50/p99), inbound rate,
+        lag and takeovers, in 5 s buckets (`twinstream.engine.timeline`)."""
+        return TimelineInfo.model_validate(control.timeline())
+
+    @app.post("/pipeline/stop", dependencies=auth, responses=_errors(401, 409))
+    def stop() -> PipelineInfo:
+        control.stop_pipeline()
+        return control.pipeline_info()
+
+    @app.post("/pipeline/start", dependencies=auth, responses=_errors(401, 409))
+    def start() -> PipelineInfo:
+        control.start_pipeline()
+        return control.pipeline_info()
+
+    @app.post("/pipeline/persist", dependencies=auth, responses=_errors(401, 409))
+    def persist() -> Manifest:
+        """Standby only (409 on the active): snapshot the checkpoint and the buffer."""
+        return control.persist()
+
+    @app.post("/pipeline/restore", dependencies=auth, responses=_errors(400, 401, 409, 422))
+    def restore(request: RestoreRequest) -> RestoreReport:
+        """Stopped pipeline only (409 otherwise); 422 for a snapshot that must not be used."""
+        return control.restore(request.snapshot)
+
+    @app.get("/pipeline/buffer", dependencies=auth, responses=_errors(401, 422))
+    def buffer(last: int = Query(default=100, ge=1, le=1_000_000)) -> list[BufferedRow]:
+        """The newest `last` output rows in the engine's ring buffer, in msg_id order."""
+        return control.buffer_tail(last)
+
+    @app.get(
+        "/metrics", dependencies=auth, response_class=PlainTextResponse, responses=_errors(401)
+    )
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(control.metrics(), media_type="text/plain; version=0.0.4")
+
+    return app

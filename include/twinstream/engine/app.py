@@ -1,0 +1,949 @@
+"""One Twinstream engine: the streaming query, the gate, the election and the admin API,
+wired together. `spark_jobs/engine.py` is its command-line entry point."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import twinstream
+from twinstream.contract import Pipeline
+from twinstream.core.checkpoint import unread
+from twinstream.core.election import (
+    Election,
+    ForeignNodeError,
+    Standing,
+    ensure_chroot,
+    root_acl,
+    zk_client,
+)
+from twinstream.core.gate import Gate
+from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
+from twinstream.core.quarantine import QuarantineStore, describe
+from twinstream.core.rows import Output, positions_text, split_record_id
+from twinstream.engine import repair, snapshot
+from twinstream.engine.api import (
+    BufferedRow,
+    Conflict,
+    PipelineInfo,
+    QuarantinedOffset,
+    RepairInfo,
+    RestoreReport,
+    ServerInfo,
+    TakeoverInfo,
+    UncoveredRange,
+)
+from twinstream.engine.arrivals import Arrivals, ArrivalSampler
+from twinstream.engine.batching import DrainRate, batch_limit
+from twinstream.engine.lag_trend import LagHistory
+from twinstream.engine.metrics import EngineMetrics
+from twinstream.engine.pipeline import rows_of, spark_conf, start_query, warm_up
+from twinstream.engine.positions import (
+    BatchTimings,
+    InboundWatermarks,
+    events_per_s,
+    is_in_sync,
+    query_position,
+)
+from twinstream.engine.positions import (
+    lag as inbound_lag,
+)
+from twinstream.engine.recovery import Recovery
+from twinstream.engine.timeline import Timeline
+from twinstream.platform import storage
+from twinstream.platform.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, settings: Settings, engine_id: str, pipeline: Pipeline) -> None:
+        settings.engine_admin_port(engine_id)  # an unknown engine id fails here, by name
+        self.settings = settings
+        self.pipeline = pipeline
+        self.engine_id = engine_id
+        self.metrics = EngineMetrics(engine_id, settings.pipeline)
+        self.gate = Gate(
+            engine_id,
+            settings.pipeline,
+            settings.num_buffered_msgs,
+            self.metrics,
+            max_buffer_size=settings.max_buffered_msgs,
+            on_gap=self._on_gap,
+            on_fenced=self._resign,
+            on_committed=self._committed,
+        )
+        # A gap to recompute, found at a takeover: how (the main loop does it).
+        self._repair: repair.Plan | None = None
+        self.zk = zk_client(settings)
+        self.election = Election(
+            self.zk,
+            settings.election_path,
+            settings.epoch_path,
+            engine_id,
+            on_elected=self._take_over,
+            on_step_down=self._stepped_down,
+            on_connection=self.gate.zk_connected,
+            root_acl=root_acl(settings),
+            # A win goes on to an engine more than a batch (in_sync_lag) more caught up:
+            # a takeover then never waits for a restoring or cold engine to catch up.
+            standing=self.standing,
+            prefer_margin=settings.in_sync_lag,
+        )
+        self.quarantine = QuarantineStore(self.zk, settings.quarantine_path)
+        # Failures of the query: the quarantine search, the backoff (twinstream.engine.recovery).
+        self.recovery = Recovery(settings, engine_id, self.quarantine)
+        self._quarantine_seen: tuple[float, dict[int, str]] = (0.0, {})
+        # Serialises start, stop, persist and restore; status reads never wait for it.
+        self._lock = threading.RLock()
+        self._spark: SparkSession | None = None
+        self._query: StreamingQuery | None = None
+        self._state = "stopped"
+        self._reason = "not started"
+        self._restored_from: str | None = None
+        self._restore_started = 0.0
+        self.watermarks = InboundWatermarks(settings, engine_id)
+        self._progress_cache: tuple[float, Any, dict[str, Any]] = (0.0, None, {})
+        # Built ahead of a takeover, so that winning costs only the fence and the tail read.
+        self._last_published = LastPublishedReader(settings)
+        # A second reader for the standby's periodic look at the active's position: the
+        # takeover's must never wait behind it.
+        self._active_position = LastPublishedReader(settings)
+        self._active_position_read = 0.0
+        self.batch_timings = BatchTimings()
+        # What this engine's batches process a second, for the next query's batch size.
+        self.drain_rate = DrainRate(settings.engine_dir(engine_id) / "drain-rate.json")
+        # The running query's largest batch (its maxOffsetsPerTrigger).
+        self._max_offsets = settings.max_offsets_per_trigger
+        self._timings_logged = time.monotonic()
+        # The lag's recent samples: whether the engine is falling behind
+        # (twinstream.engine.lag_trend).
+        self.lag_history = LagHistory()
+        self._spare: KafkaPublisher | None = None
+        self._prepare_publisher()
+        # The last 15 minutes of this engine's figures (the operator page's chart): the
+        # latency of what it published, from each record's arrival in the inbound topic
+        # (sampled high watermarks, twinstream.engine.arrivals) to the commit.
+        self.timeline = Timeline()
+        self.arrivals = Arrivals()
+        self._arrival_marks = InboundWatermarks(settings, engine_id)
+        self._arrival_sampler = ArrivalSampler(
+            self.arrivals, lambda: self._arrival_marks.highs(max_age_s=0.0)
+        )
+        self._arrival_sampler.start()
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start_pipeline(self) -> None:
+        """Resume from this engine's checkpoint. An unusable checkpoint, or none on a
+        pipeline that has run before (a lost disk), leaves the pipeline stopped with the
+        reason: starting over from the topic's beginning is a decision for a restore."""
+        with self._lock:
+            if self._state in ("running", "restoring", "persisting"):
+                return
+            problem = self._checkpoint_problem()
+            if problem is not None:
+                self._state = "stopped"
+                self._reason = (
+                    f"{problem}; restore a snapshot: POST /pipeline/restore "
+                    '{"snapshot": "latest"} (or "cold")'
+                )
+                log.error(
+                    "engine %s pipeline %s: not started: %s",
+                    self.engine_id,
+                    self.settings.pipeline,
+                    self._reason,
+                )
+                return
+            self._run("running", "")
+
+    def _run(self, state: str, reason: str, starting_offsets: dict[int, int] | None = None) -> None:
+        try:
+            ensure_chroot(self.settings, root_acl(self.settings))
+            self._start_query(starting_offsets)
+        except ForeignNodeError as exc:
+            # Not a crash to restart from: nothing changes until someone deletes the node.
+            self._state, self._reason = "stopped", str(exc)
+            log.error("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, exc)
+            return
+        self._state, self._reason = state, reason
+        self.gate.joined()
+        self.election.start()
+
+    def _start_query(self, starting_offsets: dict[int, int] | None = None) -> None:
+        if self._spark is None:
+            self._spark = self._new_session()
+            self._warm_up(self._spark)
+        self.recovery.excluded = self._read_quarantine()
+        self._max_offsets = self._batch_limit()
+        self.gate.resume_waits()
+        # A batch of the previous query interrupted by its stop raised too; it must not be
+        # taken for this query's failure.
+        self.recovery.batch_error = None
+        self._query = start_query(
+            self._spark,
+            self.settings,
+            self.pipeline,
+            self.engine_id,
+            self.process_batch,
+            starting_offsets,
+            quarantined=self.recovery.excluded,
+            max_offsets=self._max_offsets,
+        )
+        log.info(
+            "engine %s pipeline %s: query %s started from %s%s",
+            self.engine_id,
+            self.settings.pipeline,
+            self._query.name,
+            self.settings.checkpoint_dir(self.engine_id),
+            ""
+            if starting_offsets is None
+            else f" at inbound offset {positions_text(starting_offsets)}",
+        )
+
+    def _batch_limit(self) -> int:
+        """The new query's largest batch (twinstream.engine.batching): `max_batch_s` of work at
+        the rate this engine measured."""
+        limit = batch_limit(
+            self.drain_rate.value,
+            self.settings.max_batch_s,
+            self.settings.min_offsets_per_trigger,
+            self.settings.max_offsets_per_trigger,
+        )
+        log.info(
+            "engine %s pipeline %s: batches of at most %s records (%s records/s measured, "
+            "%.1f s a batch)",
+            self.engine_id,
+            self.settings.pipeline,
+            limit,
+            "none" if self.drain_rate.value is None else f"{self.drain_rate.value:,.0f}",
+            self.settings.max_batch_s,
+        )
+        return limit
+
+    def _stop_query_between_batches(self, timeout_s: float = 30.0) -> None:
+        """Stop once the batch in flight, if any, has completed. A query that is behind
+        starts its next batch at once, so the stop may still cut that one short: then the
+        checkpoint has its offsets without its commit, Spark runs it again on restart, and
+        the gate drops the rows it already holds."""
+        query, self._query = self._query, None
+        if query is None:
+            return
+        progress: Any = query.lastProgress or {}
+        started_in = progress.get("batchId")
+        deadline = time.monotonic() + timeout_s
+        while query.isActive and query.status.get("isTriggerActive"):
+            progress = query.lastProgress or {}
+            if progress.get("batchId") != started_in:
+                break  # the batch in flight completed; the next one has barely begun
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        query.stop()
+
+    def _checkpoint_problem(self) -> str | None:
+        checkpoint = self.settings.checkpoint_dir(self.engine_id)
+        topic = self.settings.inbound_topic
+        if checkpoint.exists():
+            problem = snapshot.checkpoint_problem(checkpoint, topic)
+            if problem is not None:
+                return f"the checkpoint is unusable: {problem}"
+            position = snapshot.checkpoint_position(checkpoint, topic)
+            log_starts = self.watermarks.log_starts()
+            for partition, offset in sorted((position.next_offsets if position else {}).items()):
+                if offset < log_starts.get(partition, 0):
+                    return (
+                        f"the checkpoint continues at inbound offset {offset} of partition "
+                        f"{partition}, but Kafka's log of {topic} starts at "
+                        f"{log_starts[partition]} there (retention deleted the rest)"
+                    )
+            return None
+        history = snapshot.snapshot_ids(self.settings.snapshot_dir)
+        published = self._last_published.last_msg_ids(
+            [self.settings.outbound_topic, self.settings.dlq_topic],
+            self._last_published.partitions(),
+        )
+        if history or any(v is not None for v in published.values()):
+            return (
+                f"no checkpoint at {checkpoint}, but pipeline {self.settings.pipeline} has "
+                "run before (a new or wiped disk)"
+            )
+        return None
+
+    def stop_pipeline(self, reason: str = "stopped through the admin API") -> None:
+        with self._lock:
+            if self._state == "stopped":
+                return
+            self.recovery.search = None
+            # Leave the election first: a standby takes over while this query winds down.
+            self.election.stop()
+            self.gate.step_down(reason, rejoin=False)
+            self.gate.abandon_waits()
+            if self._query is not None:
+                try:
+                    self._query.stop()
+                except Exception as exc:
+                    # On SIGTERM to the process group the JVM's shutdown hook may stop the
+                    # SparkContext first; the query is gone either way, and the engine must
+                    # still leave ZooKeeper and close its clients.
+                    log.warning(
+                        "engine %s pipeline %s: the query did not stop cleanly (%s); "
+                        "Spark is probably shutting down already",
+                        self.engine_id,
+                        self.settings.pipeline,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    )
+                self._query = None
+            self._state, self._reason = "stopped", reason
+            self._restored_from = None
+            log.warning("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, reason)
+
+    def close(self) -> None:
+        self.stop_pipeline("engine shutting down")
+        self.zk.stop()
+        self.zk.close()
+        self.drain_rate.save()
+        self._arrival_sampler.stop()
+        self._arrival_sampler.join(timeout=2)
+        self._arrival_marks.close()
+        self.watermarks.close()
+        self._last_published.close()
+        self._active_position.close()
+        if self._spark is not None:
+            self._spark.stop()
+
+    def track_active_position(self, every_s: float = 2.0) -> None:
+        """On a standby, tell the gate how far the active has published, so that it keeps
+        what the active has not published yet (called from the engine's main loop)."""
+        now = time.monotonic()
+        if self.gate.role != "standby" or now - self._active_position_read < every_s:
+            return
+        self._active_position_read = now
+        try:
+            self.gate.note_published(self._active_position())
+        except Exception as exc:  # the next look retries; the buffer keeps its floor of N
+            log.warning(
+                "engine %s pipeline %s: could not read the active's last published msg_id: %s",
+                self.engine_id,
+                self.settings.pipeline,
+                exc,
+            )
+
+    def log_batch_timings(self, every_s: float = 60.0) -> None:
+        """Sample the query's last progress report and its lag and, once every `every_s`,
+        log where its batches spent their time (called from the engine's main loop, once a
+        second: the lag's trend must not depend on anyone reading the status)."""
+        progress = self._progress()
+        self.batch_timings.add(progress)
+        self.drain_rate.add(progress, self._max_offsets)
+        # The lag costs a high-watermark read: only when the history would keep it (one
+        # sample per SAMPLE_EVERY_S), not at every pass of the loop.
+        if self.lag_history.due():
+            self.sample_lag(self._lag(self.gate.status().processed))
+        now = time.monotonic()
+        if now - self._timings_logged < every_s:
+            return
+        self._timings_logged = now
+        self.drain_rate.save()
+        summary = self.batch_timings.summary()
+        if summary is not None:
+            log.info("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, summary)
+
+    def check_query(self) -> None:
+        """The main loop's look at the query, every second: recover a query that died (a
+        batch that failed anyway, or infrastructure; a quarantine search's next step), repair
+        a gap a takeover found. Status reads never call it: this work takes seconds."""
+        # A persist or restore in progress owns the query; check after it.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._check_query()
+        finally:
+            self._lock.release()
+
+    def _check_query(self) -> None:
+        if self._repair is not None:
+            self._rewind_for_repair()
+            return
+        query = self._query
+        if query is None:
+            if self._state == "recovering" and self.recovery.backoff_over():
+                self._restart_query()
+            return
+        if query.isActive:
+            return
+        error = query.exception()
+        self._query = None
+        self._recover(error)
+
+    def _recover(self, error: Any) -> None:
+        """A query died: twinstream.engine.recovery says how to go on (the next step of a search
+        for the record to blame, at once; or a restart after a backoff, having left the
+        election after repeated failures)."""
+        outcome = self.recovery.query_died(error, self._kafka_answers, self._read_quarantine)
+        self._state, self._reason = "recovering", outcome.reason
+        if outcome.leave_election and self.gate.role != "none":
+            self.election.stop()
+            self.gate.step_down("query failing", rejoin=False)
+        if outcome.restart_now:
+            self._restart_query()
+
+    def _on_gap(self, partition: int, first: int, last: int) -> bool:
+        """The gate found msg_id first..last of `partition` in no buffer at a takeover. Plan
+        to recompute it (twinstream.engine.repair); the main loop rewinds. False: nothing reaches
+        back to it."""
+        plan = repair.plan(
+            self.settings, self.engine_id, partition, first, self.watermarks.log_starts
+        )
+        if plan is None:
+            log.error(
+                "engine %s pipeline %s: msg_id %s..%s of partition %s cannot be recomputed: "
+                "the checkpoint history and the snapshots begin after it, or Kafka no longer "
+                "holds it",
+                self.engine_id,
+                self.settings.pipeline,
+                first,
+                last,
+                partition,
+            )
+            return False
+        self._repair = plan
+        return True
+
+    def _rewind_for_repair(self) -> None:
+        plan, self._repair = self._repair, None
+        if plan is None:
+            return
+        try:
+            self.gate.abandon_waits()
+            self._stop_query_between_batches()
+            source, next_offsets = repair.apply(self.settings, self.engine_id, plan)
+            self.gate.rewind(next_offsets)
+            log.warning(
+                "engine %s pipeline %s: rewound to msg_id %s (%s) to recompute the gap",
+                self.engine_id,
+                self.settings.pipeline,
+                positions_text(next_offsets),
+                source,
+            )
+        except Exception as exc:
+            log.exception("engine %s: rewinding for the repair failed", self.engine_id)
+            self.gate.repair_failed(f"{type(exc).__name__}: {exc}")
+        self._restart_query()
+
+    def _restart_query(self) -> None:
+        try:
+            self._start_query()
+        except Exception as exc:
+            self._reason = self.recovery.restart_failed(exc)
+            return
+        self._state, self._reason = "running", ""
+        if self.gate.role == "none":  # left the election after repeated failures
+            self.gate.joined()
+            self.election.start()
+
+    def _read_quarantine(self) -> dict[int, str]:
+        if not self.zk.connected:
+            self.zk.start(timeout=30)
+        # Before anything is read under the pipeline's node: it must be Twinstream's.
+        self.election.claim()
+        return self.quarantine.entries()
+
+    def quarantined(self) -> dict[int, str]:
+        """The pipeline's quarantine as last read (at most 5 s old), for status reads."""
+        read_at, entries = self._quarantine_seen
+        if not self.zk.connected:  # before the pipeline starts, or ZooKeeper away
+            return {**self.recovery.excluded}
+        if time.monotonic() - read_at > 5.0:
+            try:
+                entries = self.quarantine.entries()
+            except Exception as exc:  # status reads must not fail on ZooKeeper
+                log.warning("engine %s: quarantine unreadable: %s", self.engine_id, exc)
+                entries = {**self.recovery.excluded}
+            self._quarantine_seen = (time.monotonic(), entries)
+        return entries
+
+    def _kafka_answers(self) -> bool:
+        try:
+            self.watermarks.log_starts()
+        except Exception:
+            return False
+        return True
+
+    # -- persist and restore ------------------------------------------------------------
+
+    def persist(self) -> snapshot.Manifest:
+        """Snapshot this standby's checkpoint and buffer. The engine stays in the election:
+        should it win meanwhile, its takeover publishes from the buffer at once and the
+        query continues when the copy is done."""
+        with self._lock:
+            if self._state != "running":
+                raise Conflict(
+                    f"the pipeline is {self._state}, not running: only a running standby "
+                    "can persist"
+                )
+            if self.gate.role == "active":
+                raise Conflict(
+                    "this engine is the active: state is persisted from a standby only, so "
+                    "that the active never pauses"
+                )
+            started = time.monotonic()
+            self._state, self._reason = "persisting", "writing a snapshot"
+            try:
+                # A batch paused for backpressure completes now: its rows are buffered.
+                self.gate.abandon_waits()
+                self._stop_query_between_batches()
+                # Each step logged: a persist that hangs (seen once under CPU starvation,
+                # 2026-11-26) then shows where.
+                log.info(
+                    "engine %s pipeline %s: persist: query stopped after %.2f s",
+                    self.engine_id,
+                    self.settings.pipeline,
+                    time.monotonic() - started,
+                )
+                # The query is stopped: the buffer and the checkpoint agree and stay put.
+                manifest = snapshot.write_snapshot(
+                    self.settings.snapshot_dir,
+                    pipeline=self.settings.pipeline,
+                    engine_id=self.engine_id,
+                    pipeline_version=twinstream.__version__,
+                    checkpoint=self.settings.checkpoint_dir(self.engine_id),
+                    topic=self.settings.inbound_topic,
+                    buffer=self.gate.buffered(),
+                    state_layout=self.pipeline.state_layout,
+                )
+            finally:
+                log.info(
+                    "engine %s pipeline %s: persist: restarting the query after %.2f s",
+                    self.engine_id,
+                    self.settings.pipeline,
+                    time.monotonic() - started,
+                )
+                self._start_query()
+                self._state, self._reason = "running", ""
+            log.warning(
+                "engine %s pipeline %s: persisted snapshot %s in %.2f s (next offset %s, "
+                "batch %s, %s bytes)",
+                self.engine_id,
+                self.settings.pipeline,
+                manifest.snapshot_id,
+                time.monotonic() - started,
+                positions_text(manifest.positions()),
+                manifest.batch_id,
+                manifest.size_bytes,
+            )
+            return manifest
+
+    def restore(self, requested: str) -> RestoreReport:
+        """Load a snapshot (an id, `latest`) or rebuild `cold` into a stopped pipeline, then
+        start it; GET /pipeline shows state `restoring` and the lag until in sync."""
+        with self._lock:
+            if self._state not in ("stopped", "failed", "recovering"):
+                raise Conflict(
+                    f"the pipeline is {self._state}: restore replaces the checkpoint, so stop "
+                    "the pipeline first (POST /pipeline/stop)"
+                )
+            topic = self.settings.inbound_topic
+            log_starts = self.watermarks.log_starts()
+            checkpoint = self.settings.checkpoint_dir(self.engine_id)
+            starting: dict[int, int] | None
+            if requested == "cold":
+                start_ms = int(time.time() * 1000) - self.settings.window_retention_ms
+                at = self.watermarks.offsets_at(start_ms)
+                starting = {p: max(low, at.get(p, low)) for p, low in log_starts.items()}
+                storage.remove_tree(checkpoint)
+                self.gate.restore([])
+                source, next_offsets = "cold", dict(starting)
+            else:
+                manifest = snapshot.choose(
+                    self.settings.snapshot_dir,
+                    self.settings.pipeline,
+                    requested,
+                    self.pipeline.state_layout,
+                )
+                next_offsets = manifest.positions()
+                for partition, offset in sorted(next_offsets.items()):
+                    if offset < log_starts.get(partition, 0):
+                        raise snapshot.SnapshotError(
+                            f"snapshot {manifest.snapshot_id} continues at inbound offset "
+                            f"{offset} of partition {partition}, but Kafka's log of {topic} "
+                            f"starts at {log_starts[partition]} there: retention has deleted "
+                            'what it would replay; choose a newer snapshot or restore "cold"'
+                        )
+                self.gate.restore(
+                    snapshot.install(self.settings.snapshot_dir, manifest, checkpoint)
+                )
+                starting = None
+                source = manifest.snapshot_id
+            self._restored_from = source
+            self._restore_started = time.monotonic()
+            self._run(
+                "restoring",
+                f"replaying from inbound offset {positions_text(next_offsets)} ({source})",
+                starting,
+            )
+            log.warning(
+                "engine %s pipeline %s: restoring from %s at inbound offset %s (log start %s)",
+                self.engine_id,
+                self.settings.pipeline,
+                source,
+                positions_text(next_offsets),
+                positions_text(log_starts),
+            )
+            return RestoreReport(
+                snapshot=source,
+                next_offset=next_offsets.get(0, 0),
+                log_start_offset=log_starts.get(0, 0),
+                next_offsets=next_offsets,
+                log_start_offsets=log_starts,
+                pipeline=self.pipeline_info(),
+            )
+
+    def buffer_tail(self, last: int) -> list[BufferedRow]:
+        rows = self.gate.buffered()[-last:] if last > 0 else []
+        return [
+            BufferedRow(
+                msg_id=r.msg_id, kind=r.kind, key=r.key, value=r.value, partition=r.partition
+            )
+            for r in rows
+        ]
+
+    def _new_session(self) -> SparkSession:
+        from twinstream.engine.spark import session
+
+        return session(
+            self.settings,
+            f"twinstream-{self.settings.pipeline}-{self.engine_id}",
+            conf={
+                **spark_conf(self.settings, self.pipeline),
+                "spark.driver.memory": self.settings.engine_heap,
+            },
+        )
+
+    def _warm_up(self, spark: SparkSession) -> None:
+        """The pipeline's plan over its own sample records, once per session, before the
+        query: a failure costs the warm-up only, never the engine."""
+        count = self.settings.warm_up_records
+        if count <= 0 or self.pipeline.sample is None:
+            return
+        try:
+            backlog = self._backlog()
+        except (OSError, ValueError):  # the query reports an unreadable checkpoint itself
+            backlog = None
+        if backlog is not None and backlog >= count:
+            # Real records warm it as well, and sooner: a restart after a kill has the
+            # input of its downtime to catch up on (the warm-up cost a rejoin ~10 s).
+            log.info(
+                "engine %s pipeline %s: no warm-up, %s inbound records to catch up on",
+                self.engine_id,
+                self.settings.pipeline,
+                backlog,
+            )
+            return
+        folder = self.settings.engine_dir(self.engine_id) / "warm-up"
+        started = time.monotonic()
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+            rows = warm_up(spark, self.settings, self.pipeline, folder, count)
+        except Exception as exc:  # the real query works or fails on its own
+            log.warning(
+                "engine %s pipeline %s: warm-up failed after %.1f s, the query starts cold: %s",
+                self.engine_id,
+                self.settings.pipeline,
+                time.monotonic() - started,
+                describe(exc),
+            )
+        else:
+            log.info(
+                "engine %s pipeline %s: warmed up in %.1f s (%s sample records, %s rows)",
+                self.engine_id,
+                self.settings.pipeline,
+                time.monotonic() - started,
+                count,
+                rows,
+            )
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _backlog(self) -> int | None:
+        """Inbound records the query reads before it is level with the topic; None while
+        the high watermark is unknown."""
+        highs = self.watermarks.highs()
+        if highs is None:
+            return None
+        checkpoint = self.settings.checkpoint_dir(self.engine_id)
+        return unread(checkpoint, self.settings.inbound_topic, highs)
+
+    # -- the query's sink ---------------------------------------------------------------
+
+    def process_batch(self, df: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
+        try:
+            rows = rows_of(df, self.recovery.excluded, self.settings.max_message_bytes)
+        except Exception as exc:
+            # The query fails with it; _recover decides whether a record is to blame.
+            self.recovery.batch_error = (batch_id, describe(exc))
+            raise
+        self.recovery.batch_passed()
+        collected = time.perf_counter()
+        published = self.gate.on_batch(batch_id, rows)
+        self.batch_timings.sink(
+            1000 * (collected - started), 1000 * (time.perf_counter() - collected)
+        )
+        log.debug(
+            "engine %s pipeline %s: batch %s, %s rows, %s published, msg_id %s..%s",
+            self.engine_id,
+            self.settings.pipeline,
+            batch_id,
+            len(rows),
+            published,
+            rows[0].msg_id if rows else None,
+            rows[-1].msg_id if rows else None,
+        )
+
+    # -- election callbacks -------------------------------------------------------------
+
+    def _prepare_publisher(self) -> None:
+        try:
+            self._spare = KafkaPublisher(self.settings, self.engine_id)
+        except Exception as exc:  # a takeover builds one itself
+            log.warning("engine %s: could not prepare a publisher: %s", self.engine_id, exc)
+            self._spare = None
+
+    def _committed(self, rows: Sequence[Output]) -> None:
+        self.timeline.published(self.arrivals.latencies(rows, time.time()))
+
+    def _take_over(self, epoch: int) -> None:
+        self.timeline.takeover(epoch)
+        spare, self._spare = self._spare, None
+
+        def fence() -> KafkaPublisher:
+            return (spare or KafkaPublisher(self.settings, self.engine_id)).fence()
+
+        try:
+            self.gate.take_over(epoch, fence=fence, last_committed=self._last_published)
+        finally:
+            # A fenced or used producer can never serve a later takeover: build the next one.
+            threading.Thread(target=self._prepare_publisher, daemon=True).start()
+
+    def _resign(self) -> None:
+        """The gate's producer can publish no more: give up the leadership and queue again;
+        whoever wins next fences with a producer of its own. A fence from outside the
+        election (a client with the pipeline's credentials that is no engine) is reported:
+        resigning is still the cure, as the next winner's init fences that client back.
+        Called with the gate's lock held: the check runs on a thread of its own."""
+        epoch = self.gate.status().epoch
+
+        def foreign() -> None:
+            self.metrics.foreign_fence()
+            log.error(
+                "engine %s pipeline %s: fenced at epoch %s by a producer that is no engine "
+                "(transactional id %s); resigning so that the next winner fences it back. "
+                "Whoever did it holds this pipeline's engine credentials: rotate them "
+                "(README, Security)",
+                self.engine_id,
+                self.settings.pipeline,
+                epoch,
+                self.settings.transactional_id,
+            )
+
+        self.election.resign_fenced(epoch, foreign)
+
+    def _stepped_down(self, reason: str) -> None:
+        self.gate.step_down(reason, rejoin=self._state == "running")
+
+    # -- status -------------------------------------------------------------------------
+
+    def server_info(self) -> ServerInfo:
+        status = self.gate.status()
+        return ServerInfo(
+            engine_id=self.engine_id,
+            role=status.role,
+            pid=os.getpid(),
+            zk_state=self.election.zk_state,
+            epoch=status.epoch,
+            version=twinstream.__version__,
+        )
+
+    def standing(self, processed: dict[int, int] | None = None) -> Standing:
+        """How far this engine is, as the election compares engines (asked on each win) and
+        the status reports it. `processed`: the gate's, when the caller has read it."""
+        lag = self._lag(self.gate.status().processed if processed is None else processed)
+        in_sync = is_in_sync(
+            self._state, lag, self.settings.in_sync_lag, self._query_position() is not None
+        )
+        return Standing(in_sync, lag)
+
+    def publish_standing(self) -> None:
+        """Tell the other engines how far this one is (the main loop, once a second), while
+        it contends: a winner that is behind hands its win to one that is in sync; and put
+        the second's figures in the timeline."""
+        if self._state not in ("running", "restoring", "persisting"):
+            return
+        standing = self.standing()
+        self.election.publish_standing(standing)
+        self.timeline.lag(standing.lag)
+        rate = self._events_per_s()
+        if rate is not None:
+            self.timeline.rate(rate)
+
+    def sample_lag(self, lag: int | None) -> None:
+        """One sample of the lag's trend, while the query works: a stopped or recovering
+        engine's lag grows with every inbound message, which says nothing about whether
+        the engine keeps up (the gap in samples makes its trend unknown instead)."""
+        if self._state in ("running", "restoring"):
+            self.lag_history.add(lag)
+
+    def pipeline_info(self) -> PipelineInfo:
+        status = self.gate.status()
+        standing = self.standing(status.processed)
+        lag, in_sync = standing.lag, standing.in_sync
+        self.sample_lag(lag)
+        trend = self.lag_history.trend()
+        fills = status.buffer_fills
+        quarantined = self.quarantined()
+        self.metrics.update(
+            lag=lag,
+            buffer_fills=fills,
+            buffer_bound=status.buffer_size,
+            quarantined=len(quarantined),
+            in_sync=in_sync,
+            behind=lag is not None and lag > self.settings.in_sync_lag,
+            lag_growing=trend is not None and trend.growing,
+        )
+        if in_sync and self._state == "restoring":
+            self._state, self._reason = "running", ""
+            log.warning(
+                "engine %s pipeline %s: restored from %s and in sync after %.1f s (lag %s)",
+                self.engine_id,
+                self.settings.pipeline,
+                self._restored_from,
+                time.monotonic() - self._restore_started,
+                lag,
+            )
+        return PipelineInfo(
+            state=self._state,
+            reason=self._reason,
+            last_msg_id_processed=status.last_msg_id_processed,
+            last_msg_id_published=status.last_msg_id_published,
+            lag=lag,
+            buffer_fill=status.buffer_fill,
+            buffer_size=status.buffer_size,
+            buffer_fills=fills,
+            lag_trend=trend,
+            in_sync=in_sync,
+            uncovered_ranges=[
+                UncoveredRange(partition=u.partition, first=u.first, last=u.last)
+                for u in status.uncovered_ranges
+            ],
+            unpublished=status.unpublished,
+            paused=status.paused,
+            quarantined=[
+                QuarantinedOffset(msg_id=offset, reason=r, partition=partition)
+                for (partition, offset), r in sorted(
+                    (split_record_id(o), r) for o, r in quarantined.items()
+                )
+            ],
+            repairs=[
+                RepairInfo(first=r.first, last=r.last, seconds=r.seconds, partition=r.partition)
+                for r in status.repairs
+            ],
+            events_per_s=self._events_per_s(),
+            restored_from=self._restored_from,
+            processed=status.processed,
+            published=status.published,
+            takeovers=[
+                TakeoverInfo(
+                    epoch=t.epoch,
+                    at=datetime.fromtimestamp(t.at, UTC).isoformat(timespec="milliseconds"),
+                    fence_and_read_s=round(t.fence_and_read_s, 3),
+                    first_commit_s=None if t.first_commit_s is None else round(t.first_commit_s, 3),
+                )
+                for t in status.takeovers
+            ],
+        )
+
+    def metrics_text(self) -> bytes:
+        self.pipeline_info()  # refreshes the gauges
+        return self.metrics.render()
+
+    def _lag(self, processed: dict[int, int]) -> int | None:
+        """Inbound high watermarks minus the next offsets the query will read, over every
+        partition."""
+        read_up_to = self._query_position()
+        if read_up_to is None and processed:
+            read_up_to = {p: msg_id + 1 for p, msg_id in processed.items()}
+        highs = self.watermarks.highs()
+        if highs is None or read_up_to is None:
+            return None
+        return inbound_lag(highs, read_up_to)
+
+    def _progress(self) -> dict[str, Any]:
+        """The query's last progress report, re-read at most every 250 ms: each read is a
+        py4j round trip and a JSON parse, and status polls must not slow the batches."""
+        fetched_at, query, progress = self._progress_cache
+        if query is self._query and time.monotonic() - fetched_at < 0.25:
+            return progress
+        query = self._query
+        progress = (query.lastProgress if query is not None else None) or {}
+        self._progress_cache = (time.monotonic(), query, progress)
+        return progress
+
+    def _events_per_s(self) -> float | None:
+        return events_per_s(self._progress(), self.settings.inbound_topic)
+
+    def _query_position(self) -> dict[int, int] | None:
+        return query_position(self._progress(), self.settings.inbound_topic)
+
+
+class EngineControl:
+    """Adapts Engine to the admin API's Control protocol (409 where a request does not fit)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def server_info(self) -> ServerInfo:
+        return self.engine.server_info()
+
+    def pipeline_info(self) -> PipelineInfo:
+        return self.engine.pipeline_info()
+
+    def start_pipeline(self) -> None:
+        state = self.engine.pipeline_info().state
+        if state not in ("stopped", "failed"):
+            raise Conflict(f"the pipeline is already {state}")
+        self.engine.start_pipeline()
+        info = self.engine.pipeline_info()
+        if info.state not in ("running", "restoring"):
+            raise Conflict(info.reason)
+
+    def stop_pipeline(self) -> None:
+        state = self.engine.pipeline_info().state
+        if state not in ("running", "restoring", "recovering"):
+            raise Conflict(f"the pipeline is {state}, not running")
+        self.engine.stop_pipeline()
+
+    def persist(self) -> snapshot.Manifest:
+        return self.engine.persist()
+
+    def restore(self, requested: str) -> RestoreReport:
+        return self.engine.restore(requested)
+
+    def buffer_tail(self, last: int) -> list[BufferedRow]:
+        return self.engine.buffer_tail(last)
+
+    def timeline(self) -> dict[str, Any]:
+        return self.engine.timeline.snapshot()
+
+    def metrics(self) -> bytes:
+        return self.engine.metrics_text()

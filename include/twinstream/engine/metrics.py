@@ -1,0 +1,141 @@
+"""Prometheus metrics of one engine (served at GET /metrics of its admin API).
+
+Guarantee: every figure the operator's view judges a pipeline by is here too, so that an
+alert can say what `twinstream status` says. A pipeline is falling behind (its problem in
+the overview) when no engine is in sync while one is behind, or when an engine's lag grows
+over a window (twinstream.engine.lag_trend); as Prometheus rules over every engine of a pipeline:
+
+    max by (pipeline) (twinstream_in_sync) == 0 and max by (pipeline) (twinstream_behind) == 1
+    max by (pipeline) (twinstream_lag_growing) == 1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+ROLES = ("none", "standby", "active")
+
+
+class EngineMetrics:
+    def __init__(self, engine_id: str, pipeline: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"engine": engine_id, "pipeline": pipeline}
+        self._labels = labels
+        self._processed = self._counter("twinstream_rows_processed", "Output rows computed")
+        self._published = self._counter(
+            "twinstream_rows_published", "Output rows committed to Kafka"
+        )
+        self._takeovers = self._counter("twinstream_takeovers", "Times this engine became active")
+        self._foreign_fences = self._counter(
+            "twinstream_foreign_fences",
+            "Times this engine, active, was fenced by a producer that is no engine",
+        )
+        self._uncovered = self._counter(
+            "twinstream_uncovered_msgs",
+            "Messages no buffer could cover at a takeover (missing from the output)",
+        )
+        self._role = Gauge(
+            "twinstream_role",
+            "1 for the engine's current role",
+            [*labels, "role"],
+            registry=self.registry,
+        )
+        self.buffer_fill = self._gauge(
+            "twinstream_buffer_fill", "Rows in the buffer, over every inbound partition"
+        )
+        self._partition_fill = Gauge(
+            "twinstream_partition_buffer_fill",
+            "Rows in one inbound partition's buffer (bounded by twinstream_buffer_bound)",
+            [*labels, "partition"],
+            registry=self.registry,
+        )
+        self._buffer_bound = self._gauge(
+            "twinstream_buffer_bound",
+            "Rows each inbound partition's buffer keeps at least (num_buffered_msgs)",
+        )
+        self.lag = self._gauge("twinstream_lag", "Inbound messages not yet processed")
+        self._in_sync = self._gauge(
+            "twinstream_in_sync", "1 while the engine is in sync (lag at most in_sync_lag)"
+        )
+        self._behind = self._gauge(
+            "twinstream_behind", "1 while the engine's lag is known and above in_sync_lag"
+        )
+        self._lag_growing = self._gauge(
+            "twinstream_lag_growing",
+            "1 while the engine's lag has grown through the last minute (falling behind)",
+        )
+        self._repaired = self._counter(
+            "twinstream_repaired_msgs",
+            "Messages no buffer covered at a takeover, recomputed and published",
+        )
+        self.quarantined = self._gauge(
+            "twinstream_quarantined_offsets",
+            "Inbound offsets in the pipeline's quarantine (published as dead letters)",
+        )
+        self._paused = self._gauge(
+            "twinstream_paused",
+            "1 while the query is paused for backpressure (rows held at max_buffered_msgs)",
+        )
+
+    def _counter(self, name: str, doc: str) -> Any:
+        metric = Counter(name, doc, list(self._labels), registry=self.registry)
+        return metric.labels(**self._labels)
+
+    def _gauge(self, name: str, doc: str) -> Any:
+        metric = Gauge(name, doc, list(self._labels), registry=self.registry)
+        return metric.labels(**self._labels)
+
+    def processed(self, rows: int) -> None:
+        self._processed.inc(rows)
+
+    def published(self, rows: int) -> None:
+        self._published.inc(rows)
+
+    def takeover(self) -> None:
+        self._takeovers.inc()
+
+    def foreign_fence(self) -> None:
+        self._foreign_fences.inc()
+
+    def uncovered(self, first: int, last: int) -> None:
+        self._uncovered.inc(last - first + 1)
+
+    def repaired(self, rows: int) -> None:
+        self._repaired.inc(rows)
+
+    def paused(self, paused: bool) -> None:
+        self._paused.set(1 if paused else 0)
+
+    def update(
+        self,
+        *,
+        lag: int | None,
+        buffer_fills: Mapping[int, int],
+        buffer_bound: int,
+        quarantined: int,
+        in_sync: bool,
+        behind: bool,
+        lag_growing: bool,
+    ) -> None:
+        """The gauges of one status read. An unknown lag leaves twinstream_lag at its last
+        value (a scrape never reads a made-up 0), and twinstream_behind at 0."""
+        if lag is not None:
+            self.lag.set(lag)
+        self.buffer_fill.set(sum(buffer_fills.values()))
+        for partition, fill in buffer_fills.items():
+            self._partition_fill.labels(**self._labels, partition=str(partition)).set(fill)
+        self._buffer_bound.set(buffer_bound)
+        self.quarantined.set(quarantined)
+        self._in_sync.set(1 if in_sync else 0)
+        self._behind.set(1 if behind else 0)
+        self._lag_growing.set(1 if lag_growing else 0)
+
+    def role(self, role: str) -> None:
+        for name in ROLES:
+            self._role.labels(**self._labels, role=name).set(1 if name == role else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,572 @@
+"""`twinstream`: command-line tools for users of a pipeline.
+
+A command that cannot do its work says why in one line on stderr, naming the fix, and exits
+non-zero; `subscribe` writes every committed record of every partition, each row in the
+same columns, and leaves librdkafka's own log lines off the terminal.
+
+twinstream publish --pipeline hostmetrics --count 60000    the pipeline's sample records
+twinstream publish --pipeline payments --file p.jsonl       a CSV or JSONL file
+twinstream subscribe --pipeline payments --output out.csv   outbound -> CSV (read_committed,
+                                                   every partition)
+twinstream kafka-config --pipeline payments --role reader   settings for your own Kafka
+                                                   client (--format librdkafka|java|json)
+twinstream status [--pipeline NAME] [--watch] [--json]   engines, takeovers, snapshots, audit
+twinstream quarantine list                         offsets the engines quarantined
+twinstream quarantine release 1234                 release one once its bug is fixed
+twinstream new-pipeline NAME                       a runnable pipeline and its test
+twinstream remove-pipeline NAME [--yes]            a pipeline off the stack, with its data
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from confluent_kafka import KafkaException
+
+from twinstream.contract import ContractError, Pipeline, field_types
+from twinstream.core.rows import PARTITION_SHIFT, record_id, record_text
+from twinstream.engine.client import EngineClient
+from twinstream.ops.overview import Overview, overview
+from twinstream.ops.publisher import from_file, publish
+from twinstream.ops.subscriber import Record, read_committed
+from twinstream.platform import registry
+from twinstream.platform.kafka import UserClient, user_client
+from twinstream.platform.settings import Settings, SettingsError, load_settings
+
+
+def _progress(line: str) -> None:
+    print(f"\r{line}", end="", file=sys.stderr, flush=True)
+
+
+def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
+    contract = registry.load(settings)
+    records: Iterable[bytes]
+    if args.file:
+        records = from_file(Path(args.file), field_types(contract.schema), contract.optional)
+        total = None
+    else:
+        if contract.sample is None:
+            raise ValueError(
+                f"pipeline {settings.pipeline} declares no sample records: send a file "
+                "(--file records.jsonl or .csv)"
+            )
+        records = contract.sample(args.count, args.seed, args.broken_every)
+        total = args.count
+    progress = publish(
+        settings,
+        records,
+        rate=args.rate,
+        total=total,
+        on_progress=_progress,
+        key_field=contract.partition_by,
+    )
+    print(file=sys.stderr)
+    print(f"{progress.acked} records published to {settings.inbound_topic}")
+    return 0
+
+
+# The columns every CSV of `subscribe` starts with; a pipeline's own field of the same name
+# is written as `value.<name>` (or `key.<name>`), never in their place.
+FRAMEWORK_COLUMNS = ("partition", "msg_id")
+
+
+@dataclass(frozen=True)
+class OutputShape:
+    """The CSV columns of a pipeline's outbound records, from its contract alone, so that
+    every row has the same columns whatever its value holds."""
+
+    key: str | None  # the key column, if the key is not also a field of the value
+    fields: tuple[str, ...]  # the value's declared fields
+    text: bool  # the value is one column as it is, not a JSON object
+
+    @classmethod
+    def of(cls, contract: Pipeline) -> OutputShape:
+        if contract.value_schema:
+            fields, text = tuple(field_types(contract.value_schema)), False
+        elif contract.value_format == "json":
+            fields, text = tuple(contract.value), False
+        else:
+            fields, text = (contract.value[0],), True
+        key = contract.key if contract.key and contract.key not in fields else None
+        return cls(key, fields, text)
+
+    @property
+    def header(self) -> list[str]:
+        key = [_column("key", self.key)] if self.key else []
+        return [*FRAMEWORK_COLUMNS, *key, *(_column("value", f) for f in self.fields)]
+
+
+def _column(kind: str, name: str) -> str:
+    return f"{kind}.{name}" if name in FRAMEWORK_COLUMNS else name
+
+
+@dataclass
+class Unshown:
+    """What the CSV could not show, said on stderr at the end: never dropped in silence."""
+
+    undeclared: dict[str, int] = field(default_factory=dict)  # field -> records with it
+    not_objects: int = 0
+    first_not_object: str = ""
+
+    def lines(self, pipeline: str) -> list[str]:
+        lines = []
+        if self.undeclared:
+            names = ", ".join(f"{n} ({c} records)" for n, c in sorted(self.undeclared.items()))
+            lines.append(
+                f"fields pipeline {pipeline} does not declare are not in the CSV: {names}; "
+                "declare them in its value_schema (twinstream.contract.Pipeline)"
+            )
+        if self.not_objects:
+            lines.append(
+                f"{self.not_objects} values are not JSON objects (the first msg_id "
+                f"{self.first_not_object}): their fields are empty; pipeline {pipeline} "
+                "declares a JSON value (value_schema or value_format), so its transform "
+                "wrote these: read them raw with twinstream.ops.subscriber.read_committed"
+            )
+        return lines
+
+
+def csv_row(record: Record, shape: OutputShape, unshown: Unshown) -> list[str]:
+    """One outbound record as the shape's columns: its partition, its msg_id as logs and
+    `quarantine list` write one (the outbound partition is its inbound record's), the key,
+    each declared field (empty where the value lacks it)."""
+    msg_id = (
+        record_text(record_id(record.partition, record.msg_id)) if record.msg_id is not None else ""
+    )
+    cells = [str(record.partition), msg_id]
+    if shape.key:
+        cells.append(record.key or "")
+    if record.tombstone:
+        return cells + [""] * len(shape.fields)
+    if shape.text:
+        return [*cells, record.value]
+    try:
+        value = json.loads(record.raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        unshown.not_objects += 1
+        unshown.first_not_object = unshown.first_not_object or msg_id
+        return cells + [""] * len(shape.fields)
+    for name in value.keys() - set(shape.fields):
+        unshown.undeclared[name] = unshown.undeclared.get(name, 0) + 1
+    return cells + [_cell(value.get(f)) for f in shape.fields]
+
+
+def _cell(value: object) -> str:
+    """A JSON value as a CSV cell: text as it is, null empty, anything else as JSON."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def parse_starts(text: str) -> int | dict[int, int]:
+    """--from-offset: `OFFSET` (every partition from it) or `PARTITION:OFFSET,...` (those
+    partitions from theirs, the others from their start)."""
+    try:
+        if ":" not in text:
+            offset = int(text)
+            if offset < 0:
+                raise ValueError
+            return offset
+        starts: dict[int, int] = {}
+        for part in text.split(","):
+            partition, _, offset_text = part.strip().partition(":")
+            p, o = int(partition), int(offset_text)
+            if p < 0 or p >= 1 << (63 - PARTITION_SHIFT) or o < 0 or p in starts:
+                raise ValueError
+            starts[p] = o
+        return starts
+    except ValueError:
+        raise ValueError(
+            f"--from-offset {text!r}: give OFFSET (every partition of the outbound topic "
+            "from it) or PARTITION:OFFSET[,PARTITION:OFFSET...] (those partitions from "
+            "theirs, the others from their start), whole numbers >= 0, each partition once"
+        ) from None
+
+
+def cmd_subscribe(settings: Settings, args: argparse.Namespace) -> int:
+    shape = OutputShape.of(registry.load(settings))
+    records = read_committed(
+        # As the pipeline's reader, which may read its outputs and nothing else.
+        settings.model_copy(update={"kafka_role": "reader"}),
+        settings.outbound_topic,
+        start_offset=parse_starts(args.from_offset),
+        idle_timeout_s=args.idle_timeout,
+        max_records=args.max,
+        follow=args.follow,
+        partition=None,
+    )
+    # The first record (or the end) before the output is opened: a read Kafka refuses
+    # leaves no file with a header alone, which would pass for an empty topic.
+    first = next(records, None)
+    out: TextIO = open(args.output, "w", newline="") if args.output else sys.stdout  # noqa: SIM115
+    unshown = Unshown()
+    count = 0
+    try:
+        writer = csv.writer(out)
+        writer.writerow(shape.header)
+        for record in itertools.chain([first] if first is not None else [], records):
+            writer.writerow(csv_row(record, shape, unshown))
+            count += 1
+            if args.output and count % 1000 == 0:
+                _progress(f"{count} records written to {args.output}")
+    finally:
+        if args.output:
+            out.close()
+    if args.output and count >= 1000:
+        print(file=sys.stderr)
+    print(f"{count} records from {settings.outbound_topic}", file=sys.stderr)
+    for line in unshown.lines(settings.pipeline):
+        print(f"twinstream subscribe: {line}", file=sys.stderr)
+    return 0
+
+
+def cmd_kafka_config(settings: Settings, args: argparse.Namespace) -> int:
+    client = user_client(settings, args.role)
+    key_by = registry.load(settings).partition_by if args.role == "publisher" else None
+    if args.format == "json":
+        print(json.dumps({**asdict(client), "key_by": key_by}, indent=2))
+    else:
+        print(properties(client, args.format, key_by), end="")
+    return 0
+
+
+def properties(client: UserClient, kind: str, key_by: str | None = None) -> str:
+    """A client's settings as a properties file for librdkafka (`kcat -F`, a
+    confluent-kafka dict) or the Java client, what its user may do as comments."""
+    settings = client.librdkafka if kind == "librdkafka" else client.java
+    who = f"user {client.user}" if client.user else "no Kafka security on this cluster"
+    lines = [
+        f"# {client.role.capitalize()} of pipeline {client.pipeline} ({who}), "
+        f"{'librdkafka' if kind == 'librdkafka' else 'Java client'} properties.",
+    ]
+    if client.user:
+        lines.append("# Holds the user's password: keep this private.")
+    for op, topics in client.grants.topics.items():
+        if op != "DESCRIBE":
+            lines.append(f"# May {op.lower()} topics: {', '.join(topics)}")
+    prefixes = client.grants.group_prefixes
+    if client.role == "reader":
+        lines.append(
+            "# Keep isolation.level=read_committed: an engine that takes over publishes an "
+            "aborted transaction's rows again, so without it a reader sees them twice."
+        )
+    if prefixes:
+        lines.append(
+            f"# group.id must start with {' or '.join(prefixes)} (the ACLs allow no other "
+            f"consumer group), e.g. group.id={prefixes[0]}{client.pipeline}-mine"
+        )
+    if key_by:
+        lines.append(
+            f"# Key each record by its `{key_by}` member: a key's records then share a "
+            "partition, in order (the pipeline's state is per key)."
+        )
+    for name, value in settings.items():
+        # A .properties file reads a backslash as an escape.
+        lines.append(f"{name}={value.replace(chr(92), chr(92) * 2) if kind == 'java' else value}")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
+    """Every engine of every pipeline of the stack (or of --pipeline) as a table, with each
+    pipeline's last takeovers, newest snapshot and last audit; exit 1 if a pipeline has a
+    problem (not exactly one active, a gap, a standby that cannot cover a takeover, a failed
+    audit), 2 if the engines refuse the token or none answers (one line saying so)."""
+    from twinstream.engine import timeline
+    from twinstream.engine.timeline import PipelineTimeline
+    from twinstream.ops.status_view import render, watch
+
+    token = settings.secret("admin_token")
+    chosen = getattr(args, "pipeline", None)
+    # With --pipeline, main() has made `settings` that pipeline's already. The stack's list
+    # is read from the environment's settings only: from a pipeline's, whose engine ids are
+    # its own, a pipeline without an engines entry (hostmetrics) would claim them too.
+    pipelines = {chosen: settings} if chosen else registry.stack(settings)
+
+    def engine(pipeline: Settings, engine_id: str) -> EngineClient:
+        return EngineClient.from_settings(pipeline, engine_id, token, 5.0)
+
+    def look() -> Overview:
+        return overview(pipelines, engine)
+
+    def timelines() -> dict[str, PipelineTimeline]:
+        return {name: timeline.read(name, s, engine) for name, s in pipelines.items()}
+
+    if getattr(args, "watch", None) is not None:
+        charts = None if getattr(args, "no_sparklines", False) else timelines
+        return watch(look, float(getattr(args, "watch", 2.0)), timelines=charts)
+    seen = look()
+    failure = unusable(seen, settings)
+    if failure is not None:
+        print(f"twinstream status: {failure}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        print(seen.model_dump_json(indent=2))
+    else:
+        render(seen)
+    return 0 if seen.ok else 1
+
+
+def unusable(seen: Overview, settings: Settings) -> str | None:
+    """One line, when the status says nothing of any engine: those that answer refuse the
+    token (the others being down), or none answers."""
+    engines = [e for p in seen.pipelines for e in p.engines]
+    if not engines or any(e.problem is None for e in engines):
+        return None
+    refusing = [e for e in engines if e.unauthorized]
+    if refusing:
+        down = len(engines) - len(refusing)
+        return (
+            f"every engine refuses the admin token ({refusing[0].problem})"
+            + (f", {down} more not answering" if down else "")
+            + ": set TWINSTREAM_ADMIN_TOKEN to the token the engines were started with (the "
+            f"local stack's is in {settings.state_dir / 'admin-token'})"
+        )
+    return (
+        f"no engine answers (engine {engines[0].engine_id}: {engines[0].problem}): start "
+        "the stack (`make up`) or check TWINSTREAM_BIND_HOST and the admin ports"
+    )
+
+
+def parse_record(text: str) -> int:
+    """`1234` (partition 0) or `2:1234`, as logs and `quarantine list` write a msg_id, to a
+    record id."""
+    from twinstream.core.rows import PARTITION_SHIFT, record_id
+
+    partition, _, offset = text.rpartition(":")
+    try:
+        if int(partition or 0) < 0 or not 0 <= int(offset) < 1 << PARTITION_SHIFT:
+            raise ValueError
+        return record_id(int(partition or 0), int(offset))
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a msg_id: give OFFSET (partition 0) or PARTITION:OFFSET, "
+            "both whole numbers, as `twinstream quarantine list` prints them"
+        ) from None
+
+
+def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
+    from twinstream.core.election import zk_client
+    from twinstream.core.quarantine import QuarantineStore
+    from twinstream.core.rows import record_text
+
+    client = zk_client(settings)
+    client.start(timeout=15)
+    try:
+        store = QuarantineStore(client, settings.quarantine_path)
+        if args.action == "list":
+            entries = store.entries()
+            for record, reason in sorted(entries.items()):
+                print(f"{record_text(record)}\t{reason}")
+            print(f"{len(entries)} quarantined in pipeline {settings.pipeline}", file=sys.stderr)
+            return 0
+        if args.offset is None:
+            raise ValueError(
+                "release needs the msg_id: twinstream quarantine release OFFSET (partition 0) "
+                "or PARTITION:OFFSET, as `twinstream quarantine list` prints it"
+            )
+        record = parse_record(args.offset)
+        if not store.release(record):
+            print(
+                f"msg_id {args.offset} is not quarantined in pipeline {settings.pipeline} "
+                "(see `twinstream quarantine list`)",
+                file=sys.stderr,
+            )
+            return 1
+        print(
+            f"released msg_id {args.offset}: its dead letter in {settings.dlq_topic} stays "
+            "(each offset is published once); a replay of it (a restore from an earlier "
+            "snapshot, a cold rebuild) processes it normally. To process the record now, "
+            "publish its raw bytes again (the dead letter's `raw`, base64)."
+        )
+        return 0
+    finally:
+        client.stop()
+        client.close()
+
+
+def cmd_new_pipeline(settings: Settings, args: argparse.Namespace) -> int:
+    from twinstream.ops.skeleton import pipelines_entry, write
+
+    # By default beside the others: the pipelines/ package next to the pipelines file, whose
+    # folder the registry puts on the path.
+    home = settings.pipelines_file.parent / "pipelines"
+    folder = Path(args.dir) if args.dir else home
+    for path in write(args.name, folder):
+        print(f"wrote {path}")
+    package = "pipelines" if folder.resolve() == home.resolve() else ""
+    # Engine ids and admin ports are the stack's: offer ones no pipeline uses yet.
+    entry = pipelines_entry(args.name, registry.free_engines(settings), package=package)
+    where = "" if package else " (its folder must be beside that file, or on PYTHONPATH)"
+    print(
+        f"\nnext: `pytest {folder / args.name / 'test_pipeline.py'}`, then list it in "
+        f"{settings.pipelines_file}{where}:\n\n{entry.rstrip()}\n\n"
+        "and `make up` runs its engines beside the others' (README: Write your own pipeline)"
+    )
+    return 0
+
+
+def confirmer(yes: bool, stdin: TextIO | None = None) -> Callable[[str], bool]:
+    """remove-pipeline's question: yes with --yes; else asked on a terminal, and refused
+    (saying to pass --yes) when standard input is not one, as under a script."""
+    source = stdin or sys.stdin
+
+    def confirm(question: str) -> bool:
+        if yes:
+            return True
+        if not source.isatty():
+            print(
+                f"{question.strip()} Not asked: standard input is not a terminal; run again "
+                "with --yes to confirm",
+                file=sys.stderr,
+            )
+            return False
+        print(f"{question.strip()} [y/N] ", end="", file=sys.stderr, flush=True)
+        answer = source.readline()
+        return answer.strip().lower() in ("y", "yes")
+
+    return confirm
+
+
+def cmd_remove_pipeline(settings: Settings, args: argparse.Namespace) -> int:
+    from twinstream.stack.remove import remove_pipeline
+
+    return remove_pipeline(settings, args.name, confirm=confirmer(args.yes), echo=print)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="twinstream", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    pub = sub.add_parser("publish", help="send records to a pipeline's inbound topic")
+    pub.add_argument("--file", help="a .csv or .jsonl file to send instead of sample records")
+    pub.add_argument("--rate", type=float, default=1000.0, help="records per second (0: max)")
+    pub.add_argument("--count", type=int, default=10_000, help="sample records to send")
+    pub.add_argument("--seed", type=int, default=1)
+    pub.add_argument(
+        "--broken-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="make every Nth sample record invalid, as the pipeline's sample() breaks one "
+        "(the examples' cycle through each kind they reject; new-pipeline's skeleton makes a "
+        "negative amount)",
+    )
+
+    subp = sub.add_parser(
+        "subscribe",
+        help="write a pipeline's outbound topic as CSV: every partition, committed records",
+        description="Columns: partition, msg_id (OFFSET on partition 0, PARTITION:OFFSET on "
+        "another, as logs and `quarantine list` write it: the inbound record the row came "
+        "from), the key if not a value field, then the value's declared fields "
+        "(value_schema, else the value columns); a field a record lacks is an empty cell.",
+    )
+    subp.add_argument("--output", help="CSV file (default: standard output)")
+    subp.add_argument(
+        "--from-offset",
+        default="0",
+        metavar="OFFSET|PARTITION:OFFSET,...",
+        help="where to start in the outbound topic (its offsets, not msg_ids): OFFSET in "
+        "every partition, or PARTITION:OFFSET for those named (the others from their start)",
+    )
+    subp.add_argument("--max", type=int, default=None, help="stop after this many records")
+    subp.add_argument("--follow", action="store_true", help="keep reading new records")
+    subp.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=5.0,
+        help="with --follow, stop after this many seconds without a record",
+    )
+
+    kconf = sub.add_parser(
+        "kafka-config",
+        help="Kafka client settings for your own publisher or reader of a pipeline",
+    )
+    kconf.add_argument("--role", choices=["publisher", "reader"], required=True)
+    kconf.add_argument(
+        "--format",
+        choices=["librdkafka", "java", "json"],
+        default="librdkafka",
+        help="librdkafka properties (confluent-kafka, kcat -F; the default), Java client "
+        "properties, or both as JSON",
+    )
+    remove = sub.add_parser(
+        "remove-pipeline",
+        help="take a pipeline off the stack: engines, topics, users, state, its table",
+    )
+    remove.add_argument("name", help="the pipeline's name")
+    remove.add_argument(
+        "--yes", action="store_true", help="do not ask (needed when stdin is not a terminal)"
+    )
+    status = sub.add_parser(
+        "status", help="every pipeline's engines: role, lag and buffer as a table"
+    )
+    new = sub.add_parser("new-pipeline", help="write a runnable pipeline and its test")
+    new.add_argument("name", help="the pipeline's name (a Python package name)")
+    new.add_argument(
+        "--dir",
+        default="",
+        help="where to write it (default: pipelines/ beside the pipelines file, with the others)",
+    )
+    quar = sub.add_parser("quarantine", help="list or release quarantined inbound offsets")
+    quar.add_argument("action", choices=["list", "release"])
+    quar.add_argument(
+        "offset", nargs="?", help="the msg_id to release: OFFSET (partition 0) or PARTITION:OFFSET"
+    )
+    status.add_argument("--pipeline", help="only this pipeline (default: every one)")
+    status.add_argument(
+        "--json", action="store_true", help="the status as JSON (twinstream.ops.overview's model)"
+    )
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=float,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C, with each pipeline's last 15 "
+        "minutes as sparklines (p99 latency, input rate, each engine's lag, takeovers)",
+    )
+    status.add_argument(
+        "--no-sparklines",
+        action="store_true",
+        help="with --watch: the tables only (the engines are not asked for their timelines)",
+    )
+    for command in (pub, subp, quar, kconf):
+        command.add_argument(
+            "--pipeline", help="one of the pipelines file's (default: TWINSTREAM_PIPELINE)"
+        )
+    args = parser.parse_args(argv)
+    try:
+        chosen = getattr(args, "pipeline", None)
+        settings = load_settings()
+        if chosen:
+            settings = registry.settings_for(settings, chosen)
+        handler = {
+            "publish": cmd_publish,
+            "subscribe": cmd_subscribe,
+            "status": cmd_status,
+            "quarantine": cmd_quarantine,
+            "new-pipeline": cmd_new_pipeline,
+            "kafka-config": cmd_kafka_config,
+            "remove-pipeline": cmd_remove_pipeline,
+        }
+        return handler[args.command](settings, args)
+    except (SettingsError, ContractError, ValueError, OSError, RuntimeError, KafkaException) as exc:
+        # KafkaException: an error librdkafka has no better words for, still one line.
+        print(f"\ntwinstream {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,530 @@
+"""What the operating DAGs do, as plain functions: persist a standby, restore and resync an
+engine, watch the engines. The DAG files only wire these into tasks, and the unit tests
+drive them with fake engines, without Airflow.
+
+Every refusal is an OperateError whose message says what was found and what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from twinstream.core.rows import positions_text, range_text, record_id, record_text, span
+from twinstream.engine import snapshot
+from twinstream.engine.api import BufferedRow, PipelineInfo, RestoreReport, ServerInfo
+from twinstream.engine.client import EngineClient, EngineError
+from twinstream.engine.snapshot import Manifest
+from twinstream.ops.subscriber import Record
+from twinstream.platform.settings import Settings
+
+log = logging.getLogger(__name__)
+
+COLD = "cold"
+LATEST = "latest"
+# Pipeline states in which an engine is doing its job (restoring is on its way there).
+WORKING = ("running", "restoring", "persisting")
+
+
+class OperateError(Exception):
+    """The operation must not go on; the message says why and what to do."""
+
+
+@contextmanager
+def refusals_fail_fast() -> Iterator[None]:
+    """In an Airflow task: a refusal fails the task at once. Retrying cannot change the
+    answer; retries are for the network."""
+    try:
+        yield
+    except OperateError as exc:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(str(exc)) from exc
+
+
+class Engine(Protocol):
+    """The admin API as the DAGs use it (EngineClient, or a fake in unit tests)."""
+
+    engine_id: str
+    base_url: str
+
+    def server(self) -> ServerInfo: ...
+    def pipeline(self) -> PipelineInfo: ...
+    def stop(self) -> PipelineInfo: ...
+    def start(self) -> PipelineInfo: ...
+    def persist(self) -> Manifest: ...
+    def restore(self, snapshot: str) -> RestoreReport: ...
+    def buffer(self, last: int) -> list[BufferedRow]: ...
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """One engine as seen through its admin API at one moment."""
+
+    engine_id: str
+    reachable: bool
+    role: str | None = None
+    zk_state: str | None = None
+    state: str | None = None
+    reason: str = ""
+    in_sync: bool = False
+    lag: int | None = None
+    error: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.reachable and self.state in WORKING
+
+    def describe(self) -> str:
+        if not self.reachable:
+            return f"engine {self.engine_id}: unreachable ({self.error})"
+        sync = "in sync" if self.in_sync else f"not in sync (lag {self.lag})"
+        why = f", {self.reason}" if self.reason else ""
+        return f"engine {self.engine_id}: {self.role}, pipeline {self.state}{why}, {sync}"
+
+
+def observe(engine: Engine) -> EngineView:
+    try:
+        server = engine.server()
+        info = engine.pipeline()
+    except EngineError as exc:
+        return EngineView(engine.engine_id, reachable=False, error=str(exc))
+    return EngineView(
+        engine.engine_id,
+        reachable=True,
+        role=server.role,
+        zk_state=server.zk_state,
+        state=info.state,
+        reason=info.reason,
+        in_sync=info.in_sync,
+        lag=info.lag,
+    )
+
+
+# -- persist_standby_state --------------------------------------------------------------
+
+
+def zk_leader(settings: Settings) -> str | None:
+    """The engine id holding the election (the first contender), read with the pipeline's
+    ZooKeeper credentials; None when nobody holds it."""
+    from twinstream.core.election import zk_client
+
+    client = zk_client(settings)
+    client.start(timeout=15)
+    try:
+        contenders = client.Election(settings.election_path).contenders()
+        return str(contenders[0]) if contenders else None
+    finally:
+        client.stop()
+        client.close()
+
+
+def pick_standby(views: Iterable[EngineView], leader: str | None) -> str:
+    """An engine that ZooKeeper does not name as the leader and that says itself it is an
+    in-sync standby: both sources must agree, so a stale view can never pick the active."""
+    views = list(views)
+    for view in views:
+        if (
+            view.reachable
+            and view.engine_id != leader
+            and view.role == "standby"
+            and view.state == "running"
+            and view.in_sync
+        ):
+            return view.engine_id
+    seen = "; ".join(v.describe() for v in views)
+    raise OperateError(
+        f"no in-sync standby to persist from (ZooKeeper leader: {leader}; {seen}). The active "
+        "is never persisted; restore or resync a standby (restore_and_resync) and rerun."
+    )
+
+
+def persist_from(engine: Engine) -> dict[str, Any]:
+    """The manifest of the snapshot the engine wrote, as JSON (an XCom)."""
+    manifest = engine.persist()
+    log.info(
+        "engine %s: snapshot %s, next inbound offset %s, %s bytes",
+        engine.engine_id,
+        manifest.snapshot_id,
+        manifest.next_offset,
+        manifest.size_bytes,
+    )
+    dumped: dict[str, Any] = manifest.model_dump(mode="json")
+    return dumped
+
+
+def verify_persisted(settings: Settings, manifest: Mapping[str, Any]) -> str:
+    """Re-read the snapshot from shared storage, check every checksum, and check that it is
+    the one the engine reported."""
+    snapshot_id = str(manifest["snapshot_id"])
+    try:
+        on_disk = snapshot.verify(settings.snapshot_dir / snapshot_id, settings.pipeline)
+    except snapshot.SnapshotError as exc:
+        raise OperateError(f"the snapshot just persisted does not verify: {exc}") from exc
+    # Compared as JSON: the reply came through an XCom, where next_offsets' partition keys
+    # are strings.
+    if on_disk.model_dump(mode="json") != dict(manifest):
+        raise OperateError(f"snapshot {snapshot_id}: the manifest on disk differs from the reply")
+    log.info("snapshot %s: %s files verified", snapshot_id, len(on_disk.files))
+    return snapshot_id
+
+
+def prune(settings: Settings, keep: int) -> list[str]:
+    deleted = snapshot.prune(settings.snapshot_dir, settings.pipeline, keep)
+    left = snapshot.snapshot_ids(settings.snapshot_dir)
+    log.info("pruned %s snapshot(s) %s; kept %s", len(deleted), deleted, left)
+    return deleted
+
+
+# -- restore_and_resync -----------------------------------------------------------------
+
+
+def assess(view: EngineView, force: bool) -> str:
+    """Refuse to touch an engine that is doing its job, unless forced."""
+    if not view.reachable:
+        raise OperateError(
+            f"{view.describe()}: its admin API must answer before it can be restored; start "
+            "its process (make up / docker compose up -d) and rerun"
+        )
+    if view.role == "active" and view.state in WORKING:
+        raise OperateError(
+            f"{view.describe()}: this engine is the active; restoring it would stop the "
+            "pipeline's output. Stop it first so that a standby takes over."
+        )
+    if view.state in WORKING and view.in_sync and not force:
+        raise OperateError(
+            f"{view.describe()}: healthy and in sync, nothing to restore (set force to restore "
+            "it anyway)"
+        )
+    log.info("%s: will be restored", view.describe())
+    return view.describe()
+
+
+def inbound_log_starts(settings: Settings) -> dict[int, int]:
+    """The log-start offset of every partition of the inbound topic."""
+    from twinstream.engine.positions import InboundWatermarks
+
+    marks = InboundWatermarks(settings, "airflow")
+    try:
+        return marks.log_starts()
+    finally:
+        marks.close()
+
+
+def choose_snapshot(
+    settings: Settings,
+    requested: str,
+    log_starts: Mapping[int, int],
+    layout: str | None = None,
+) -> str:
+    """The snapshot id to restore (or `cold`), checked before the engine is touched: its
+    checksums, that its state layout is the pipeline's `layout` (`Pipeline.state_layout`),
+    and that Kafka still holds, in every partition, the offset it continues at."""
+    if requested == COLD:
+        log.info("cold rebuild: replay from the inbound offset at now - window retention")
+        return COLD
+    try:
+        manifest = snapshot.choose(settings.snapshot_dir, settings.pipeline, requested, layout)
+    except snapshot.SnapshotError as exc:
+        raise OperateError(f"cannot restore {requested!r}: {exc}") from exc
+    positions = manifest.positions()
+    behind = {p: o for p, o in positions.items() if o < log_starts.get(p, 0)}
+    if behind:
+        where = ", ".join(
+            f"{positions_text({p: o})} where it starts at {log_starts.get(p, 0)}"
+            for p, o in sorted(behind.items())
+        )
+        raise OperateError(
+            f"snapshot {manifest.snapshot_id} continues at inbound offset {where} "
+            f"(Kafka's log of {settings.inbound_topic}): retention has deleted what it would "
+            "replay; restore a newer snapshot or 'cold'"
+        )
+    log.info(
+        "snapshot %s: taken by engine %s at %s, continues at inbound offset %s (log start %s)",
+        manifest.snapshot_id,
+        manifest.engine_id,
+        manifest.created_at,
+        positions_text(positions),
+        positions_text(dict(log_starts)),
+    )
+    return manifest.snapshot_id
+
+
+def start_restore(engine: Engine, snapshot_id: str, force: bool) -> dict[str, Any]:
+    view = observe(engine)
+    if view.state in WORKING:
+        if not force:
+            raise OperateError(f"{view.describe()}: it started meanwhile; rerun with force")
+        log.warning("%s: stopping it for the forced restore", view.describe())
+        engine.stop()
+    report = engine.restore(snapshot_id)
+    log.info(
+        "engine %s: restoring %s from inbound offset %s; lag %s",
+        engine.engine_id,
+        report.snapshot,
+        report.next_offset,
+        report.pipeline.lag,
+    )
+    return {**report.model_dump(mode="json"), "started_at": time.time()}
+
+
+@dataclass
+class SyncCheck:
+    done: bool
+    message: str
+
+
+def sync_check(
+    engine: Engine, started_at: float, wait_s: float, now: float, since: str = "the restore"
+) -> SyncCheck:
+    """One look at a restoring (or restarted) engine: done when in sync; OperateError when
+    it failed or the wait is over. The message is the progress line for the sensor's log."""
+    info = engine.pipeline()
+    elapsed = now - started_at
+    rate = info.events_per_s
+    line = (
+        f"engine {engine.engine_id}: {info.state}, lag {info.lag}, "
+        f"{'-' if rate is None else rate} events/s, {elapsed:.0f} s since {since}"
+    )
+    if info.state not in WORKING:
+        raise OperateError(f"{line}: the pipeline is {info.state}: {info.reason}")
+    if info.in_sync:
+        return SyncCheck(True, f"{line}: in sync")
+    if elapsed > wait_s:
+        raise OperateError(f"{line}: not in sync after the {wait_s:.0f} s allowed")
+    return SyncCheck(False, line)
+
+
+@dataclass
+class Comparison:
+    compared: int
+    # The lowest partition's compared msg_ids; `ranges` names every partition's.
+    first_msg_id: int | None
+    last_msg_id: int | None
+    mismatches: list[str] = field(default_factory=list)
+    ranges: list[str] = field(default_factory=list)
+
+
+def compare_buffer(
+    buffered: Sequence[BufferedRow],
+    published: Mapping[int, Sequence[tuple[str, str | None, str]]],
+    partition: int = 0,
+) -> Comparison:
+    """The engine's buffered rows against the records already published for the same
+    msg_ids: same topic kind, key and value, byte for byte, every row of a msg_id (a
+    fan-out has several). A coverage row (an input without output) matches no record."""
+    last_published = max(published) if published else None
+    mine: dict[int, list[tuple[str, str | None, str]]] = {}
+    for row in buffered:
+        rows = mine.setdefault(row.msg_id, [])
+        if row.kind != "none":
+            rows.append((row.kind, row.key, row.value))
+    result = Comparison(0, None, None)
+    for msg_id, rows in mine.items():
+        if last_published is None or msg_id > last_published:
+            continue  # not published yet: the active is behind this standby
+        result.first_msg_id = msg_id if result.first_msg_id is None else result.first_msg_id
+        result.last_msg_id = msg_id
+        result.compared += 1
+        theirs = list(published.get(msg_id, []))
+        if rows and not theirs:
+            result.mismatches.append(
+                f"msg_id {record_text(record_id(partition, msg_id))}: buffered, "
+                "but not in the outbound topics"
+            )
+        elif theirs != rows:
+            result.mismatches.append(
+                f"msg_id {record_text(record_id(partition, msg_id))}: buffered "
+                f"{rows}, published {theirs}"
+            )
+    return result
+
+
+def published_since(
+    settings: Settings, first_msg_id: int, timeout_s: float = 60.0, partition: int = 0
+) -> dict[int, list[tuple[str, str | None, str]]]:
+    """msg_id -> [(kind, key, value), ...] of the committed records with msg_id >=
+    first_msg_id in `partition` of the outbound and dead-letter topics, in the order they
+    were published."""
+    found: dict[int, list[tuple[str, str | None, str]]] = {}
+    for kind, r in committed_since(
+        settings, first_msg_id, timeout_s, kinds=("out", "dlq"), partition=partition
+    ):
+        if r.msg_id is not None:
+            found.setdefault(r.msg_id, []).append((kind, r.key, r.value))
+    return found
+
+
+def committed_since(
+    settings: Settings,
+    first_msg_id: int,
+    timeout_s: float = 60.0,
+    kinds: Sequence[str] = ("out", "dlq", "progress"),
+    partition: int = 0,
+) -> list[tuple[str, Record]]:
+    """(kind, record) of every committed record with msg_id >= first_msg_id (or none) in
+    the outbound ("out"), dead-letter ("dlq") and progress ("progress") topics of `kinds`,
+    duplicates included; a progress record whose range reaches first_msg_id counts. Reads back
+    from the end of each topic in growing spans: outbound offsets are not msg_ids
+    (transaction markers take offsets too)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from twinstream.ops.subscriber import read_committed
+    from twinstream.platform.kafka import consumer_config
+
+    found: list[tuple[str, Record]] = []
+    consumer = Consumer(consumer_config(settings, f"twinstream-ops-{uuid.uuid4()}"))
+    try:
+        topics = {
+            "out": settings.outbound_topic,
+            "dlq": settings.dlq_topic,
+            "progress": settings.progress_topic,
+        }
+        for kind in kinds:
+            topic = topics[kind]
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout_s
+            )
+            span = 1024
+            while True:
+                start = max(low, high - span)
+                records = list(
+                    read_committed(settings, topic, start, idle_timeout_s=5.0, partition=partition)
+                )
+                ids = [r.msg_id for r in records if r.msg_id is not None]
+                if start == low or (ids and min(ids) < first_msg_id):
+                    break
+                span *= 4
+            found.extend((kind, r) for r in records if r.msg_id is None or r.msg_id >= first_msg_id)
+    finally:
+        consumer.close()
+    return found
+
+
+def check_buffer(engine: Engine, settings: Settings, last: int) -> Comparison:
+    """The engine's last `last` buffered rows against what is published for the same
+    msg_ids, partition by partition."""
+    buffered = engine.buffer(last)
+    if not buffered:
+        raise OperateError(f"engine {engine.engine_id}: its buffer is empty; nothing to compare")
+    result = Comparison(0, None, None)
+    groups: dict[int, list[BufferedRow]] = {}
+    for row in buffered:
+        groups.setdefault(row.partition, []).append(row)
+    for partition, rows in sorted(groups.items()):
+        published = published_since(settings, rows[0].msg_id, partition=partition)
+        part = compare_buffer(rows, published, partition)
+        result.compared += part.compared
+        result.mismatches += part.mismatches
+        if part.first_msg_id is not None and part.last_msg_id is not None:
+            result.ranges.append(range_text(partition, part.first_msg_id, part.last_msg_id))
+            if result.first_msg_id is None:
+                result.first_msg_id, result.last_msg_id = part.first_msg_id, part.last_msg_id
+    if result.mismatches:
+        shown = "\n".join(result.mismatches[:20])
+        raise OperateError(
+            f"engine {engine.engine_id}: {len(result.mismatches)} of {result.compared} buffered "
+            f"outputs differ from the published ones:\n{shown}"
+        )
+    if result.compared == 0:
+        raise OperateError(
+            f"engine {engine.engine_id}: none of its {len(buffered)} buffered outputs "
+            f"(msg_id {span(buffered)}) is published yet"
+        )
+    log.info(
+        "engine %s: %s buffered outputs (msg_id %s) equal the published ones",
+        engine.engine_id,
+        result.compared,
+        ", ".join(result.ranges),
+    )
+    return result
+
+
+# -- watch_engines ----------------------------------------------------------------------
+
+
+@dataclass
+class Incident:
+    """An engine seen down or stopped since `since`; `triggered` once a restore started."""
+
+    since: float
+    triggered: bool = False
+    what: str = ""
+
+
+def watch(
+    views: Iterable[EngineView],
+    incidents: Mapping[str, Mapping[str, Any]],
+    now: float,
+    grace_s: float,
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Which engines to restore now, and the incidents to remember for the next look. An
+    engine is restored once per incident: after the grace period, and not again until it
+    has been seen healthy."""
+    remembered = {k: Incident(**v) for k, v in incidents.items()}
+    to_restore = []
+    current: dict[str, Incident] = {}
+    for view in views:
+        if view.healthy:
+            if view.engine_id in remembered:
+                log.info("%s: healthy again; incident closed", view.describe())
+            continue
+        incident = remembered.get(view.engine_id) or Incident(since=now, what=view.describe())
+        incident.what = view.describe()
+        down_for = now - incident.since
+        if incident.triggered:
+            log.info("%s: restore already triggered for this incident", view.describe())
+        elif down_for >= grace_s:
+            incident.triggered = True
+            to_restore.append(view.engine_id)
+            log.warning("%s for %.0f s: triggering restore_and_resync", view.describe(), down_for)
+        else:
+            log.info("%s for %.0f s (grace %.0f s)", view.describe(), down_for, grace_s)
+        current[view.engine_id] = incident
+    return to_restore, {k: asdict(v) for k, v in current.items()}
+
+
+def airflow_engine(engine_id: str, settings: Settings) -> EngineClient:
+    """The engine's client from its Airflow connection (inside a task only)."""
+    from airflow.sdk import Connection
+
+    return engine_client_factory(settings, Connection.get)(engine_id)
+
+
+def observe_engines(settings: Settings) -> list[EngineView]:
+    """Every configured engine, through its Airflow connection (inside a task only)."""
+    views = []
+    for engine_id in settings.engine_ids:
+        with airflow_engine(engine_id, settings) as engine:
+            views.append(observe(engine))
+    return views
+
+
+def engine_client_factory(
+    settings: Settings, connection: Callable[[str], Any]
+) -> Callable[[str], EngineClient]:
+    """engine id -> EngineClient, from the Airflow connection `connection(conn_id)` returns
+    (anything with host, port, schema and password)."""
+
+    def make(engine_id: str) -> EngineClient:
+        if engine_id not in settings.engine_ids:
+            raise OperateError(
+                f"unknown engine {engine_id!r}; configured: {', '.join(settings.engine_ids)}"
+            )
+        conn = connection(settings.engine_conn_id(engine_id))
+        return EngineClient.from_connection(
+            engine_id,
+            conn.host,
+            conn.port,
+            conn.schema,
+            conn.password,
+            # A private CA's file, for an https engine (the "ca" key).
+            extra=getattr(conn, "extra_dejson", None),
+        )
+
+    return make

@@ -1,0 +1,393 @@
+"""The operator's view of a deployment: every pipeline, its engines, its last takeovers,
+its snapshots and its latest audit, in one typed model.
+
+`twinstream status` prints it as a table (or JSON); the Airflow plugin
+(`twinstream.ops.operator_ui`) shows it as a page. Both build it here, from the engines' admin
+APIs (one typed client, `twinstream.engine.client`), the snapshot folders and the audit
+reports; the only Kafka call is the inbound log-start offsets that say whether a snapshot
+is still restorable, and it is optional (`log_starts`).
+
+A pipeline's problems name what an operator must act on, each with what to do: not exactly
+one active, a gap, a standby short of a takeover, an engine that does not answer, a failed
+audit, and falling behind (no engine in sync while one is behind, or a lag that grows over
+a minute: `falling_behind`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from twinstream.core.rows import range_text
+from twinstream.engine import snapshot
+from twinstream.engine.api import LagTrend, PipelineInfo, ServerInfo, buffer_text
+from twinstream.engine.client import EngineClient, EngineError
+from twinstream.ops.audit import REPORT, data_docs_site
+from twinstream.platform.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Which problem an engine has, as an operator would name it (the table's colours use it).
+OK, WARN, FAIL = "ok", "warn", "fail"
+# What to do about a pipeline falling behind (docs/falling-behind.md says more). Engines
+# are replicas: each computes everything, so another engine adds a standby, not speed.
+FALLING_BEHIND_FIX = (
+    "the engines process less than the inbound topic receives: give each engine more cores "
+    "(TWINSTREAM_SPARK_MASTER=local[N], or a cluster) with inbound partitions to use them, "
+    "make the pipeline's step cheaper, or reduce the inbound rate (another engine adds a "
+    "standby, not throughput); see docs/falling-behind.md"
+)
+
+
+class EngineView(BaseModel):
+    pipeline: str
+    engine_id: str
+    # None: the engine answered; else one line saying why it did not (with the fix).
+    problem: str | None = None
+    # The engine refused the token (HTTP 401 or 403): the client's token is not its.
+    unauthorized: bool = False
+    role: str | None = None
+    epoch: int | None = None
+    zk_state: str | None = None
+    state: str | None = None
+    reason: str = ""
+    lag: int | None = None
+    # Per inbound partition: the last msg_id processed (buffered), and the last published
+    # as this engine knows it.
+    processed: dict[int, int] = Field(default_factory=dict)
+    published: dict[int, int] = Field(default_factory=dict)
+    in_sync: bool | None = None
+    # Rows buffered over every partition; `buffer_fills` has each partition's, and
+    # `buffer_size` is the bound of one partition (num_buffered_msgs), not of the sum.
+    buffer_fill: int | None = None
+    buffer_size: int | None = None
+    buffer_fills: dict[int, int] = Field(default_factory=dict)
+    # The lag over the engine's last minute (None until it has sampled a whole one).
+    lag_trend: LagTrend | None = None
+    # A standby's rows above the active's last published msg_id: what it would publish
+    # from its buffer if it took over now. Its buffer covers a takeover when it holds them.
+    takeover_needs: int | None = None
+    covers_takeover: bool | None = None
+    quarantined: int = 0
+    uncovered: list[str] = Field(default_factory=list)
+    repairs: list[str] = Field(default_factory=list)
+    paused: str | None = None
+    health: str = OK
+
+    def buffer_text(self) -> str:
+        """ "p0 9,800/10,000 · p1 10,000/10,000": each partition against its own bound."""
+        return buffer_text(self.buffer_fills, self.buffer_fill, self.buffer_size)
+
+    @property
+    def lag_growing(self) -> bool:
+        return self.lag_trend is not None and self.lag_trend.growing
+
+
+class TakeoverView(BaseModel):
+    engine_id: str
+    epoch: int
+    at: str
+    fence_and_read_s: float
+    first_commit_s: float | None
+
+
+class SnapshotView(BaseModel):
+    snapshot_id: str
+    engine_id: str | None
+    created_at: str | None
+    age_s: float | None
+    size_bytes: int | None
+    # None: valid; else why it must not be used.
+    problem: str | None
+    # None when not known (Kafka not asked, or not reachable).
+    restorable: bool | None = None
+
+
+class AuditView(BaseModel):
+    run: str
+    ok: bool
+    summary: str
+    at: str
+    # The Data Docs page, relative to the pipeline's Data Docs site (None: none written).
+    data_docs: str | None
+
+
+class PipelineView(BaseModel):
+    name: str
+    active: str | None
+    problems: list[str]
+    engines: list[EngineView]
+    takeovers: list[TakeoverView]
+    snapshots: list[SnapshotView]
+    audit: AuditView | None
+
+    def add_audit(self, audit: AuditView | None) -> None:
+        """The pipeline's latest audit; a failed one is one of its problems."""
+        self.audit = audit
+        if audit is not None and not audit.ok:
+            self.problems.append(f"the last audit ({audit.run}) failed: {audit.summary}")
+
+
+class Overview(BaseModel):
+    generated_at: str
+    pipelines: list[PipelineView]
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.problems for p in self.pipelines)
+
+
+EngineFactory = Callable[[Settings, str], EngineClient]
+
+
+def _engine(name: str, server: ServerInfo, pipe: PipelineInfo) -> EngineView:
+    view = EngineView(
+        pipeline=name,
+        engine_id=server.engine_id,
+        role=server.role,
+        epoch=server.epoch,
+        zk_state=server.zk_state,
+        state=pipe.state,
+        reason=pipe.reason,
+        lag=pipe.lag,
+        processed=_positions(pipe.processed, pipe.last_msg_id_processed),
+        published=_positions(pipe.published, pipe.last_msg_id_published),
+        in_sync=pipe.in_sync,
+        buffer_fill=pipe.buffer_fill,
+        buffer_size=pipe.buffer_size,
+        buffer_fills=dict(pipe.buffer_fills),
+        lag_trend=pipe.lag_trend,
+        quarantined=len(pipe.quarantined),
+        uncovered=[range_text(u.partition, u.first, u.last) for u in pipe.uncovered_ranges],
+        repairs=[
+            range_text(r.partition, r.first, r.last)
+            + (f" in {r.seconds} s" if r.seconds is not None else " (repairing)")
+            for r in pipe.repairs
+        ],
+        paused=pipe.paused,
+    )
+    if view.uncovered or server.zk_state != "CONNECTED" or pipe.state in ("failed", "stopped"):
+        view.health = FAIL
+    elif (
+        view.quarantined
+        or view.paused
+        or view.lag_growing
+        or (server.role == "standby" and not pipe.in_sync)
+    ):
+        view.health = WARN
+    return view
+
+
+def _positions(per_partition: dict[int, int], alone: int | None) -> dict[int, int]:
+    """Every partition's position; an engine of one partition may give the scalar only."""
+    if per_partition:
+        return dict(per_partition)
+    return {} if alone is None else {0: alone}
+
+
+def covers(standby: PipelineInfo, active: PipelineInfo) -> tuple[int, bool]:
+    """(rows the standby would publish from its buffer at a takeover now, whether its
+    buffer holds them): those above the active's last published msg_id, per partition.
+    Each partition's buffer must hold its own partition's rows (one partition's spare rows
+    cover no other's); an engine that gives no per-partition fills is judged on the sum."""
+    needs = {
+        partition: max(0, processed - active.published.get(partition, -1))
+        for partition, processed in standby.processed.items()
+    }
+    total = sum(needs.values())
+    if standby.buffer_fills:
+        held = all(standby.buffer_fills.get(p, 0) >= n for p, n in needs.items())
+        return total, held
+    return total, standby.buffer_fill >= total
+
+
+def falling_behind(engines: list[EngineView], in_sync_lag: int) -> str | None:
+    """The pipeline's "falling behind" problem, or None. Either no engine that answered is
+    in sync while one's lag is known and above `in_sync_lag` (an unknown lag, right after a
+    start, is no evidence), or an engine's lag grew through its last minute
+    (twinstream.engine.lag_trend: a burst the pair absorbs never counts)."""
+    answered = [e for e in engines if e.problem is None]
+    behind = [e for e in answered if e.lag is not None and e.lag > in_sync_lag]
+    growing = [(e, e.lag_trend) for e in answered if e.lag_trend and e.lag_trend.growing]
+    reasons = []
+    if behind and not any(e.in_sync for e in answered):
+        lags = ", ".join(f"{e.engine_id} {e.lag:,}" for e in behind)
+        reasons.append(f"no engine is in sync (lag {lags}; in sync is at most {in_sync_lag:,})")
+    for e, t in growing:
+        reasons.append(
+            f"the lag of engine {e.engine_id} grew from {t.first:,} to {t.last:,} over the "
+            f"last {t.window_s:.0f} s"
+        )
+    if not reasons:
+        return None
+    return f"falling behind: {'; '.join(reasons)}. {FALLING_BEHIND_FIX}"
+
+
+def snapshot_views(
+    settings: Settings, log_starts: Mapping[int, int] | None, now: float, keep: int = 5
+) -> list[SnapshotView]:
+    """The newest `keep` snapshots of the pipeline, verified, each with its age and (given
+    the inbound log-start offsets) whether Kafka still holds what it would replay."""
+    views = []
+    for info in snapshot.list_snapshots(settings.snapshot_dir, settings.pipeline)[:keep]:
+        manifest = info.manifest
+        if manifest is None:
+            views.append(
+                SnapshotView(
+                    snapshot_id=info.snapshot_id,
+                    engine_id=None,
+                    created_at=None,
+                    age_s=None,
+                    size_bytes=None,
+                    problem=info.problem,
+                )
+            )
+            continue
+        created = datetime.fromisoformat(manifest.created_at)
+        restorable = None
+        if log_starts is not None:
+            restorable = all(o >= log_starts.get(p, 0) for p, o in manifest.positions().items())
+        views.append(
+            SnapshotView(
+                snapshot_id=info.snapshot_id,
+                engine_id=manifest.engine_id,
+                created_at=manifest.created_at,
+                age_s=round(now - created.timestamp(), 1),
+                size_bytes=manifest.size_bytes,
+                problem=None,
+                restorable=restorable,
+            )
+        )
+    return views
+
+
+def latest_audit(audit_dir: Path) -> AuditView | None:
+    """The newest audit report of the pipeline (any cursor), None if it was never audited."""
+    reports = (
+        sorted(audit_dir.rglob(REPORT), key=lambda p: p.stat().st_mtime)
+        if audit_dir.is_dir()
+        else []
+    )
+    for path in reversed(reports):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("audit report %s unreadable: %s", path, exc)
+            continue
+        if not isinstance(report, dict):
+            log.warning("audit report %s is not a JSON object; skipped", path)
+            continue
+        docs = report.get("data_docs")
+        site = data_docs_site(audit_dir)
+        page = None
+        if docs:
+            try:
+                page = Path(docs).relative_to(site).as_posix()
+            except ValueError:
+                page = None
+        return AuditView(
+            run=str(report.get("run") or report.get("run_id", "")),
+            ok=bool(report.get("ok")),
+            summary=str(report.get("summary", "")),
+            at=datetime.fromtimestamp(path.stat().st_mtime, UTC).isoformat(timespec="seconds"),
+            data_docs=page,
+        )
+    return None
+
+
+def pipeline_view(
+    name: str,
+    settings: Settings,
+    engines: EngineFactory,
+    log_starts: Mapping[int, int] | None = None,
+    clock: Callable[[], float] = time.time,
+    with_history: bool = True,
+) -> PipelineView:
+    views: list[EngineView] = []
+    infos: dict[str, PipelineInfo] = {}
+    takeovers: dict[int, TakeoverView] = {}
+    for engine_id in settings.engine_ids:
+        try:
+            client = engines(settings, engine_id)
+            with client:
+                server, pipe = client.server(), client.pipeline()
+        except EngineError as exc:
+            views.append(
+                EngineView(
+                    pipeline=name,
+                    engine_id=engine_id,
+                    problem=exc.reason
+                    if exc.status is None
+                    else f"HTTP {exc.status}: {exc.reason}",
+                    unauthorized=exc.status in (401, 403),
+                    health=FAIL,
+                )
+            )
+            continue
+        views.append(_engine(name, server, pipe))
+        infos[engine_id] = pipe
+        for t in pipe.takeovers:
+            takeovers.setdefault(t.epoch, TakeoverView(engine_id=engine_id, **t.model_dump()))
+    actives = [v.engine_id for v in views if v.role == "active"]
+    for view in views:
+        if view.role == "standby" and len(actives) == 1 and view.engine_id in infos:
+            needs, ok = covers(infos[view.engine_id], infos[actives[0]])
+            view.takeover_needs, view.covers_takeover = needs, ok
+            if not ok:
+                view.health = FAIL
+    problems = [f"engine {v.engine_id}: {v.problem}" for v in views if v.problem]
+    if len(actives) != 1:
+        problems.insert(
+            0,
+            f"{len(actives)} active engines (want exactly 1)"
+            + (": " + ", ".join(actives) if actives else ""),
+        )
+    problems += [
+        f"engine {v.engine_id}: UNCOVERED {', '.join(v.uncovered)}" for v in views if v.uncovered
+    ]
+    problems += [
+        f"engine {v.engine_id}: its buffer "
+        f"({v.buffer_text() if v.buffer_fills else v.buffer_fill}) does not cover a takeover "
+        f"({v.takeover_needs} rows)"
+        for v in views
+        if v.covers_takeover is False
+    ]
+    behind = falling_behind(views, settings.in_sync_lag)
+    if behind is not None:
+        problems.append(behind)
+    result = PipelineView(
+        name=name,
+        active=actives[0] if len(actives) == 1 else None,
+        problems=problems,
+        engines=views,
+        takeovers=sorted(takeovers.values(), key=lambda t: t.epoch, reverse=True)[:10],
+        snapshots=snapshot_views(settings, log_starts, clock()) if with_history else [],
+        audit=None,
+    )
+    if with_history:
+        result.add_audit(latest_audit(settings.audit_dir))
+    return result
+
+
+def overview(
+    pipelines: Mapping[str, Settings],
+    engines: EngineFactory,
+    log_starts: Callable[[Settings], Mapping[int, int] | None] | None = None,
+    clock: Callable[[], float] = time.time,
+    with_history: bool = True,
+) -> Overview:
+    """Every pipeline of `pipelines` (name -> its settings)."""
+    views = []
+    for name, settings in pipelines.items():
+        starts = log_starts(settings) if log_starts is not None and with_history else None
+        views.append(pipeline_view(name, settings, engines, starts, clock, with_history))
+    return Overview(
+        generated_at=datetime.fromtimestamp(clock(), UTC).isoformat(timespec="seconds"),
+        pipelines=views,
+    )

@@ -1,0 +1,216 @@
+"""The pipelines file: which pipelines this platform runs, and where their code lives.
+
+    # pipelines.toml
+    [hostmetrics]
+    module = "pipelines.hostmetrics.pipeline"   # module[:attribute], attribute `pipeline`
+
+The file's folder goes first on the Python path (and on PYTHONPATH, which Spark's Python
+workers inherit), so a module beside it imports as it would in a test. Reading the file
+is all that happens at import or DAG-parse time; a pipeline's module is imported only by
+`load`, in the process that runs it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from twinstream.contract import Pipeline
+from twinstream.contract import load as load_module
+from twinstream.platform.settings import Settings, SettingsError, load_settings
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    module: str
+    root: Path
+    # This pipeline's engines and their admin ports; empty: the settings' own
+    # (TWINSTREAM_ENGINE_IDS, _ENGINE_ADMIN_PORTS), for one pipeline of the file.
+    engines: tuple[str, ...] = ()
+    admin_ports: tuple[int, ...] = ()
+    # Partitions of the pipeline's topics; None: the settings' (TWINSTREAM_PARTITIONS).
+    partitions: int | None = None
+
+
+# The keys a pipeline's table may hold (Entry's fields that the file gives).
+KEYS = ("module", "partitions", "engines", "admin_ports")
+
+
+def entries(path: Path) -> dict[str, Entry]:
+    """The pipelines the file lists, in its order."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SettingsError(
+            f"no pipelines file at {path}: set TWINSTREAM_PIPELINES_FILE or write one "
+            "(see README, 'Write your own pipeline')"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not valid TOML: {exc}") from exc
+    found: dict[str, Entry] = {}
+    for name, table in data.items():
+        if not isinstance(table, dict) or not isinstance(table.get("module"), str):
+            raise SettingsError(f'{path}: [{name}] needs module = "package.module[:attribute]"')
+        unknown = sorted(set(table) - set(KEYS))
+        if unknown:
+            # A typo (`partition = 3`) would otherwise be lost without a word.
+            close = difflib.get_close_matches(unknown[0], KEYS, n=1)
+            raise SettingsError(
+                f"{path}: [{name}] has {unknown[0]!r}, which is no key of a pipeline"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f": a pipeline's table takes {', '.join(KEYS)} (docs/pipelines.md)"
+            )
+        engines = tuple(str(e) for e in table.get("engines", ()))
+        ports = tuple(int(p) for p in table.get("admin_ports", ()))
+        if len(engines) != len(ports):
+            raise SettingsError(
+                f"{path}: [{name}] names {len(engines)} engines and {len(ports)} admin_ports: "
+                "one port per engine"
+            )
+        partitions = table.get("partitions")
+        if partitions is not None and (
+            not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1
+        ):
+            raise SettingsError(f"{path}: [{name}] partitions must be a whole number >= 1")
+        found[name] = Entry(name, table["module"], path.parent, engines, ports, partitions)
+    taken: dict[str, str] = {}
+    for entry in found.values():
+        for engine in entry.engines:
+            if engine in taken:
+                raise SettingsError(
+                    f"{path}: engine {engine!r} is in [{taken[engine]}] and [{entry.name}]: "
+                    "engine ids are the stack's, one pipeline each"
+                )
+            taken[engine] = entry.name
+    return found
+
+
+def settings_for(base: Settings, name: str) -> Settings:
+    """The settings of pipeline `name` on the stack `base` describes.
+
+    The base's own pipeline keeps the base's topics; another gets `<name>.in`, `.out`,
+    `.dlq`, `.progress`. Engines and admin ports come from the pipelines file, else from
+    the base (TWINSTREAM_ENGINE_IDS, _ENGINE_ADMIN_PORTS). A pipeline declared by
+    TWINSTREAM_PIPELINE_MODULE (outside the file) is the base itself."""
+    if base.pipeline_module and name == base.pipeline:
+        return base
+    return _settings_for(base, name, entries(base.pipelines_file))
+
+
+def _settings_for(base: Settings, name: str, listed: dict[str, Entry]) -> Settings:
+    """settings_for with the pipelines file already read (`stack` reads it once)."""
+    if name not in listed:
+        raise SettingsError(
+            f"pipeline {name!r} is not in {base.pipelines_file} "
+            f"(it lists {', '.join(listed) or 'none'}): add a [{name}] table or fix the name"
+        )
+    entry = listed[name]
+    update: dict[str, object] = {"pipeline_module": ""}
+    if name != base.pipeline:
+        update |= {
+            "pipeline": name,
+            "inbound_topic": f"{name}.in",
+            "outbound_topic": f"{name}.out",
+            "dlq_topic": f"{name}.dlq",
+            "progress_topic": f"{name}.progress",
+        }
+    if entry.engines:
+        update |= {"engine_ids": list(entry.engines), "engine_admin_ports": list(entry.admin_ports)}
+    if entry.partitions is not None:
+        update |= {"partitions": entry.partitions}
+    return base.model_copy(update=update)
+
+
+def stack(base: Settings) -> dict[str, Settings]:
+    """The pipelines the stack runs, name -> settings, in the file's order: the ones in
+    TWINSTREAM_STACK_PIPELINES, or every one in the pipelines file; with
+    TWINSTREAM_PIPELINE_MODULE, that one pipeline. Refuses two pipelines sharing an engine
+    id or an admin port: each engine is one pipeline's."""
+    if base.pipeline_module:
+        return {base.pipeline: base}
+    listed = entries(base.pipelines_file)
+    unknown = [n for n in base.stack_pipelines if n not in listed]
+    if unknown:
+        raise SettingsError(
+            f"TWINSTREAM_STACK_PIPELINES names {', '.join(unknown)}, which "
+            f"{base.pipelines_file} does not list (it lists {', '.join(listed) or 'none'})"
+        )
+    chosen = [n for n in listed if not base.stack_pipelines or n in base.stack_pipelines]
+    result = {name: _settings_for(base, name, listed) for name in chosen}
+    owners: dict[object, str] = {}
+    for name, settings in result.items():
+        for engine_id, port in zip(settings.engine_ids, settings.engine_admin_ports, strict=True):
+            for key, what in ((engine_id, f"engine {engine_id!r}"), (port, f"admin port {port}")):
+                if key in owners and owners[key] != name:
+                    raise SettingsError(
+                        f"{what} belongs to both {owners[key]!r} and {name!r}: give each pipeline "
+                        f"its own `engines` and `admin_ports` in {base.pipelines_file}"
+                    )
+                owners[key] = name
+    return result
+
+
+def for_engine(base: Settings, engine_id: str) -> Settings:
+    """The settings of the stack pipeline that engine `engine_id` runs."""
+    pipelines = stack(base)
+    for settings in pipelines.values():
+        if engine_id in settings.engine_ids:
+            return settings
+    known = ", ".join(f"{e} ({n})" for n, s in pipelines.items() for e in s.engine_ids)
+    raise SettingsError(f"no pipeline of this stack runs engine {engine_id!r}; engines: {known}")
+
+
+def engines(base: Settings) -> list[str]:
+    """Every engine of the stack, pipeline by pipeline."""
+    return [e for settings in stack(base).values() for e in settings.engine_ids]
+
+
+def names(settings: Settings) -> list[str]:
+    return list(entries(settings.pipelines_file))
+
+
+def load(settings: Settings) -> Pipeline:
+    """The pipeline these settings run: TWINSTREAM_PIPELINE_MODULE if set, else the
+    pipelines file's entry for TWINSTREAM_PIPELINE. Imports the pipeline's module."""
+    if settings.pipeline_module:
+        spec, root = settings.pipeline_module, settings.pipelines_file.parent
+    else:
+        listed = entries(settings.pipelines_file)
+        if settings.pipeline not in listed:
+            raise SettingsError(
+                f"pipeline {settings.pipeline!r} is not in {settings.pipelines_file} "
+                f"(it lists {', '.join(listed) or 'none'})"
+            )
+        entry = listed[settings.pipeline]
+        spec, root = entry.module, entry.root
+    # The settings' name is the deployment's (topics, znodes): one declaration may run
+    # under several names, as the tests run theirs.
+    return load_module(spec, root)
+
+
+def configured() -> Settings:
+    """The environment's own pipeline (TWINSTREAM_PIPELINE) as the stack runs it:
+    TWINSTREAM_* and its entry in the pipelines file (partitions, engines). What a tool
+    that drives the stack's pipeline needs; plain load_settings() knows the environment
+    only."""
+    base = load_settings()
+    return settings_for(base, base.pipeline)
+
+
+def pipeline_settings(name: str) -> Settings:
+    """Pipeline `name`'s settings on the stack the environment describes (a DAG task's
+    view: TWINSTREAM_* plus the pipelines file)."""
+    return settings_for(load_settings(), name)
+
+
+def free_engines(base: Settings, count: int = 2) -> list[tuple[str, int]]:
+    """`count` engine ids and admin ports no pipeline of the stack uses (for a new
+    pipeline's entry): the first free letters, the ports after the highest in use."""
+    pipelines = stack(base)
+    used = {e for s in pipelines.values() for e in s.engine_ids}
+    ports = [p for s in pipelines.values() for p in s.engine_admin_ports] or [8700]
+    ids = [c for c in "abcdefghijklmnopqrstuvwxyz" if c not in used][:count]
+    return [(engine_id, max(ports) + 1 + i) for i, engine_id in enumerate(ids)]

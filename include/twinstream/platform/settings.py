@@ -1,0 +1,600 @@
+"""One typed settings object, read from ``TWINSTREAM_*`` environment variables.
+
+Every process of the platform (the local stack, the engines, Airflow tasks, tests) builds its
+view of the world from :func:`load_settings`, so a port or a topic name is defined once.
+Lists are given comma-separated: ``TWINSTREAM_KAFKA_PORTS=9092,9093,9094``.
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from twinstream.platform.storage import Location, StorageError, location
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DAY_MS = 24 * 60 * 60 * 1000
+# A pipeline's topics when not set: <pipeline>.<suffix>.
+TOPIC_SUFFIXES = {
+    "inbound_topic": "in",
+    "outbound_topic": "out",
+    "dlq_topic": "dlq",
+    "progress_topic": "progress",
+}
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+PortList = Annotated[list[Port], NoDecode]
+NameList = Annotated[list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")]], NoDecode]
+PIPELINE_NAME = r"^[a-z][a-z0-9_-]{0,62}$"
+# host:port[,host:port...][/chroot]: one ZooKeeper server or an ensemble, and optionally the
+# node under which every Twinstream node lives (kazoo's connect string).
+_ZK_HOST = r"[A-Za-z0-9_.\-]+:\d{1,5}"
+ZK_CONNECT = rf"^$|^{_ZK_HOST}(,{_ZK_HOST})*(/[A-Za-z0-9_.\-]+)*$"
+PipelineList = Annotated[list[Annotated[str, Field(pattern=PIPELINE_NAME)]], NoDecode]
+
+
+class SettingsError(ValueError):
+    """The environment describes an impossible platform; the message says which variable."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TWINSTREAM_", frozen=True, extra="ignore")
+
+    # Where the local stack keeps data, logs and generated secrets. Tests point it elsewhere
+    # so that they never touch a developer's running stack.
+    state_dir: Path = REPO_ROOT / ".twinstream"
+    # Jars fetched by Maven. Kept apart from state_dir so that a test stack reuses them.
+    jars_dir: Path = REPO_ROOT / ".twinstream" / "jars"
+    dags_dir: Path = REPO_ROOT / "dags"
+    plugins_dir: Path = REPO_ROOT / "plugins"
+
+    bind_host: str = "127.0.0.1"
+    zk_port: Port = 2181
+    # The local stack's ZooKeeper: one server, or an ensemble of 3 or 5 (node n serves clients
+    # on zk_port + n - 1, its peers on zk_peer_port + n - 1 and zk_election_port + n - 1).
+    zk_nodes: int = Field(default=1, ge=1, le=5)
+    zk_peer_port: Port = 2888
+    zk_election_port: Port = 3888
+    # ZooKeeper clamps session timeouts to [2, 20] x tickTime; 500 ms lets a dead engine's
+    # session expire within about a second.
+    zk_tick_ms: int = Field(default=500, ge=100, le=2000)
+    kafka_ports: PortList = [9092, 9093, 9094]
+    kafka_controller_ports: PortList = [9192, 9193, 9194]
+    # With Kafka security: the brokers' mutual-TLS listener, on which they replicate and the
+    # stack itself (`up`, which holds the servers' key) makes the users and ACLs. Empty: each
+    # of kafka_ports + 200 (9292, 9293, 9294).
+    kafka_broker_ports: PortList = []
+    airflow_port: Port = 8080
+    # Whether a DAG Airflow sees for the first time starts paused (Airflow's
+    # dags_are_paused_at_creation). False: the housekeeping DAGs run on their schedules, as
+    # the README's "What runs by itself" says. The tests' stack sets it: they trigger DAGs
+    # themselves, and scheduled runs would disturb the engines under test. A DAG's state in
+    # an existing Airflow database is kept (toggle it in the UI or `airflow dags unpause`).
+    dags_paused: bool = False
+    # Where clients find Kafka and ZooKeeper when they are not the local stack's own ports
+    # on bind_host (compose: kafka-1:19092,..., zookeeper:2181). Empty: derived from ports.
+    kafka_bootstrap: str = ""
+    # The mutual-TLS listeners the same way (compose: kafka-1:19095,...).
+    kafka_broker_bootstrap: str = ""
+    # Several hosts and a chroot are accepted: "zk1:2181,zk2:2181,zk3:2181/prod".
+    zk_connect: str = Field(default="", pattern=ZK_CONNECT)
+    # Kafka with SASL/SCRAM over TLS and ACLs (twinstream.platform.kafka_auth); false: PLAINTEXT
+    # listeners without an authorizer, where anyone who reaches a broker may write anything.
+    kafka_security: bool = True
+    # The CA clients verify the brokers with, and the SCRAM passwords (user -> password,
+    # JSON); empty: tls/ca.pem and kafka-credentials.json in state_dir, which `up` makes.
+    kafka_tls_cafile: str = ""
+    kafka_credentials_file: str = ""
+    # Who this process's Kafka clients are: one of the pipeline's users (engine: its engines;
+    # publisher: writes .in only; reader: reads the outputs only), or the stack's admin
+    # (topics, configs, users and ACLs: `up`, the operator's tools, the tests' setup).
+    kafka_role: Literal["admin", "engine", "publisher", "reader"] = "admin"
+
+    pipeline: str = Field(default="hostmetrics", pattern=PIPELINE_NAME)
+    # Which pipelines run, and where their code is (twinstream.platform.registry).
+    pipelines_file: Path = REPO_ROOT / "pipelines.toml"
+    # A pipeline's module[:attribute] outside the pipelines file (tests' own pipelines).
+    pipeline_module: str = ""
+    # The pipelines the stack runs (`make up`, the DAGs); empty: every pipeline in the
+    # pipelines file. `TWINSTREAM_PIPELINE` is the one pipeline a process works on.
+    stack_pipelines: PipelineList = []
+    # A pipeline's topics; empty: <pipeline>.in, .out, .dlq and .progress. The progress
+    # topic holds one record per published transaction, the inbound range it covers
+    # (twinstream.core.outbound): how an input with no output is accounted for.
+    inbound_topic: str = ""
+    outbound_topic: str = ""
+    dlq_topic: str = ""
+    progress_topic: str = ""
+    inbound_retention_ms: int = Field(default=7 * DAY_MS, ge=60_000)
+    outbound_retention_ms: int = Field(default=7 * DAY_MS, ge=60_000)
+    dlq_retention_ms: int = Field(default=14 * DAY_MS, ge=60_000)
+    replication_factor: int = Field(default=3, ge=1)
+    min_insync_replicas: int = Field(default=2, ge=1)
+    # Partitions of each of the pipeline's four topics: a record's identity is (partition,
+    # offset), and its outputs go to the same partition number (twinstream.core.rows). A
+    # key's records must all be in one partition (producers partition by key) for per-key
+    # state; more partitions spread a pipeline over more executor cores. A pipelines.toml
+    # entry may set its own (`partitions = 3`).
+    partitions: int = Field(default=1, ge=1, le=32_767)
+
+    # The engines: ids and admin API ports, pairwise. `engine_admin_host` is where their admin
+    # APIs are reached; "{id}" is replaced by the engine id (compose: "engine-{id}").
+    engine_ids: NameList = ["a", "b"]
+    engine_admin_ports: PortList = [8701, 8702]
+    engine_admin_host: str = ""
+    # Bearer token of the engines' admin API and the ZooKeeper SASL password. Empty: read
+    # from admin-token / zk-password in state_dir, which the local stack generates.
+    admin_token: str = Field(default="", repr=False)
+    # TLS of the engines' admin APIs, PEM files; empty: plain HTTP, where the token crosses
+    # the network readable. With a certificate and its (unencrypted) key an engine serves
+    # https. Clients verify the engines' certificates against admin_tls_cafile (empty: the
+    # system's trusted CAs); a client without the key pair sets the CA alone. Either way the
+    # engine URLs the platform builds (engine_admin_url) say https.
+    admin_tls_certfile: str = ""
+    admin_tls_keyfile: str = ""
+    admin_tls_cafile: str = ""
+    # The admin API's OpenAPI document and Swagger UI (/openapi.json, /docs) are served to
+    # anyone who reaches the port, like /healthz: they describe the endpoints, no engine
+    # data. false: not served at all.
+    admin_api_docs: bool = True
+    # Letters, digits and '_': it becomes a JAAS option name (user_<name>) in ZooKeeper.
+    zk_user: str = Field(default="twinstream", pattern=r"^[A-Za-z0-9_]+$")
+    zk_password: str = Field(default="", repr=False)
+    # The largest session timeout request ZooKeeper clamps to 2 x tickTime (1 s at 500 ms).
+    zk_session_timeout_s: float = Field(default=0.2, gt=0)
+    num_buffered_msgs: int = Field(default=10_000, ge=1)
+    # The memory bound, in rows, of both roles (twinstream.core.gate): a standby keeps every
+    # output the active has not published yet, and pauses its query once it holds this
+    # many; an active that cannot publish pauses its query once it holds this many
+    # unpublished. Nothing is dropped: a paused query leaves its input in Kafka.
+    max_buffered_msgs: int = Field(default=100_000, ge=1)
+    window_retention_ms: int = Field(default=60 * 60 * 1000, ge=1000)
+    # The largest inbound record: a larger one is a dead letter (`oversize`) before it is
+    # parsed (twinstream.engine.pipeline.validated).
+    max_record_bytes: int = Field(default=64 * 1024, ge=64)
+    # The largest Kafka message an engine writes. The outbound and dead-letter topics get
+    # max.message.bytes of at least this; a dead letter whose raw bytes would exceed it
+    # carries their prefix, full length and sha256 (twinstream.core.rows.dead_letter).
+    max_message_bytes: int = Field(default=1_000_000, ge=16_384)
+    # Test-only fault injection, off unless set: the transform raises on any batch holding
+    # a record that contains this text (a bug outside the per-record guard), so that tests
+    # can prove the quarantine. Never set it in production.
+    fault_marker: str = ""
+    trigger_interval_ms: int = Field(default=250, ge=0)
+    # Bounds a catch-up batch, so a standby that replays a backlog still reaches takeover
+    # readiness batch by batch rather than in one long batch. A steady stream runs in small
+    # batches whatever this is (what arrived in one trigger interval); a backlog (a restart,
+    # a rejoin, the end of an outage) drains in batches this large, each paying a batch's
+    # fixed cost (~0.6 s on two cores) once: at 5,000 that cost capped a drain near 5,000
+    # events/s, at 20,000 one batch takes ~2 s and a drain runs twice as fast.
+    max_offsets_per_trigger: int = Field(default=20_000, ge=1)
+    # A catch-up batch's length in time (twinstream.engine.batching): each query start sizes its
+    # batches to what the engine measured it processes in this long, between
+    # min_offsets_per_trigger and max_offsets_per_trigger. A takeover, a persist or a stop
+    # waits for the batch in flight: this bounds that wait on any machine.
+    max_batch_s: float = Field(default=3.0, gt=0)
+    min_offsets_per_trigger: int = Field(default=2_000, ge=1)
+    # An engine runs this many of its pipeline's sample records (`Pipeline.sample`) through
+    # its whole plan when its Spark session starts, before its query: the first batches of
+    # real records then run warm (twinstream.engine.pipeline.warm_up). 0: no warm-up.
+    warm_up_records: int = Field(default=2_000, ge=0)
+    # How often an engine logs where its batches spent their time (the medians since the
+    # last line: Spark's parts, the batch's job and the gate's publish on the driver).
+    batch_timings_log_s: float = Field(default=60.0, gt=0)
+    # A standby whose lag (inbound high watermark - next msg_id) is at most this is in sync.
+    # One micro-batch's worth: under steady load the lag swings by a batch between triggers,
+    # and the buffer (num_buffered_msgs) still covers a standby that far behind.
+    in_sync_lag: int = Field(default=5_000, ge=0)
+    engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")
+    # Where an engine's Spark runs: local[n] in the engine's own JVM (the default), a
+    # standalone cluster (spark://host:7077), yarn, k8s://...; "" leaves it to spark-submit's
+    # --master or spark-defaults.conf. On a cluster the executors need this project's Python
+    # (PYSPARK_PYTHON) and the pipelines' folder on their PYTHONPATH (README, "On a Spark
+    # cluster").
+    spark_master: str = Field(
+        default="local[2]",
+        pattern=r"^$|^(local(\[[0-9*]+\])?|spark://[^\s]+|yarn|k8s://[^\s]+|mesos://[^\s]+)$",
+    )
+    # More Spark settings for the engines, key=value pairs separated by ";" (Spark's values
+    # hold commas and spaces, never semicolons): a cluster's deploy settings, say
+    # "spark.executor.memory=2g;spark.kubernetes.container.image=...". The framework's own
+    # and the pipeline's win where they meet.
+    spark_conf: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    # Cores an engine's application takes on a cluster (spark.cores.max): a standalone
+    # master gives an application every free core by default, and the standby's would wait.
+    spark_cores: int = Field(default=1, ge=1)
+    # The local stack runs a Spark standalone master and one worker (`make up SPARK=standalone`)
+    # and its engines use them; the ports are the master's and its web UI's.
+    spark_standalone: bool = False
+    # Where the master and the worker listen and are reached; empty: bind_host (compose:
+    # their service names).
+    spark_master_host: str = ""
+    spark_worker_host: str = ""
+    spark_master_port: Port = 7077
+    spark_master_ui_port: Port = 8090
+    spark_worker_ui_port: Port = 8091
+    # 0: as many as the stack's engines take (engines x spark_cores), whatever the machine
+    # has: an application the worker has no core left for waits, and a standby without
+    # executors computes nothing.
+    spark_worker_cores: int = Field(default=0, ge=0)
+    # Empty: 1g per engine (Spark's default executor memory); an application whose executor
+    # the worker has no memory left for waits too.
+    spark_worker_memory: str = Field(default="", pattern=r"^$|^\d+[kmg]$")
+
+    # Persist and restore. The snapshot root is shared storage (compose: a shared volume):
+    # a folder or a URL Spark and Python both know (twinstream.platform.storage: hdfs://, s3a://,
+    # gs://, abfs://, file://); snapshots live in <snapshot_root>/<pipeline>/. Empty:
+    # <state_dir>/snapshots.
+    snapshot_root: str = ""
+    # Where the engines' checkpoints live, the same kinds of location: <root>/<pipeline>/
+    # <engine>. Empty: <state_dir>/engines/<engine>/checkpoint. On a Spark cluster an
+    # executor writes state there, so it must be storage every worker reaches.
+    checkpoint_root: str = ""
+    # How often persist_standby_state runs: that DAG's schedule is built from this number,
+    # and check_kafka_retention reads the schedule back rather than this setting.
+    persist_interval_s: int = Field(default=900, ge=60)
+    snapshots_keep: int = Field(default=3, ge=1)
+    # An engine down or stopped this long makes watch_engines start restore_and_resync.
+    watch_grace_s: int = Field(default=120, ge=0)
+    # check_kafka_retention: inbound retention must exceed window retention + persist
+    # interval + this margin (the time a restore may take to start and replay).
+    restore_margin_s: int = Field(default=3600, ge=0)
+    # audit_output_topic: its schedule, and, with its Param up_to=margin only, how far below
+    # the inbound high watermark an audit stops (messages still in flight through the
+    # engines are not gaps yet); by default an audit ends at what the engines committed.
+    audit_interval_s: int = Field(default=600, ge=60)
+    audit_inflight_msgs: int = Field(default=20_000, ge=0)
+
+    zk_heap: str = Field(default="256m", pattern=r"^\d+[kmg]$")
+    kafka_heap: str = Field(default="512m", pattern=r"^\d+[kmg]$")
+    # How long `up` waits for every service to become healthy before it gives up.
+    startup_timeout_s: float = Field(default=420.0, gt=0)
+
+    @field_validator(
+        "kafka_ports",
+        "kafka_controller_ports",
+        "kafka_broker_ports",
+        "engine_ids",
+        "engine_admin_ports",
+        "stack_pipelines",
+        mode="before",
+    )
+    @classmethod
+    def _split_ports(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("snapshot_root", "checkpoint_root", mode="before")
+    @classmethod
+    def _a_location(cls, value: Any) -> Any:
+        text = str(value) if isinstance(value, Path) else value
+        if isinstance(text, str) and text.strip():
+            try:
+                location(text)
+            except StorageError as exc:
+                raise ValueError(str(exc)) from None
+        return text
+
+    @field_validator("admin_tls_certfile", "admin_tls_keyfile", "admin_tls_cafile")
+    @classmethod
+    def _an_existing_file(cls, value: str) -> str:
+        if value and not Path(value).is_file():
+            raise ValueError(
+                f"{value}: no such file; give the path of a PEM file this process can read"
+            )
+        return value
+
+    @field_validator("spark_conf", mode="before")
+    @classmethod
+    def _split_pairs(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        pairs: dict[str, str] = {}
+        for part in value.split(";"):
+            if not part.strip():
+                continue
+            key, sep, item = part.partition("=")
+            if not sep or not key.strip().startswith("spark."):
+                raise ValueError(
+                    f"{part.strip()!r} is not spark.<key>=<value>; pairs are separated by ';'"
+                )
+            pairs[key.strip()] = item.strip()
+        return pairs
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_topics(cls, values: Any) -> Any:
+        if isinstance(values, dict):
+            pipeline = values.get("pipeline") or "hostmetrics"
+            for field, suffix in TOPIC_SUFFIXES.items():
+                if not values.get(field):
+                    values[field] = f"{pipeline}.{suffix}"
+        return values
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Settings:
+        brokers = len(self.kafka_ports)
+        if brokers == 0:
+            raise ValueError("kafka_ports must name at least one broker port")
+        if len(self.kafka_controller_ports) != brokers:
+            raise ValueError(
+                f"kafka_controller_ports has {len(self.kafka_controller_ports)} entries but "
+                f"kafka_ports has {brokers}: every node runs one broker and one controller"
+            )
+        if self.kafka_broker_ports and len(self.kafka_broker_ports) != brokers:
+            raise ValueError(
+                f"kafka_broker_ports has {len(self.kafka_broker_ports)} entries but kafka_ports "
+                f"has {brokers}: every broker has one mutual-TLS listener"
+            )
+        if len(self.engine_admin_ports) != len(self.engine_ids):
+            raise ValueError(
+                f"engine_admin_ports has {len(self.engine_admin_ports)} entries but engine_ids "
+                f"has {len(self.engine_ids)}: every engine needs its admin port"
+            )
+        if self.zk_nodes % 2 == 0:
+            raise ValueError(
+                f"zk_nodes={self.zk_nodes}: a ZooKeeper ensemble has an odd number of servers "
+                "(1, 3 or 5); an even one tolerates no more failures than one server fewer"
+            )
+        if len(set(self.engine_ids)) != len(self.engine_ids):
+            raise ValueError(f"engine_ids repeat a name: {self.engine_ids}")
+        ports = self.ports
+        clashes = sorted({p for p in ports if ports.count(p) > 1})
+        if clashes:
+            raise ValueError(f"ports are used twice: {clashes}")
+        if self.replication_factor > brokers:
+            raise ValueError(
+                f"replication_factor={self.replication_factor} needs at least that many "
+                f"brokers, kafka_ports has {brokers}"
+            )
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas={self.min_insync_replicas} exceeds "
+                f"replication_factor={self.replication_factor}: no write could ever succeed"
+            )
+        self._check_admin_tls()
+        topics = [self.inbound_topic, self.outbound_topic, self.dlq_topic, self.progress_topic]
+        if len(set(topics)) != len(topics):
+            raise ValueError(
+                f"inbound, outbound, dead-letter and progress topics must differ: {topics}"
+            )
+        return self
+
+    def _check_admin_tls(self) -> None:
+        """The key pair and the CA load, so that a wrong file fails here, named, rather than
+        at the engine's start (uvicorn) or at a client's first request."""
+        cert, key = self.admin_tls_certfile, self.admin_tls_keyfile
+        if bool(cert) != bool(key):
+            given, missing = ("CERTFILE", "KEYFILE") if cert else ("KEYFILE", "CERTFILE")
+            raise ValueError(
+                f"TWINSTREAM_ADMIN_TLS_{given} is set but TWINSTREAM_ADMIN_TLS_{missing} is "
+                "not: an engine serves https with its certificate and that certificate's "
+                "private key, so set both (or neither, for plain HTTP)"
+            )
+        if cert:
+            try:
+                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(
+                    f"TWINSTREAM_ADMIN_TLS_CERTFILE={cert} and TWINSTREAM_ADMIN_TLS_KEYFILE="
+                    f"{key} do not load ({exc}): give a PEM certificate and its own private "
+                    "key, unencrypted"
+                ) from None
+        if self.admin_tls_cafile:
+            try:
+                ssl.create_default_context(cafile=self.admin_tls_cafile)
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(
+                    f"TWINSTREAM_ADMIN_TLS_CAFILE={self.admin_tls_cafile} does not load "
+                    f"({exc}): give the PEM certificate of the CA that signed the engines' "
+                    "certificates"
+                ) from None
+
+    @property
+    def admin_tls(self) -> bool:
+        """The engines serve their admin API over https (this process holds the key pair)."""
+        return bool(self.admin_tls_certfile)
+
+    @property
+    def admin_scheme(self) -> str:
+        """https when the engines serve TLS, or when this client has a CA to verify them."""
+        return "https" if self.admin_tls or self.admin_tls_cafile else "http"
+
+    @property
+    def ports(self) -> list[int]:
+        """Every port the local stack listens on."""
+        quorum = [*self.zk_peer_ports, *self.zk_election_ports] if self.zk_nodes > 1 else []
+        spark = (
+            [self.spark_master_port, self.spark_master_ui_port, self.spark_worker_ui_port]
+            if self.spark_standalone
+            else []
+        )
+        return [
+            *self.zk_client_ports,
+            *spark,
+            *quorum,
+            self.airflow_port,
+            *self.kafka_ports,
+            *self.kafka_controller_ports,
+            *(self.broker_ports if self.kafka_security else []),
+            *self.engine_admin_ports,
+        ]
+
+    @property
+    def kafka_ca_path(self) -> Path:
+        return Path(self.kafka_tls_cafile) if self.kafka_tls_cafile else self.tls_dir / "ca.pem"
+
+    @property
+    def tls_dir(self) -> Path:
+        """The stack's TLS material (twinstream.stack.tls)."""
+        return self.state_dir / "tls"
+
+    @property
+    def kafka_credentials_path(self) -> Path:
+        if self.kafka_credentials_file:
+            return Path(self.kafka_credentials_file)
+        return self.state_dir / "kafka-credentials.json"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        if self.kafka_bootstrap:
+            return self.kafka_bootstrap
+        return ",".join(f"{self.bind_host}:{port}" for port in self.kafka_ports)
+
+    @property
+    def broker_listener_servers(self) -> str:
+        """The brokers' mutual-TLS listeners (Kafka security only)."""
+        if self.kafka_broker_bootstrap:
+            return self.kafka_broker_bootstrap
+        return ",".join(f"{self.bind_host}:{port}" for port in self.broker_ports)
+
+    @property
+    def broker_ports(self) -> list[int]:
+        """The brokers' mutual-TLS listener ports (kafka_broker_ports)."""
+        return self.kafka_broker_ports or [port + 200 for port in self.kafka_ports]
+
+    @property
+    def standalone_master_url(self) -> str:
+        """The local stack's (or compose's) standalone master."""
+        return f"spark://{self.spark_master_host or self.bind_host}:{self.spark_master_port}"
+
+    @property
+    def engine_spark_master(self) -> str:
+        """The master the engines use: the local stack's standalone master when it runs one."""
+        if self.spark_standalone:
+            return self.standalone_master_url
+        return self.spark_master
+
+    @property
+    def zk_client_ports(self) -> list[int]:
+        """The local stack's ZooKeeper client ports, node 1 first."""
+        return [self.zk_port + n for n in range(self.zk_nodes)]
+
+    @property
+    def zk_peer_ports(self) -> list[int]:
+        return [self.zk_peer_port + n for n in range(self.zk_nodes)]
+
+    @property
+    def zk_election_ports(self) -> list[int]:
+        return [self.zk_election_port + n for n in range(self.zk_nodes)]
+
+    @property
+    def zk_hosts(self) -> str:
+        """kazoo's connect string: every server, and the chroot if there is one."""
+        if self.zk_connect:
+            return self.zk_connect
+        return ",".join(f"{self.bind_host}:{port}" for port in self.zk_client_ports)
+
+    @property
+    def zk_servers(self) -> list[tuple[str, int]]:
+        """(host, port) of every ZooKeeper server, as kazoo reads the connect string."""
+        return self._zk_parts()[0]
+
+    @property
+    def zk_chroot(self) -> str:
+        """The node every Twinstream node lives under ("" for ZooKeeper's root)."""
+        return self._zk_parts()[1]
+
+    def _zk_parts(self) -> tuple[list[tuple[str, int]], str]:
+        from kazoo.hosts import collect_hosts
+
+        servers, chroot = collect_hosts(self.zk_hosts)
+        return [(host, int(port)) for host, port in servers], str(chroot or "")
+
+    @property
+    def airflow_url(self) -> str:
+        return f"http://{self.bind_host}:{self.airflow_port}"
+
+    @property
+    def transactional_id(self) -> str:
+        """Shared by every engine of the pipeline: a new active's init fences the old one."""
+        return f"twinstream-{self.pipeline}"
+
+    @property
+    def election_path(self) -> str:
+        return f"/twinstream/{self.pipeline}/election"
+
+    @property
+    def epoch_path(self) -> str:
+        return f"/twinstream/{self.pipeline}/epoch"
+
+    @property
+    def quarantine_path(self) -> str:
+        return f"/twinstream/{self.pipeline}/quarantine"
+
+    def engine_admin_port(self, engine_id: str) -> int:
+        try:
+            return self.engine_admin_ports[self.engine_ids.index(engine_id)]
+        except ValueError:
+            raise SettingsError(
+                f"unknown engine {engine_id!r}; TWINSTREAM_ENGINE_IDS={','.join(self.engine_ids)}"
+            ) from None
+
+    def engine_admin_url(self, engine_id: str) -> str:
+        host = self.engine_admin_host.replace("{id}", engine_id) or self.bind_host
+        return f"{self.admin_scheme}://{host}:{self.engine_admin_port(engine_id)}"
+
+    def engine_dir(self, engine_id: str) -> Path:
+        return self.state_dir / "engines" / engine_id
+
+    def checkpoint_dir(self, engine_id: str) -> Location:
+        """The engine's Spark checkpoint: a local folder, or one on the shared storage
+        `checkpoint_root` names."""
+        return location(self.checkpoint_uri(engine_id))
+
+    def checkpoint_uri(self, engine_id: str) -> str:
+        """The same checkpoint as Spark's checkpointLocation names it: the configured URL
+        as written (universal-pathlib's str of an HDFS path drops its namenode)."""
+        if self.checkpoint_root:
+            return f"{self.checkpoint_root.strip().rstrip('/')}/{self.pipeline}/{engine_id}"
+        return str(self.engine_dir(engine_id) / "checkpoint")
+
+    @property
+    def snapshot_dir(self) -> Location:
+        """This pipeline's snapshots."""
+        root = location(self.snapshot_root or self.state_dir / "snapshots")
+        return root / self.pipeline
+
+    @property
+    def audit_dir(self) -> Path:
+        """This pipeline's audit cursor, results and Great Expectations Data Docs."""
+        return self.state_dir / "audit" / self.pipeline
+
+    def engine_conn_id(self, engine_id: str) -> str:
+        """The Airflow connection that holds the engine's admin URL and token."""
+        return f"twinstream_engine_{engine_id.replace('-', '_')}"
+
+    def secret(self, name: str) -> str:
+        """admin_token or zk_password: the setting, else the file the local stack wrote."""
+        value: str = getattr(self, name)
+        if value:
+            return value
+        path = self.state_dir / name.replace("_", "-")
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            raise SettingsError(
+                f"no {name}: set TWINSTREAM_{name.upper()} or run `make up`, which writes {path}"
+            ) from None
+
+    @property
+    def single_broker_dev(self) -> bool:
+        """A one-broker development setup, where RF 3 checks become warnings."""
+        return len(self.kafka_ports) == 1
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read settings from the environment; a bad value raises SettingsError naming it."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"TWINSTREAM_{'_'.join(str(p) for p in err['loc']).upper() or '*'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise SettingsError(f"invalid Twinstream configuration: {problems}") from exc

@@ -1,1 +1,0 @@
-"""Pipelines defined only by the tests (not in the package, not in the examples)."""
