@@ -11,6 +11,7 @@ election first so that a standby takes over at once, then stops its query.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
@@ -19,8 +20,8 @@ import threading
 import uvicorn
 
 from twinstream.contract import ContractError
-from twinstream.engine.api import create_app
-from twinstream.engine.app import Engine, EngineControl
+from twinstream.engine.api import Conflict, create_app
+from twinstream.engine.app import Engine
 from twinstream.platform import registry, storage
 from twinstream.platform.settings import SettingsError, load_settings
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(EngineControl(engine), token, docs=settings.admin_api_docs),
+            create_app(engine, token, docs=settings.admin_api_docs),
             host=settings.bind_host,
             port=port,
             log_level="warning",
@@ -78,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     if not args.no_start:
-        engine.start_pipeline()
+        # Not started (its reason is logged and on GET /pipeline): the engine keeps serving
+        # its admin API, where a restore or a start fixes it.
+        with contextlib.suppress(Conflict):
+            engine.start()
     while not stop.wait(1.0):
         engine.check_query()
         engine.track_active_position()

@@ -23,6 +23,7 @@ from twinstream.engine.api import (
     PipelineInfo,
     RestoreReport,
     ServerInfo,
+    TimelineInfo,
     UncoveredRange,
     create_app,
     public_paths,
@@ -50,17 +51,19 @@ MANIFEST = Manifest(
 )
 
 
-class FakeControl:
+class FakeEngine:
+    engine_id = "a"
+
     def __init__(self):
         self.state = "running"
         self.role = "standby"
 
-    def server_info(self):
+    def server(self) -> ServerInfo:
         return ServerInfo(
             engine_id="a", role=self.role, pid=1, zk_state="CONNECTED", epoch=3, version="0"
         )
 
-    def pipeline_info(self):
+    def pipeline(self) -> PipelineInfo:
         return PipelineInfo(
             state=self.state,
             reason="",
@@ -73,45 +76,47 @@ class FakeControl:
             uncovered_ranges=[UncoveredRange(partition=0, first=3, last=4)],
         )
 
-    def start_pipeline(self):
+    def start(self) -> PipelineInfo:
         if self.state == "running":
             raise Conflict("the pipeline is already running")
         self.state = "running"
+        return self.pipeline()
 
-    def stop_pipeline(self):
+    def stop(self) -> PipelineInfo:
         if self.state != "running":
             raise Conflict("the pipeline is not running")
         self.state = "stopped"
+        return self.pipeline()
 
     def persist(self) -> Manifest:
         if self.role == "active":
             raise Conflict("this engine is the active")
         return MANIFEST
 
-    def restore(self, requested: str) -> RestoreReport:
+    def restore(self, snapshot: str) -> RestoreReport:
         if self.state != "stopped":
             raise Conflict("stop the pipeline first")
-        if requested != MANIFEST.snapshot_id:
-            raise SnapshotError(f"no snapshot {requested}")
+        if snapshot != MANIFEST.snapshot_id:
+            raise SnapshotError(f"no snapshot {snapshot}")
         self.state = "restoring"
         return RestoreReport(
-            snapshot=requested, next_offset=70, log_start_offset=0, pipeline=self.pipeline_info()
+            snapshot=snapshot, next_offset=70, log_start_offset=0, pipeline=self.pipeline()
         )
 
-    def buffer_tail(self, last: int) -> list[BufferedRow]:
+    def buffer(self, last: int) -> list[BufferedRow]:
         rows = [BufferedRow(msg_id=i, kind="out", key="h", value="{}") for i in range(60, 70)]
         return rows[-last:]
 
-    def metrics(self):
-        return b"twinstream_role 1\n"
+    def metrics(self) -> str:
+        return "twinstream_role 1\n"
 
-    def timeline(self):
-        return fakes.timeline()
+    def timeline(self) -> TimelineInfo:
+        return TimelineInfo.model_validate(fakes.timeline())
 
 
 @pytest.fixture
 def client():
-    return TestClient(create_app(FakeControl(), TOKEN), raise_server_exceptions=False)
+    return TestClient(create_app(FakeEngine(), TOKEN), raise_server_exceptions=False)
 
 
 PROTECTED = [
@@ -168,9 +173,13 @@ def test_the_right_token_gets_status_and_control(client):
 
 
 def test_an_internal_error_is_json_with_a_reason_not_a_stack_trace():
-    control = FakeControl()
-    control.pipeline_info = lambda: 1 / 0  # type: ignore[method-assign]
-    client = TestClient(create_app(control, TOKEN), raise_server_exceptions=False)
+    engine = FakeEngine()
+
+    def fails() -> PipelineInfo:
+        raise ZeroDivisionError("division by zero")
+
+    engine.pipeline = fails  # type: ignore[method-assign]
+    client = TestClient(create_app(engine, TOKEN), raise_server_exceptions=False)
     response = client.get("/pipeline", headers=AUTH)
     assert response.status_code == 500
     assert response.json() == {"reason": "ZeroDivisionError: division by zero"}
@@ -192,7 +201,7 @@ def test_exactly_the_documented_pages_are_public():
     # What README's admin API paragraph and docs/design.md say: a route added without
     # the token, or a public page added or dropped, fails here until the docs follow.
     assert public_paths() == {"/healthz", "/openapi.json", "/docs"}
-    app = create_app(FakeControl(), TOKEN)
+    app = create_app(FakeEngine(), TOKEN)
     assert _public(app) == public_paths()
     client = TestClient(app, raise_server_exceptions=False)
     assert all(client.get(path).status_code == 200 for path in public_paths())
@@ -207,7 +216,7 @@ def test_exactly_the_documented_pages_are_public():
 
 
 def test_without_the_docs_only_the_health_probe_is_public():
-    app = create_app(FakeControl(), TOKEN, docs=False)
+    app = create_app(FakeEngine(), TOKEN, docs=False)
     assert _public(app) == public_paths(docs=False) == {"/healthz"}
     client = TestClient(app, raise_server_exceptions=False)
     assert client.get("/openapi.json").status_code == 401
@@ -239,15 +248,15 @@ def test_a_request_without_the_token_is_refused_before_its_body_is_read(client):
 
 
 def test_a_multi_line_error_answers_its_first_line_only():
-    control = FakeControl()
+    engine = FakeEngine()
 
     def fails() -> PipelineInfo:
         raise RuntimeError(
             "py4j failed\n\tat org.apache.spark.sql.Dataset.collect(Dataset.scala:1)"
         )
 
-    control.pipeline_info = fails  # type: ignore[method-assign]
-    client = TestClient(create_app(control, TOKEN), raise_server_exceptions=False)
+    engine.pipeline = fails  # type: ignore[method-assign]
+    client = TestClient(create_app(engine, TOKEN), raise_server_exceptions=False)
     response = client.get("/pipeline", headers=AUTH)
     assert response.status_code == 500
     assert response.json() == {
@@ -258,14 +267,14 @@ def test_a_multi_line_error_answers_its_first_line_only():
 def test_openapi_is_published_and_an_empty_token_is_refused(client):
     assert "/pipeline/stop" in client.get("/openapi.json").json()["paths"]
     with pytest.raises(ValueError, match="TWINSTREAM_ADMIN_TOKEN"):
-        create_app(FakeControl(), "")
+        create_app(FakeEngine(), "")
 
 
 def test_persist_is_refused_on_the_active_with_a_reason():
-    control = FakeControl()
-    client = TestClient(create_app(control, TOKEN), raise_server_exceptions=False)
+    engine = FakeEngine()
+    client = TestClient(create_app(engine, TOKEN), raise_server_exceptions=False)
     assert client.post("/pipeline/persist", headers=AUTH).json()["next_offset"] == 70
-    control.role = "active"
+    engine.role = "active"
     refused = client.post("/pipeline/persist", headers=AUTH)
     assert refused.status_code == 409
     assert refused.json() == {"reason": "this engine is the active"}
@@ -294,7 +303,7 @@ def test_buffer_returns_the_newest_rows(client):
 def test_the_timeline_reaches_the_client_as_the_engine_gave_it():
     # Through the ASGI app (TestClient's transport), so that a field the engine's snapshot
     # has and the response model drops (or misnames) shows as a difference.
-    with TestClient(create_app(FakeControl(), TOKEN)) as http:
+    with TestClient(create_app(FakeEngine(), TOKEN)) as http:
         engine = EngineClient("a", "http://testserver", TOKEN, transport=http._transport)
         assert engine.timeline().model_dump() == fakes.timeline()
 
@@ -356,7 +365,7 @@ def https_engine(tls: TlsFiles) -> Iterator[Settings]:
             admin_tls_keyfile=str(tls.key),
             admin_tls_cafile=str(tls.ca),
         )
-        with serving(create_app(FakeControl(), TOKEN), settings, sock):
+        with serving(create_app(FakeEngine(), TOKEN), settings, sock):
             yield settings
 
 

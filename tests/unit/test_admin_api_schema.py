@@ -31,10 +31,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.unit.test_admin_api import AUTH, TOKEN, FakeControl
+from tests.unit.test_admin_api import AUTH, TOKEN, FakeEngine
 from twinstream.engine.api import create_app, public_paths
 
-APP = create_app(FakeControl(), TOKEN)
+APP = create_app(FakeEngine(), TOKEN)
 SCHEMA = schemathesis.openapi.from_asgi("/openapi.json", APP)
 # deadline=None and too_slow suppressed: a loaded CI machine must not turn slowness into a
 # failure; derandomize and database=None: the same cases on every run, nothing written.

@@ -4,6 +4,8 @@ whole process group, JVM included); a standby tracks how far the active has publ
 
 import pytest
 
+from twinstream.engine.api import Conflict
+
 
 def test_close_stops_the_query_and_every_client(engine):
     query = engine._query
@@ -66,8 +68,9 @@ def test_a_pipeline_node_someone_else_made_stops_the_pipeline_with_the_fix(engin
     monkeypatch.setattr(engine, "_checkpoint_problem", lambda: None)
     monkeypatch.setattr(engine, "_new_session", lambda: pytest.fail("no query may start"))
     engine.election.claim.side_effect = ForeignNodeError("node /twinstream/p ... deleteall")
-    engine.start_pipeline()
-    info = engine.pipeline_info()
+    with pytest.raises(Conflict, match="deleteall"):
+        engine.start()
+    info = engine.pipeline()
     assert info.state == "stopped"
     assert "deleteall" in info.reason
     engine.election.start.assert_not_called()

@@ -142,7 +142,7 @@ def test_status_reads_never_do_the_recovery_work(engine, started):
     """GET /pipeline must answer at once: restarting a query takes seconds."""
     engine._query.isActive = False
     engine.recovery.batch_error = (3, "PythonException: RuntimeError: boom")
-    engine.pipeline_info()
+    engine.pipeline()
     started.assert_not_called()
     assert engine.recovery.batch_error is not None  # left for the main loop's check_query
 

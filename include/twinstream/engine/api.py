@@ -219,18 +219,23 @@ class TimelineInfo(BaseModel):
     takeovers: list[TimelineMark] = Field(default_factory=list)
 
 
-class Control(Protocol):
-    """What the API needs from an engine (a fake in unit tests)."""
+class EngineApi(Protocol):
+    """An engine's admin operations, one name each, as its routes and their OpenAPI
+    operations name them. The engine answers them in its own process
+    (`twinstream.engine.app.Engine`), `EngineClient` over HTTP, fakes in unit tests; the
+    DAGs, the CLI and the operator page speak to this and nothing else."""
 
-    def server_info(self) -> ServerInfo: ...
-    def pipeline_info(self) -> PipelineInfo: ...
-    def start_pipeline(self) -> None: ...
-    def stop_pipeline(self) -> None: ...
+    engine_id: str
+
+    def server(self) -> ServerInfo: ...
+    def pipeline(self) -> PipelineInfo: ...
+    def timeline(self) -> TimelineInfo: ...
+    def start(self) -> PipelineInfo: ...
+    def stop(self) -> PipelineInfo: ...
     def persist(self) -> Manifest: ...
-    def restore(self, requested: str) -> RestoreReport: ...
-    def buffer_tail(self, last: int) -> list[BufferedRow]: ...
-    def metrics(self) -> bytes: ...
-    def timeline(self) -> dict[str, Any]: ...
+    def restore(self, snapshot: str) -> RestoreReport: ...
+    def buffer(self, last: int) -> list[BufferedRow]: ...
+    def metrics(self) -> str: ...
 
 
 class Conflict(Exception):
@@ -311,8 +316,8 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
-def create_app(control: Control, token: str, *, docs: bool = True) -> FastAPI:
-    """The admin API of `control`'s engine; `docs=False` serves no OpenAPI document or
+def create_app(engine: EngineApi, token: str, *, docs: bool = True) -> FastAPI:
+    """The admin API of `engine`; `docs=False` serves no OpenAPI document or
     Swagger UI (TWINSTREAM_ADMIN_API_DOCS=false), leaving /healthz the one public page."""
     if not token:
         raise ValueError("the admin API needs a token (TWINSTREAM_ADMIN_TOKEN)")
@@ -381,47 +386,45 @@ def create_app(control: Control, token: str, *, docs: bool = True) -> FastAPI:
 
     @app.get("/server", dependencies=auth, responses=_errors(401))
     def server() -> ServerInfo:
-        return control.server_info()
+        return engine.server()
 
     @app.get("/pipeline", dependencies=auth, responses=_errors(401))
     def pipeline() -> PipelineInfo:
-        return control.pipeline_info()
+        return engine.pipeline()
 
     @app.get("/timeline", dependencies=auth, responses=_errors(401))
     def timeline() -> TimelineInfo:
         """The last 15 minutes of this engine's end-to-end latency (p50/p99), inbound rate,
         lag and takeovers, in 5 s buckets (`twinstream.engine.timeline`)."""
-        return TimelineInfo.model_validate(control.timeline())
+        return engine.timeline()
 
     @app.post("/pipeline/stop", dependencies=auth, responses=_errors(401, 409))
     def stop() -> PipelineInfo:
-        control.stop_pipeline()
-        return control.pipeline_info()
+        return engine.stop()
 
     @app.post("/pipeline/start", dependencies=auth, responses=_errors(401, 409))
     def start() -> PipelineInfo:
-        control.start_pipeline()
-        return control.pipeline_info()
+        return engine.start()
 
     @app.post("/pipeline/persist", dependencies=auth, responses=_errors(401, 409))
     def persist() -> Manifest:
         """Standby only (409 on the active): snapshot the checkpoint and the buffer."""
-        return control.persist()
+        return engine.persist()
 
     @app.post("/pipeline/restore", dependencies=auth, responses=_errors(400, 401, 409, 422))
     def restore(request: RestoreRequest) -> RestoreReport:
         """Stopped pipeline only (409 otherwise); 422 for a snapshot that must not be used."""
-        return control.restore(request.snapshot)
+        return engine.restore(request.snapshot)
 
     @app.get("/pipeline/buffer", dependencies=auth, responses=_errors(401, 422))
     def buffer(last: int = Query(default=100, ge=1, le=1_000_000)) -> list[BufferedRow]:
         """The newest `last` output rows in the engine's ring buffer, in msg_id order."""
-        return control.buffer_tail(last)
+        return engine.buffer(last)
 
     @app.get(
         "/metrics", dependencies=auth, response_class=PlainTextResponse, responses=_errors(401)
     )
     def metrics() -> PlainTextResponse:
-        return PlainTextResponse(control.metrics(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(engine.metrics(), media_type="text/plain; version=0.0.4")
 
     return app

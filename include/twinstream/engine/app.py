@@ -27,7 +27,7 @@ from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.quarantine import QuarantineStore, describe
 from twinstream.core.rows import Output, positions_text, split_record_id
-from twinstream.engine import repair, snapshot
+from twinstream.engine import persistence, snapshot
 from twinstream.engine.api import (
     BufferedRow,
     Conflict,
@@ -37,6 +37,7 @@ from twinstream.engine.api import (
     RestoreReport,
     ServerInfo,
     TakeoverInfo,
+    TimelineInfo,
     UncoveredRange,
 )
 from twinstream.engine.arrivals import Arrivals, ArrivalSampler
@@ -56,7 +57,6 @@ from twinstream.engine.positions import (
 )
 from twinstream.engine.recovery import Recovery
 from twinstream.engine.timeline import Timeline
-from twinstream.platform import storage
 from twinstream.platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -70,21 +70,21 @@ class Engine:
     def __init__(self, settings: Settings, engine_id: str, pipeline: Pipeline) -> None:
         settings.engine_admin_port(engine_id)  # an unknown engine id fails here, by name
         self.settings = settings
-        self.pipeline = pipeline
+        self.definition = pipeline
         self.engine_id = engine_id
-        self.metrics = EngineMetrics(engine_id, settings.pipeline)
+        self.meters = EngineMetrics(engine_id, settings.pipeline)
         self.gate = Gate(
             engine_id,
             settings.pipeline,
             settings.num_buffered_msgs,
-            self.metrics,
+            self.meters,
             max_buffer_size=settings.max_buffered_msgs,
             on_gap=self._on_gap,
             on_fenced=self._resign,
             on_committed=self._committed,
         )
         # A gap to recompute, found at a takeover: how (the main loop does it).
-        self._repair: repair.Plan | None = None
+        self._repair: persistence.Plan | None = None
         self.zk = zk_client(settings)
         self.election = Election(
             self.zk,
@@ -134,7 +134,7 @@ class Engine:
         # The last 15 minutes of this engine's figures (the operator page's chart): the
         # latency of what it published, from each record's arrival in the inbound topic
         # (sampled high watermarks, twinstream.engine.arrivals) to the commit.
-        self.timeline = Timeline()
+        self.recent = Timeline()
         self.arrivals = Arrivals()
         self._arrival_marks = InboundWatermarks(settings, engine_id)
         self._arrival_sampler = ArrivalSampler(
@@ -144,7 +144,29 @@ class Engine:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def start_pipeline(self) -> None:
+    # -- the admin API's operations (twinstream.engine.api.EngineApi) -------------------
+
+    def start(self) -> PipelineInfo:
+        """Start a stopped or failed pipeline; 409 (Conflict) when it is not stopped, or
+        when it does not start (the reason says why and what to do)."""
+        state = self.pipeline().state
+        if state not in ("stopped", "failed"):
+            raise Conflict(f"the pipeline is already {state}")
+        self._start()
+        info = self.pipeline()
+        if info.state not in ("running", "restoring"):
+            raise Conflict(info.reason)
+        return info
+
+    def stop(self) -> PipelineInfo:
+        """Stop a running pipeline, leaving the election first; 409 when it is not running."""
+        state = self.pipeline().state
+        if state not in ("running", "restoring", "recovering"):
+            raise Conflict(f"the pipeline is {state}, not running")
+        self._stop("stopped through the admin API")
+        return self.pipeline()
+
+    def _start(self) -> None:
         """Resume from this engine's checkpoint. An unusable checkpoint, or none on a
         pipeline that has run before (a lost disk), leaves the pipeline stopped with the
         reason: starting over from the topic's beginning is a decision for a restore."""
@@ -193,7 +215,7 @@ class Engine:
         self._query = start_query(
             self._spark,
             self.settings,
-            self.pipeline,
+            self.definition,
             self.engine_id,
             self.process_batch,
             starting_offsets,
@@ -252,35 +274,18 @@ class Engine:
         query.stop()
 
     def _checkpoint_problem(self) -> str | None:
-        checkpoint = self.settings.checkpoint_dir(self.engine_id)
-        topic = self.settings.inbound_topic
-        if checkpoint.exists():
-            problem = snapshot.checkpoint_problem(checkpoint, topic)
-            if problem is not None:
-                return f"the checkpoint is unusable: {problem}"
-            position = snapshot.checkpoint_position(checkpoint, topic)
-            log_starts = self.watermarks.log_starts()
-            for partition, offset in sorted((position.next_offsets if position else {}).items()):
-                if offset < log_starts.get(partition, 0):
-                    return (
-                        f"the checkpoint continues at inbound offset {offset} of partition "
-                        f"{partition}, but Kafka's log of {topic} starts at "
-                        f"{log_starts[partition]} there (retention deleted the rest)"
-                    )
-            return None
-        history = snapshot.snapshot_ids(self.settings.snapshot_dir)
-        published = self._last_published.last_msg_ids(
-            [self.settings.outbound_topic, self.settings.dlq_topic],
-            self._last_published.partitions(),
-        )
-        if history or any(v is not None for v in published.values()):
-            return (
-                f"no checkpoint at {checkpoint}, but pipeline {self.settings.pipeline} has "
-                "run before (a new or wiped disk)"
+        def ran_before() -> bool:
+            published = self._last_published.last_msg_ids(
+                [self.settings.outbound_topic, self.settings.dlq_topic],
+                self._last_published.partitions(),
             )
-        return None
+            return any(v is not None for v in published.values())
 
-    def stop_pipeline(self, reason: str = "stopped through the admin API") -> None:
+        return persistence.checkpoint_problem(
+            self.settings, self.engine_id, self.watermarks.log_starts, ran_before
+        )
+
+    def _stop(self, reason: str) -> None:
         with self._lock:
             if self._state == "stopped":
                 return
@@ -309,7 +314,7 @@ class Engine:
             log.warning("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, reason)
 
     def close(self) -> None:
-        self.stop_pipeline("engine shutting down")
+        self._stop("engine shutting down")
         self.zk.stop()
         self.zk.close()
         self.drain_rate.save()
@@ -400,9 +405,9 @@ class Engine:
 
     def _on_gap(self, partition: int, first: int, last: int) -> bool:
         """The gate found msg_id first..last of `partition` in no buffer at a takeover. Plan
-        to recompute it (twinstream.engine.repair); the main loop rewinds. False: nothing reaches
+        to recompute it (twinstream.engine.persistence); the main loop rewinds. False: nothing reaches
         back to it."""
-        plan = repair.plan(
+        plan = persistence.repair_plan(
             self.settings, self.engine_id, partition, first, self.watermarks.log_starts
         )
         if plan is None:
@@ -427,7 +432,7 @@ class Engine:
         try:
             self.gate.abandon_waits()
             self._stop_query_between_batches()
-            source, next_offsets = repair.apply(self.settings, self.engine_id, plan)
+            source, next_offsets = persistence.rewind(self.settings, self.engine_id, plan)
             self.gate.rewind(next_offsets)
             log.warning(
                 "engine %s pipeline %s: rewound to msg_id %s (%s) to recompute the gap",
@@ -512,15 +517,11 @@ class Engine:
                     time.monotonic() - started,
                 )
                 # The query is stopped: the buffer and the checkpoint agree and stay put.
-                manifest = snapshot.write_snapshot(
-                    self.settings.snapshot_dir,
-                    pipeline=self.settings.pipeline,
-                    engine_id=self.engine_id,
-                    pipeline_version=twinstream.__version__,
-                    checkpoint=self.settings.checkpoint_dir(self.engine_id),
-                    topic=self.settings.inbound_topic,
-                    buffer=self.gate.buffered(),
-                    state_layout=self.pipeline.state_layout,
+                manifest = persistence.write(
+                    self.settings,
+                    self.engine_id,
+                    self.definition.state_layout,
+                    self.gate.buffered(),
                 )
             finally:
                 log.info(
@@ -544,7 +545,7 @@ class Engine:
             )
             return manifest
 
-    def restore(self, requested: str) -> RestoreReport:
+    def restore(self, snapshot: str) -> RestoreReport:
         """Load a snapshot (an id, `latest`) or rebuild `cold` into a stopped pipeline, then
         start it; GET /pipeline shows state `restoring` and the lag until in sync."""
         with self._lock:
@@ -553,44 +554,23 @@ class Engine:
                     f"the pipeline is {self._state}: restore replaces the checkpoint, so stop "
                     "the pipeline first (POST /pipeline/stop)"
                 )
-            topic = self.settings.inbound_topic
             log_starts = self.watermarks.log_starts()
-            checkpoint = self.settings.checkpoint_dir(self.engine_id)
-            starting: dict[int, int] | None
-            if requested == "cold":
-                start_ms = int(time.time() * 1000) - self.settings.window_retention_ms
-                at = self.watermarks.offsets_at(start_ms)
-                starting = {p: max(low, at.get(p, low)) for p, low in log_starts.items()}
-                storage.remove_tree(checkpoint)
-                self.gate.restore([])
-                source, next_offsets = "cold", dict(starting)
-            else:
-                manifest = snapshot.choose(
-                    self.settings.snapshot_dir,
-                    self.settings.pipeline,
-                    requested,
-                    self.pipeline.state_layout,
-                )
-                next_offsets = manifest.positions()
-                for partition, offset in sorted(next_offsets.items()):
-                    if offset < log_starts.get(partition, 0):
-                        raise snapshot.SnapshotError(
-                            f"snapshot {manifest.snapshot_id} continues at inbound offset "
-                            f"{offset} of partition {partition}, but Kafka's log of {topic} "
-                            f"starts at {log_starts[partition]} there: retention has deleted "
-                            'what it would replay; choose a newer snapshot or restore "cold"'
-                        )
-                self.gate.restore(
-                    snapshot.install(self.settings.snapshot_dir, manifest, checkpoint)
-                )
-                starting = None
-                source = manifest.snapshot_id
+            ready = persistence.prepare_restore(
+                self.settings,
+                self.engine_id,
+                self.definition.state_layout,
+                snapshot,
+                log_starts,
+                self.watermarks.offsets_at,
+            )
+            self.gate.restore(ready.buffer)
+            source, next_offsets = ready.source, ready.next_offsets
             self._restored_from = source
             self._restore_started = time.monotonic()
             self._run(
                 "restoring",
                 f"replaying from inbound offset {positions_text(next_offsets)} ({source})",
-                starting,
+                ready.starting,
             )
             log.warning(
                 "engine %s pipeline %s: restoring from %s at inbound offset %s (log start %s)",
@@ -606,10 +586,10 @@ class Engine:
                 log_start_offset=log_starts.get(0, 0),
                 next_offsets=next_offsets,
                 log_start_offsets=log_starts,
-                pipeline=self.pipeline_info(),
+                pipeline=self.pipeline(),
             )
 
-    def buffer_tail(self, last: int) -> list[BufferedRow]:
+    def buffer(self, last: int) -> list[BufferedRow]:
         rows = self.gate.buffered()[-last:] if last > 0 else []
         return [
             BufferedRow(
@@ -625,7 +605,7 @@ class Engine:
             self.settings,
             f"twinstream-{self.settings.pipeline}-{self.engine_id}",
             conf={
-                **spark_conf(self.settings, self.pipeline),
+                **spark_conf(self.settings, self.definition),
                 "spark.driver.memory": self.settings.engine_heap,
             },
         )
@@ -634,7 +614,7 @@ class Engine:
         """The pipeline's plan over its own sample records, once per session, before the
         query: a failure costs the warm-up only, never the engine."""
         count = self.settings.warm_up_records
-        if count <= 0 or self.pipeline.sample is None:
+        if count <= 0 or self.definition.sample is None:
             return
         try:
             backlog = self._backlog()
@@ -654,7 +634,7 @@ class Engine:
         started = time.monotonic()
         try:
             shutil.rmtree(folder, ignore_errors=True)
-            rows = warm_up(spark, self.settings, self.pipeline, folder, count)
+            rows = warm_up(spark, self.settings, self.definition, folder, count)
         except Exception as exc:  # the real query works or fails on its own
             log.warning(
                 "engine %s pipeline %s: warm-up failed after %.1f s, the query starts cold: %s",
@@ -721,10 +701,10 @@ class Engine:
             self._spare = None
 
     def _committed(self, rows: Sequence[Output]) -> None:
-        self.timeline.published(self.arrivals.latencies(rows, time.time()))
+        self.recent.published(self.arrivals.latencies(rows, time.time()))
 
     def _take_over(self, epoch: int) -> None:
-        self.timeline.takeover(epoch)
+        self.recent.takeover(epoch)
         spare, self._spare = self._spare, None
 
         def fence() -> KafkaPublisher:
@@ -745,7 +725,7 @@ class Engine:
         epoch = self.gate.status().epoch
 
         def foreign() -> None:
-            self.metrics.foreign_fence()
+            self.meters.foreign_fence()
             log.error(
                 "engine %s pipeline %s: fenced at epoch %s by a producer that is no engine "
                 "(transactional id %s); resigning so that the next winner fences it back. "
@@ -764,7 +744,7 @@ class Engine:
 
     # -- status -------------------------------------------------------------------------
 
-    def server_info(self) -> ServerInfo:
+    def server(self) -> ServerInfo:
         status = self.gate.status()
         return ServerInfo(
             engine_id=self.engine_id,
@@ -792,10 +772,10 @@ class Engine:
             return
         standing = self.standing()
         self.election.publish_standing(standing)
-        self.timeline.lag(standing.lag)
+        self.recent.lag(standing.lag)
         rate = self._events_per_s()
         if rate is not None:
-            self.timeline.rate(rate)
+            self.recent.rate(rate)
 
     def sample_lag(self, lag: int | None) -> None:
         """One sample of the lag's trend, while the query works: a stopped or recovering
@@ -804,7 +784,7 @@ class Engine:
         if self._state in ("running", "restoring"):
             self.lag_history.add(lag)
 
-    def pipeline_info(self) -> PipelineInfo:
+    def pipeline(self) -> PipelineInfo:
         status = self.gate.status()
         standing = self.standing(status.processed)
         lag, in_sync = standing.lag, standing.in_sync
@@ -812,7 +792,7 @@ class Engine:
         trend = self.lag_history.trend()
         fills = status.buffer_fills
         quarantined = self.quarantined()
-        self.metrics.update(
+        self.meters.update(
             lag=lag,
             buffer_fills=fills,
             buffer_bound=status.buffer_size,
@@ -873,9 +853,13 @@ class Engine:
             ],
         )
 
-    def metrics_text(self) -> bytes:
-        self.pipeline_info()  # refreshes the gauges
-        return self.metrics.render()
+    def metrics(self) -> str:
+        """Prometheus' text format."""
+        self.pipeline()  # refreshes the gauges
+        return self.meters.render().decode()
+
+    def timeline(self) -> TimelineInfo:
+        return TimelineInfo.model_validate(self.recent.snapshot())
 
     def _lag(self, processed: dict[int, int]) -> int | None:
         """Inbound high watermarks minus the next offsets the query will read, over every
@@ -904,46 +888,3 @@ class Engine:
 
     def _query_position(self) -> dict[int, int] | None:
         return query_position(self._progress(), self.settings.inbound_topic)
-
-
-class EngineControl:
-    """Adapts Engine to the admin API's Control protocol (409 where a request does not fit)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def server_info(self) -> ServerInfo:
-        return self.engine.server_info()
-
-    def pipeline_info(self) -> PipelineInfo:
-        return self.engine.pipeline_info()
-
-    def start_pipeline(self) -> None:
-        state = self.engine.pipeline_info().state
-        if state not in ("stopped", "failed"):
-            raise Conflict(f"the pipeline is already {state}")
-        self.engine.start_pipeline()
-        info = self.engine.pipeline_info()
-        if info.state not in ("running", "restoring"):
-            raise Conflict(info.reason)
-
-    def stop_pipeline(self) -> None:
-        state = self.engine.pipeline_info().state
-        if state not in ("running", "restoring", "recovering"):
-            raise Conflict(f"the pipeline is {state}, not running")
-        self.engine.stop_pipeline()
-
-    def persist(self) -> snapshot.Manifest:
-        return self.engine.persist()
-
-    def restore(self, requested: str) -> RestoreReport:
-        return self.engine.restore(requested)
-
-    def buffer_tail(self, last: int) -> list[BufferedRow]:
-        return self.engine.buffer_tail(last)
-
-    def timeline(self) -> dict[str, Any]:
-        return self.engine.timeline.snapshot()
-
-    def metrics(self) -> bytes:
-        return self.engine.metrics_text()
