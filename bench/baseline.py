@@ -31,7 +31,7 @@ from devkit.chaos import SteadyLoad
 from devkit.harness import OutputSampler, machine, summary, wait_for
 from twinstream.ops.audit import Findings, find_id_problems
 from twinstream.ops.subscriber import read_committed
-from twinstream.platform.kafka import java_security_config, watermarks
+from twinstream.platform.kafka import connection, watermarks
 from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack.core import write_if_changed
 from twinstream.stack.render import java_command
@@ -153,7 +153,9 @@ class Instance:
         topics, groups and transactional ids are its own, and no pipeline's ACLs name them)
         in a properties file only its owner reads, named to the JVM by the variable
         java/baseline-common's ClientConfig reads."""
-        security = java_security_config(self.settings.model_copy(update={"kafka_role": "admin"}))
+        security = connection(
+            self.settings.model_copy(update={"kafka_role": "admin"})
+        ).java_security()
         if not security:
             return {}
         path = self.state_dir.parent / f"{self.app.folder}-{self.name}-client.properties"

@@ -34,7 +34,7 @@ from twinstream.ops.audit import merge_ranges
 from twinstream.ops.publisher import publish
 from twinstream.ops.subscriber import Record, read_committed
 from twinstream.platform import registry
-from twinstream.platform.kafka import consumer_config, ensure_topics, topic_specs
+from twinstream.platform.kafka import connection, consumer_config, ensure_topics, topic_specs
 from twinstream.platform.kafka_auth import Credentials, provision, users
 from twinstream.platform.settings import REPO_ROOT, Settings, load_settings
 from twinstream.stack.render import ENGINE_KAFKA_ROLE
@@ -75,7 +75,7 @@ def inbound_ends(settings: Settings, timeout_s: float = 60.0) -> dict[int, int]:
     from twinstream.engine.positions import InboundWatermarks
 
     deadline = time.monotonic() + timeout_s
-    marks = InboundWatermarks(settings, "chaos")
+    marks = InboundWatermarks(connection(settings), settings.topics(), "chaos")
     try:
         while (highs := marks.highs()) is None:
             if time.monotonic() > deadline:

@@ -48,7 +48,7 @@ from twinstream.ops.audit import (
     validate,
 )
 from twinstream.platform import registry
-from twinstream.platform.kafka import spark_kafka_security
+from twinstream.platform.kafka import connection
 from twinstream.platform.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def read_topic(
         .option("kafka.isolation.level", "read_committed")
         .option("includeHeaders", "true")
         # As the pipeline's reader: the audit reads the outputs, and may do nothing else.
-        .options(**spark_kafka_security(settings.model_copy(update={"kafka_role": "reader"})))
+        .options(**connection(settings.model_copy(update={"kafka_role": "reader"})).spark_options())
         .load()
         .select(
             F.lit(topic).alias("topic"),

@@ -211,11 +211,11 @@ def dag_run_env(monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> Callable[[
     import sys
     from pathlib import Path
 
-    from twinstream.platform.kafka import client_config
+    from twinstream.platform.kafka import connection
     from twinstream.stack.launch import engine_connections
 
     def use(pipeline: Pipeline) -> None:
-        kafka = {"conn_type": "kafka", "extra": client_config(pipeline.settings)}
+        kafka = {"conn_type": "kafka", "extra": connection(pipeline.settings).librdkafka()}
         spark = {"conn_type": "spark", "host": "local[2]"}
         for key, value in {
             **pipeline.env,

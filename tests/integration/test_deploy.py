@@ -81,7 +81,7 @@ def test_the_zookeeper_leader_killed_under_load_one_active_no_gap_no_duplicate(
         assert roles == ["active", "standby"], roles
         assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
         # The election lives under the chroot, which the engines created.
-        client = zk_client(pipeline.settings, hosts=zk.connect)
+        client = zk_client(pipeline.settings.zookeeper(), hosts=zk.connect)
         client.start(timeout=15)
         try:
             election = f"{CHROOT}/twinstream/{pipeline.settings.pipeline}/election"

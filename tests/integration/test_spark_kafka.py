@@ -16,7 +16,7 @@ from twinstream.engine.spark import (
     session,
     stop_session,
 )
-from twinstream.platform.kafka import TopicSpec, admin_config, ensure_topics, spark_kafka_security
+from twinstream.platform.kafka import TopicSpec, admin_config, connection, ensure_topics
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +64,7 @@ def test_structured_streaming_reads_and_writes_kafka(spark, settings, tmp_path):
     ensure_topics(admin, [TopicSpec(source, 1, 3), TopicSpec(sink, 1, 3)])
     rows = spark.createDataFrame([(str(i), f"value-{i}") for i in range(500)], ["key", "value"])
     # The stack's Kafka login (its admin), as every client of a secure stack needs.
-    login = spark_kafka_security(settings)
+    login = connection(settings).spark_options()
     bootstrap = settings.bootstrap_servers
     writer = rows.write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
     writer.options(**login).option("topic", source).save()
@@ -116,7 +116,7 @@ def test_a_keyed_pipeline_scans_kafka_once_per_batch_a_transform_twice(spark, se
     topic = f"spark-plan-{uuid.uuid4().hex[:8]}"
     ensure_topics(AdminClient(admin_config(settings)), [TopicSpec(topic, 1, 3)])
     records = spark.createDataFrame([(r,) for r in synthetic(5, seed=3)], "value BINARY")
-    login = spark_kafka_security(settings)
+    login = connection(settings).spark_options()
     records.write.format("kafka").options(**login).option(
         "kafka.bootstrap.servers", settings.bootstrap_servers
     ).option("topic", topic).save()

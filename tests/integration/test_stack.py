@@ -27,7 +27,7 @@ from twinstream.ops.subscriber import read_committed
 from twinstream.platform import registry
 from twinstream.platform.kafka import (
     admin_config,
-    client_config,
+    connection,
     describe_topic_configs,
     partition_ends,
     topic_specs,
@@ -155,7 +155,7 @@ def test_an_optional_member_may_be_absent_or_null_and_is_still_type_checked(stac
 def test_kazoo_connects_and_zookeeper_ticks_every_500ms(stack, settings):
     from twinstream.core.election import zk_client
 
-    client = zk_client(settings, timeout=0.2)
+    client = zk_client(settings.zookeeper(), timeout=0.2)
     client.start(timeout=10)
     try:
         path = client.create("/twinstream-test/node", b"x", ephemeral=True, makepath=True)
@@ -359,7 +359,7 @@ def test_zookeeper_refuses_clients_without_twinstreams_credentials(stack_engines
     from twinstream.core.election import zk_client
 
     path = settings.election_path
-    owner = zk_client(settings)
+    owner = zk_client(settings.zookeeper())
     owner.start(timeout=10)
     try:
         contenders = owner.get_children(path)
@@ -385,7 +385,7 @@ def test_zookeeper_refuses_clients_without_twinstreams_credentials(stack_engines
             assert owner.exists(node) is not None, what
         assert owner.exists("/twinstream/intruder") is None
         wrong = settings.model_copy(update={"zk_password": "not-the-password"})
-        liar = zk_client(wrong, connection_retry={"max_tries": 0})
+        liar = zk_client(wrong.zookeeper(), connection_retry={"max_tries": 0})
         try:
             # kazoo may report the session CONNECTED before the SASL handshake fails; the
             # server then closes it, and no request goes through.
@@ -413,7 +413,7 @@ def test_a_pipeline_node_someone_else_made_is_refused_with_the_fix(stack, settin
     from twinstream.core.election import Election, ForeignNodeError, root_acl, zk_client
 
     squatted = settings.model_copy(update={"pipeline": "squatted"})
-    owner = zk_client(settings)
+    owner = zk_client(settings.zookeeper())
     owner.start(timeout=10)
     home = "/twinstream/squatted"
     try:
@@ -426,7 +426,7 @@ def test_a_pipeline_node_someone_else_made_is_refused_with_the_fix(stack, settin
             on_elected=lambda _epoch: None,
             on_step_down=lambda _reason: None,
             on_connection=lambda _ok: None,
-            root_acl=root_acl(settings),
+            root_acl=root_acl(settings.zookeeper()),
         )
         with pytest.raises(ForeignNodeError, match=f"not readable by us.*deleteall {home}"):
             election.start()
@@ -458,11 +458,11 @@ def test_kafka_refuses_clients_without_the_right_credentials(stack, settings):
     as_role = {
         role: settings.model_copy(update={"kafka_role": role}) for role in ("publisher", "reader")
     }
-    publisher = client_config(as_role["publisher"])
+    publisher = connection(as_role["publisher"]).librdkafka()
     out = settings.outbound_topic
     assert _deliver(publisher, settings.inbound_topic) is None
 
-    anonymous = client_config(settings.model_copy(update={"kafka_security": False}))
+    anonymous = connection(settings.model_copy(update={"kafka_security": False})).librdkafka()
     err = _deliver(anonymous, out)
     assert err is not None
     wrong = {**publisher, "sasl.password": "0" * 48}
@@ -478,7 +478,10 @@ def test_kafka_refuses_clients_without_the_right_credentials(stack, settings):
     assert refused.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
     reader = Consumer(
-        {**client_config(as_role["reader"]), "group.id": f"twinstream-test-{uuid.uuid4()}"}
+        {
+            **connection(as_role["reader"]).librdkafka(),
+            "group.id": f"twinstream-test-{uuid.uuid4()}",
+        }
     )
     try:
         # The reader may not even see .in: the broker answers its metadata request with
@@ -691,7 +694,7 @@ def test_remove_pipeline_deletes_a_throwaway_pipelines_topics_users_znode_and_ta
     mine = settings.model_copy(update={"pipelines_file": path})
     throwaway = registry.settings_for(mine, "throwaway")
     core.provision_kafka(mine, {"throwaway": throwaway}, echo=lambda _line: None)
-    zk = zk_client(settings)
+    zk = zk_client(settings.zookeeper())
     zk.start(timeout=15)
     try:
         zk.ensure_path("/twinstream/throwaway/epoch")
@@ -728,7 +731,7 @@ def test_remove_pipeline_deletes_a_throwaway_pipelines_topics_users_znode_and_ta
             described[user].result(timeout=30)
     passwords = Credentials.load(settings.kafka_credentials_path).passwords
     assert not [u for u in passwords if u.startswith("throwaway-")]
-    zk = zk_client(settings)
+    zk = zk_client(settings.zookeeper())
     zk.start(timeout=15)
     try:
         assert zk.exists("/twinstream/throwaway") is None

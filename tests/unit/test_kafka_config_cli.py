@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from twinstream.ops import cli
-from twinstream.platform.kafka import client_config, java_security_config, user_client
+from twinstream.platform.kafka import connection, user_client
 from twinstream.platform.kafka_auth import GROUP_PREFIXES, Credentials, users
 from twinstream.platform.settings import load_settings
 
@@ -43,7 +43,7 @@ def test_a_readers_librdkafka_settings_are_the_platforms_own_with_the_rules_as_c
     reader = load_settings(pipeline="payments", kafka_role="reader")
     # The platform's own reader's settings, one builder: only the group is the user's.
     assert settings == {
-        **client_config(reader),
+        **connection(reader).librdkafka(),
         "isolation.level": "read_committed",
         "auto.offset.reset": "earliest",
     }
@@ -68,7 +68,7 @@ def test_a_publishers_java_settings_say_what_it_may_write_and_how_to_key(
     publisher = load_settings(pipeline="payments", kafka_role="publisher")
     assert settings == {
         "bootstrap.servers": publisher.bootstrap_servers,
-        **java_security_config(publisher),
+        **connection(publisher).java_security(),
         "acks": "all",
         "enable.idempotence": "true",
     }

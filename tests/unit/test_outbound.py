@@ -5,6 +5,7 @@ committed again, as librdkafka's transactional API asks, not aborted."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -13,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 import twinstream.core.outbound as outbound
 from twinstream.core.gate import Fenced, TransientPublishError
 from twinstream.core.rows import Output, covered
+from twinstream.platform.connections import KafkaConnection
 from twinstream.platform.settings import Settings
 
 
@@ -67,6 +69,15 @@ class FakeProducer:
         self.aborted += 1
 
 
+KAFKA = KafkaConnection(
+    "127.0.0.1:9092",
+    login=("hostmetrics-engine", "secret"),
+    ca_path=Path("ca.pem"),
+    credentials_path=Path("kafka-credentials.json"),
+)
+TOPICS = Settings().topics()
+
+
 @pytest.fixture
 def publisher(monkeypatch: pytest.MonkeyPatch) -> tuple[outbound.KafkaPublisher, FakeProducer]:
     made: list[FakeProducer] = []
@@ -76,8 +87,8 @@ def publisher(monkeypatch: pytest.MonkeyPatch) -> tuple[outbound.KafkaPublisher,
         return made[-1]
 
     monkeypatch.setattr(outbound, "Producer", producer)
-    settings = Settings(max_message_bytes=16_384)
-    return outbound.KafkaPublisher(settings, "a"), made[0]
+    # The publisher gets only what it uses: the connection, the names, its message limit.
+    return outbound.KafkaPublisher(KAFKA, TOPICS, "a", max_message_bytes=16_384), made[0]
 
 
 def test_a_refused_row_is_replaced_by_its_dead_letter_and_the_rest_commit(publisher):
@@ -301,6 +312,6 @@ def test_an_inbound_topic_kafka_denies_stops_the_start_naming_the_fix(monkeypatc
             return type("M", (), {"topics": {topic: Meta()}})()
 
     monkeypatch.setattr(outbound, "Consumer", FakeConsumer)
-    reader = outbound.LastPublishedReader(Settings())
+    reader = outbound.LastPublishedReader(KAFKA, TOPICS)
     with pytest.raises(outbound.AccessDenied, match=r"TOPIC_AUTHORIZATION_FAILED.*`make up`"):
         reader.partitions()

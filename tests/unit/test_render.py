@@ -153,22 +153,22 @@ def test_a_secure_kafka_node_takes_scram_over_tls_and_denies_what_no_acl_allows(
 
 
 def test_secure_clients_log_in_as_their_role_and_trust_the_stacks_ca(tmp_path):
-    from twinstream.platform.kafka import client_config, spark_kafka_security
+    from twinstream.platform.kafka import connection
     from twinstream.platform.kafka_auth import Credentials, users
 
     s = _settings(tmp_path, kafka_security=True, kafka_role="publisher")
     creds, _ = Credentials.ensure(s.kafka_credentials_path, users(["hostmetrics"]))
-    config = client_config(s)
+    config = connection(s).librdkafka()
     assert config["security.protocol"] == "SASL_SSL"
     assert config["sasl.mechanism"] == "SCRAM-SHA-512"
     assert config["sasl.username"] == "hostmetrics-publisher"
     assert config["sasl.password"] == creds.password("hostmetrics-publisher")
     assert config["ssl.ca.location"] == str(s.tls_dir / "ca.pem")
-    spark = spark_kafka_security(s.model_copy(update={"kafka_role": "engine"}))
+    spark = connection(s.model_copy(update={"kafka_role": "engine"})).spark_options()
     assert spark["kafka.security.protocol"] == "SASL_SSL"
     assert 'username="hostmetrics-engine"' in spark["kafka.sasl.jaas.config"]
     assert spark["kafka.ssl.truststore.type"] == "PEM"
-    assert "sasl.username" not in client_config(_settings(tmp_path))  # security off
+    assert "sasl.username" not in connection(_settings(tmp_path)).librdkafka()  # security off
 
 
 def test_cluster_id_is_22_url_safe_characters_never_starting_with_a_dash():

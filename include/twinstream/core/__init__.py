@@ -1,4 +1,4 @@
 """The failover core: election, gate, fencing publisher, rows and headers, quarantine and
 checkpoint rewind. It knows no pipeline: examples and users' pipelines depend on it, never
-the reverse (tests/unit/test_core_imports.py enforces it). Each module states its
+the reverse (tests/unit/test_wings.py enforces it). Each module states its
 guarantee in its docstring."""

@@ -40,25 +40,25 @@ from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNod
 from kazoo.protocol.states import KeeperState
 from kazoo.security import ACL, Permissions, make_acl
 
-from twinstream.platform.settings import Settings
+from twinstream.platform.connections import ZooKeeperConnection
 
 log = logging.getLogger(__name__)
 
 
-def zk_client(settings: Settings, **overrides: Any) -> KazooClient:
+def zk_client(zk: ZooKeeperConnection, **overrides: Any) -> KazooClient:
     options: dict[str, Any] = {
-        "hosts": settings.zk_hosts,
+        "hosts": zk.hosts,
         # Asks for the smallest session ZooKeeper grants (2 x tickTime): fast detection.
-        "timeout": settings.zk_session_timeout_s,
+        "timeout": zk.session_timeout_s,
         # SASL DIGEST-MD5 is a challenge and response: the password never crosses the wire
         # (the digest scheme's addauth sends it in clear). ZooKeeper refuses every request of
         # a session that has not authenticated this way (enforce.auth, stack/render.py).
         "sasl_options": {
             "mechanism": "DIGEST-MD5",
-            "username": settings.zk_user,
-            "password": settings.secret("zk_password"),
+            "username": zk.user,
+            "password": zk.password,
         },
-        "default_acl": [owner_acl(settings)],
+        "default_acl": [owner_acl(zk)],
         # Keep reconnecting forever: an engine outlives ZooKeeper restarts.
         "connection_retry": {"max_tries": -1, "delay": 0.2, "max_delay": 2.0},
     }
@@ -72,17 +72,17 @@ ROOT = "/twinstream"
 _STARTABLE = (KeeperState.CLOSED, KeeperState.AUTH_FAILED)
 
 
-def owner_acl(settings: Settings) -> ACL:
+def owner_acl(zk: ZooKeeperConnection) -> ACL:
     """Everything, to Twinstream's ZooKeeper user (as SASL authenticates it), and nobody
     else: every node Twinstream creates carries this ACL alone."""
-    return make_acl("sasl", settings.zk_user, all=True)
+    return make_acl("sasl", zk.user, all=True)
 
 
-def root_acl(settings: Settings) -> list[ACL]:
+def root_acl(zk: ZooKeeperConnection) -> list[ACL]:
     """/twinstream (and a chroot): Twinstream's user alone may list it or create a pipeline
     under it; ZooKeeper has no per-name CREATE, so a CREATE for anyone else would let them
     take any pipeline's name first and lock its engines out."""
-    return [owner_acl(settings)]
+    return [owner_acl(zk)]
 
 
 class ForeignNodeError(RuntimeError):
@@ -129,15 +129,15 @@ def _acl_text(acl: ACL) -> str:
     return f"{acl.id.scheme}:{acl.id.id}:{perms}"
 
 
-def ensure_chroot(settings: Settings, acl: list[ACL]) -> None:
+def ensure_chroot(zk: ZooKeeperConnection, acl: list[ACL]) -> None:
     """The connect string's chroot, created if missing (with `acl`, as /twinstream's): a
     client rooted there cannot create it (kazoo only warns that it is missing, and every
     create under it then fails). One someone else made is refused (check_owned)."""
-    chroot = settings.zk_chroot
+    chroot = zk.chroot
     if not chroot:
         return
-    servers = ",".join(f"{host}:{port}" for host, port in settings.zk_servers)
-    client = zk_client(settings, hosts=servers)
+    servers = ",".join(f"{host}:{port}" for host, port in zk.servers)
+    client = zk_client(zk, hosts=servers)
     try:
         client.start(timeout=30)
         if not client.exists(chroot):

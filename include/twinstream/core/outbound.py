@@ -19,8 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from twinstream.core.gate import Fenced, TransientPublishError, by_partition
 from twinstream.core.rows import DLQ, NONE, OUT, Output, dead_letter, encode
-from twinstream.platform.kafka import consumer_config, producer_config
-from twinstream.platform.settings import Settings
+from twinstream.platform.connections import KafkaConnection, PipelineTopics
 
 if TYPE_CHECKING:
     from confluent_kafka._types import HeadersType
@@ -59,15 +58,14 @@ class AccessDenied(RuntimeError):
     """Kafka refuses this engine's user what it needs; the message names the fix."""
 
 
-def access_denied(error: KafkaError, settings: Settings) -> str | None:
+def access_denied(error: KafkaError, kafka: KafkaConnection, pipeline: str) -> str | None:
     """What to do about an error that denies this engine access, or None for any other."""
     if error.code() not in ACCESS_DENIED:
         return None
     return (
-        f"Kafka denies pipeline {settings.pipeline}'s engine user ({error.name()}): its "
+        f"Kafka denies pipeline {pipeline}'s engine user ({error.name()}): its "
         "users and ACLs are made by `make up` (twinstream.platform.kafka_auth.provision); "
-        "check that "
-        f"{settings.kafka_credentials_path} holds the password Kafka knows"
+        f"check that {kafka.credentials_path} holds the password Kafka knows"
     )
 
 
@@ -80,16 +78,24 @@ class KafkaPublisher:
     builds its publisher ahead of time (connections, metadata) and fences only on winning.
     """
 
-    def __init__(self, settings: Settings, engine_id: str, timeout_s: float = 10.0) -> None:
-        self._settings = settings
+    def __init__(
+        self,
+        kafka: KafkaConnection,
+        topics: PipelineTopics,
+        engine_id: str,
+        max_message_bytes: int,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._kafka = kafka
+        self._topics = topics
+        self._max_message_bytes = max_message_bytes
         self._engine_id = engine_id.encode()
         self._timeout_s = timeout_s
         self._unsettled = False
         self._producer = Producer(
-            producer_config(
-                settings,
+            kafka.producer(
                 **{
-                    "transactional.id": settings.transactional_id,
+                    "transactional.id": topics.transactional_id,
                     # An active that dies mid-transaction is fenced by the next init anyway;
                     # the broker-side timeout only bounds an orphan nobody replaces.
                     "transaction.timeout.ms": 10_000,
@@ -97,10 +103,10 @@ class KafkaPublisher:
                     # so a commit is settled (committed, or aborted and retried) in bounded
                     # time instead of waiting out the default 300 s.
                     "message.timeout.ms": 9_000,
-                    "client.id": f"twinstream-{settings.pipeline}-{engine_id}",
+                    "client.id": f"twinstream-{topics.pipeline}-{engine_id}",
                     # The rows are sized for this limit (twinstream.core.rows); the topics accept
                     # a little more (twinstream.platform.kafka.topic_specs).
-                    "message.max.bytes": settings.max_message_bytes,
+                    "message.max.bytes": max_message_bytes,
                 },
             )
         )
@@ -120,7 +126,7 @@ class KafkaPublisher:
                 return self
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
-                denied = access_denied(error, self._settings)
+                denied = access_denied(error, self._kafka, self._topics.pipeline)
                 if denied is not None:
                     log.error("engine %s: %s", self._engine_id.decode(), denied)
                     raise TransientPublishError(denied) from exc
@@ -129,7 +135,7 @@ class KafkaPublisher:
                 log.warning(
                     "engine %s pipeline %s: init_transactions: %s; trying again",
                     self._engine_id.decode(),
-                    self._settings.pipeline,
+                    self._topics.pipeline,
                     error,
                 )
 
@@ -149,7 +155,7 @@ class KafkaPublisher:
                 "engine %s pipeline %s: Kafka refused msg_id %s (%s); publishing their dead "
                 "letters instead",
                 self._engine_id.decode(),
-                self._settings.pipeline,
+                self._topics.pipeline,
                 ", ".join(f"{p}:{o}" if p else str(o) for p, o in sorted(refused)),
                 "; ".join(sorted({e.name() for e in refused.values()})),
             )
@@ -174,14 +180,14 @@ class KafkaPublisher:
             f"unpublishable: {error.name()}: {error.str()}",
             row.value.encode("utf-8", "backslashreplace"),
             # Half the limit: a dead letter of a refused row must not be refused in turn.
-            self._settings.max_message_bytes // 2,
+            self._max_message_bytes // 2,
             row.partition,
         )
 
     def _transaction(
         self, rows: list[Output], epoch: int, refused: dict[tuple[int, int], KafkaError]
     ) -> None:
-        topics = {OUT: self._settings.outbound_topic, DLQ: self._settings.dlq_topic}
+        topics = {OUT: self._topics.outbound, DLQ: self._topics.dlq}
         epoch_header = str(epoch).encode()
         if not rows:
             return
@@ -232,7 +238,7 @@ class KafkaPublisher:
                 raise TransientPublishError(f"{len(refused)} record(s) refused")
             for partition, group in sorted(by_partition(rows).items()):
                 self._produce(
-                    self._settings.progress_topic,
+                    self._topics.progress,
                     partition=partition,
                     key=None,
                     value=progress_record(group).encode(),
@@ -241,7 +247,7 @@ class KafkaPublisher:
             self._commit()
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
-            denied = access_denied(error, self._settings)
+            denied = access_denied(error, self._kafka, self._topics.pipeline)
             if denied is not None:
                 # Said as what it is, whatever happens next: a producer librdkafka gave up on
                 # (fatal) is replaced through the election, like a fenced one; otherwise the
@@ -362,15 +368,17 @@ class LastPublishedReader:
     takeover does not pay for a new client's bootstrap and metadata round trips.
     """
 
-    def __init__(self, settings: Settings, timeout_s: float = 10.0) -> None:
-        self._settings = settings
+    def __init__(
+        self, kafka: KafkaConnection, topics: PipelineTopics, timeout_s: float = 10.0
+    ) -> None:
+        self._kafka = kafka
+        self._topics = topics
         self._timeout_s = timeout_s
         # The inbound topic's partitions, read once: msg_ids are offsets of these, and a
         # partition added later would need every engine restarted anyway.
         self._partitions: list[int] | None = None
         self._consumer = Consumer(
-            consumer_config(
-                settings,
+            kafka.consumer(
                 f"twinstream-lastread-{uuid.uuid4()}",
                 **{
                     "enable.partition.eof": True,
@@ -384,11 +392,11 @@ class LastPublishedReader:
     def __call__(self) -> dict[int, int]:
         """Each inbound partition's last committed msg_id; for a partition with nothing
         published, the offset before its first retained record (-1 for a new topic)."""
-        s = self._settings
+        t = self._topics
         partitions = self.partitions()
         # The progress record closes every transaction; the outputs are read too for the
         # transactions published before progress records existed.
-        topics = [s.progress_topic, s.outbound_topic, s.dlq_topic]
+        topics = [t.progress, t.outbound, t.dlq]
         found = self.last_msg_ids(topics, partitions)
         last: dict[int, int] = {}
         for partition in partitions:
@@ -397,7 +405,7 @@ class LastPublishedReader:
                 last[partition] = max(known)
                 continue
             low, _ = self._consumer.get_watermark_offsets(
-                TopicPartition(s.inbound_topic, partition), timeout=self._timeout_s
+                TopicPartition(t.inbound, partition), timeout=self._timeout_s
             )
             last[partition] = int(low) - 1
         return last
@@ -405,10 +413,10 @@ class LastPublishedReader:
     def partitions(self) -> list[int]:
         """The inbound topic's partitions."""
         if self._partitions is None:
-            topic = self._settings.inbound_topic
+            topic = self._topics.inbound
             meta = self._consumer.list_topics(topic, timeout=self._timeout_s).topics[topic]
             if meta.error is not None:
-                denied = access_denied(meta.error, self._settings)
+                denied = access_denied(meta.error, self._kafka, self._topics.pipeline)
                 # Said with the fix: an engine that may not read its inbound topic stops
                 # here, at its start, before anything else.
                 raise KafkaException(meta.error) if denied is None else AccessDenied(denied)

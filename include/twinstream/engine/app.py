@@ -57,6 +57,7 @@ from twinstream.engine.positions import (
 )
 from twinstream.engine.recovery import Recovery
 from twinstream.engine.timeline import Timeline
+from twinstream.platform.kafka import connection
 from twinstream.platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -85,7 +86,12 @@ class Engine:
         )
         # A gap to recompute, found at a takeover: how (the main loop does it).
         self._repair: persistence.Plan | None = None
-        self.zk = zk_client(settings)
+        # What the clients use of the settings, built once (the Kafka credentials and the
+        # ZooKeeper password are read here): twinstream.platform.connections.
+        self.kafka = connection(settings)
+        self.topics = settings.topics()
+        self._zookeeper = settings.zookeeper()
+        self.zk = zk_client(self._zookeeper)
         self.election = Election(
             self.zk,
             settings.election_path,
@@ -94,7 +100,7 @@ class Engine:
             on_elected=self._take_over,
             on_step_down=self._stepped_down,
             on_connection=self.gate.zk_connected,
-            root_acl=root_acl(settings),
+            root_acl=root_acl(self._zookeeper),
             # A win goes on to an engine more than a batch (in_sync_lag) more caught up:
             # a takeover then never waits for a restoring or cold engine to catch up.
             standing=self.standing,
@@ -112,13 +118,13 @@ class Engine:
         self._reason = "not started"
         self._restored_from: str | None = None
         self._restore_started = 0.0
-        self.watermarks = InboundWatermarks(settings, engine_id)
+        self.watermarks = InboundWatermarks(self.kafka, self.topics, engine_id)
         self._progress_cache: tuple[float, Any, dict[str, Any]] = (0.0, None, {})
         # Built ahead of a takeover, so that winning costs only the fence and the tail read.
-        self._last_published = LastPublishedReader(settings)
+        self._last_published = LastPublishedReader(self.kafka, self.topics)
         # A second reader for the standby's periodic look at the active's position: the
         # takeover's must never wait behind it.
-        self._active_position = LastPublishedReader(settings)
+        self._active_position = LastPublishedReader(self.kafka, self.topics)
         self._active_position_read = 0.0
         self.batch_timings = BatchTimings()
         # What this engine's batches process a second, for the next query's batch size.
@@ -136,7 +142,7 @@ class Engine:
         # (sampled high watermarks, twinstream.engine.arrivals) to the commit.
         self.recent = Timeline()
         self.arrivals = Arrivals()
-        self._arrival_marks = InboundWatermarks(settings, engine_id)
+        self._arrival_marks = InboundWatermarks(self.kafka, self.topics, engine_id)
         self._arrival_sampler = ArrivalSampler(
             self.arrivals, lambda: self._arrival_marks.highs(max_age_s=0.0)
         )
@@ -191,7 +197,7 @@ class Engine:
 
     def _run(self, state: str, reason: str, starting_offsets: dict[int, int] | None = None) -> None:
         try:
-            ensure_chroot(self.settings, root_acl(self.settings))
+            ensure_chroot(self._zookeeper, root_acl(self._zookeeper))
             self._start_query(starting_offsets)
         except ForeignNodeError as exc:
             # Not a crash to restart from: nothing changes until someone deletes the node.
@@ -405,8 +411,8 @@ class Engine:
 
     def _on_gap(self, partition: int, first: int, last: int) -> bool:
         """The gate found msg_id first..last of `partition` in no buffer at a takeover. Plan
-        to recompute it (twinstream.engine.persistence); the main loop rewinds. False: nothing reaches
-        back to it."""
+        to recompute it (twinstream.engine.persistence); the main loop rewinds. False: nothing
+        reaches back to it."""
         plan = persistence.repair_plan(
             self.settings, self.engine_id, partition, first, self.watermarks.log_starts
         )
@@ -589,6 +595,11 @@ class Engine:
                 pipeline=self.pipeline(),
             )
 
+    def _publisher(self) -> KafkaPublisher:
+        return KafkaPublisher(
+            self.kafka, self.topics, self.engine_id, self.settings.max_message_bytes
+        )
+
     def buffer(self, last: int) -> list[BufferedRow]:
         rows = self.gate.buffered()[-last:] if last > 0 else []
         return [
@@ -695,7 +706,7 @@ class Engine:
 
     def _prepare_publisher(self) -> None:
         try:
-            self._spare = KafkaPublisher(self.settings, self.engine_id)
+            self._spare = self._publisher()
         except Exception as exc:  # a takeover builds one itself
             log.warning("engine %s: could not prepare a publisher: %s", self.engine_id, exc)
             self._spare = None
@@ -708,7 +719,7 @@ class Engine:
         spare, self._spare = self._spare, None
 
         def fence() -> KafkaPublisher:
-            return (spare or KafkaPublisher(self.settings, self.engine_id)).fence()
+            return (spare or self._publisher()).fence()
 
         try:
             self.gate.take_over(epoch, fence=fence, last_committed=self._last_published)

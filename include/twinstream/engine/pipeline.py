@@ -32,7 +32,7 @@ from twinstream.core.rows import (
     fits,
     split_record_id,
 )
-from twinstream.platform.kafka import spark_kafka_security
+from twinstream.platform.kafka import connection
 from twinstream.platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def read_inbound(
         # transactions.
         .option("kafka.isolation.level", "read_committed")
         # SASL/SCRAM over TLS, as the settings' Kafka user (the engines').
-        .options(**spark_kafka_security(settings))
+        .options(**connection(settings).spark_options())
         .load()
     )
 

@@ -21,8 +21,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from twinstream.platform.kafka import consumer_config
-from twinstream.platform.settings import Settings
+from twinstream.platform.connections import KafkaConnection, PipelineTopics
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +93,14 @@ class InboundWatermarks:
 
     def __init__(
         self,
-        settings: Settings,
+        kafka: KafkaConnection,
+        topics: PipelineTopics,
         engine_id: str,
         consumer: Callable[[dict[str, Any]], Any] = Consumer,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings
+        self.kafka = kafka
+        self.topics = topics
         self.engine_id = engine_id
         self._new_consumer = consumer
         self._clock = clock
@@ -110,12 +111,12 @@ class InboundWatermarks:
         self._partition_ids: list[int] | None = None
 
     def _config(self) -> dict[str, Any]:
-        return consumer_config(self.settings, f"twinstream-lag-{uuid.uuid4()}")
+        return self.kafka.consumer(f"twinstream-lag-{uuid.uuid4()}")
 
     def partitions(self, timeout_s: float = 10) -> list[int]:
         """The inbound topic's partitions; raises when Kafka does not answer."""
         if self._partition_ids is None:
-            topic = self.settings.inbound_topic
+            topic = self.topics.inbound
             meta = self.consumer.list_topics(topic, timeout=timeout_s).topics[topic]
             if meta.error is not None or not meta.partitions:
                 raise RuntimeError(f"no metadata for topic {topic}: {meta.error}")
@@ -124,8 +125,8 @@ class InboundWatermarks:
 
     def _tp(self, partition: int, timestamp_ms: int | None = None) -> TopicPartition:
         if timestamp_ms is None:
-            return TopicPartition(self.settings.inbound_topic, partition)
-        return TopicPartition(self.settings.inbound_topic, partition, timestamp_ms)
+            return TopicPartition(self.topics.inbound, partition)
+        return TopicPartition(self.topics.inbound, partition, timestamp_ms)
 
     def log_starts(self) -> dict[int, int]:
         """Kafka's first inbound offset of each partition; raises when Kafka does not
@@ -170,7 +171,7 @@ class InboundWatermarks:
                     "engine %s pipeline %s: inbound high watermark unavailable: %s; asking "
                     "again with a new consumer",
                     self.engine_id,
-                    self.settings.pipeline,
+                    self.topics.pipeline,
                     exc,
                 )
                 # Seen after a broker was killed and came back: this idle consumer kept

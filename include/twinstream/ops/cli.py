@@ -359,7 +359,7 @@ def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
     from twinstream.core.quarantine import QuarantineStore
     from twinstream.core.rows import record_text
 
-    client = zk_client(settings)
+    client = zk_client(settings.zookeeper())
     client.start(timeout=15)
     try:
         store = QuarantineStore(client, settings.quarantine_path)

@@ -22,9 +22,13 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
+from twinstream.platform.connections import (
+    PRODUCER_GUARANTEES,
+    READER_GUARANTEES,
+    KafkaConnection,
+)
 from twinstream.platform.kafka_auth import (
     ADMIN_USER,
-    MECHANISM,
     Credentials,
     Grants,
     grants,
@@ -35,18 +39,20 @@ from twinstream.platform.settings import DAY_MS, Settings
 log = logging.getLogger(__name__)
 
 
-def client_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """Settings shared by every client: where the cluster is, who this client is (the
-    settings' kafka_role, in their pipeline) and how fast to notice trouble."""
-    return {**_where(settings), **security_config(settings), **overrides}
-
-
-def _where(settings: Settings) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": settings.bootstrap_servers,
-        # The stack binds to loopback only; resolving "localhost" to ::1 first would stall.
-        "broker.address.family": "v4",
-    }
+def connection(settings: Settings) -> KafkaConnection:
+    """Where the cluster is and who the settings' clients are (their kafka_role, in their
+    pipeline): the one place the credentials file is read. A process builds it once and
+    gives it to its clients (the engine: twinstream.engine.app)."""
+    if not settings.kafka_security:
+        return KafkaConnection(settings.bootstrap_servers)
+    user = kafka_user(settings)
+    path = settings.kafka_credentials_path
+    return KafkaConnection(
+        settings.bootstrap_servers,
+        login=(user, Credentials.load(path).password(user)),
+        ca_path=settings.kafka_ca_path,
+        credentials_path=path,
+    )
 
 
 def kafka_user(settings: Settings) -> str:
@@ -54,98 +60,24 @@ def kafka_user(settings: Settings) -> str:
     return ADMIN_USER if role == "admin" else user_name(settings.pipeline, role)
 
 
-def kafka_login(settings: Settings) -> tuple[str, str] | None:
-    """(user, password) the settings' clients log in with; None without Kafka security."""
-    if not settings.kafka_security:
-        return None
-    user = kafka_user(settings)
-    return user, Credentials.load(settings.kafka_credentials_path).password(user)
-
-
-def security_config(settings: Settings) -> dict[str, Any]:
-    """librdkafka's SASL/SCRAM-over-TLS settings (nothing without security)."""
-    return _librdkafka_security(settings, kafka_login(settings))
-
-
-def _librdkafka_security(settings: Settings, login: tuple[str, str] | None) -> dict[str, Any]:
-    if login is None:
-        return {}
-    user, password = login
-    return {
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanism": MECHANISM,
-        "sasl.username": user,
-        "sasl.password": password,
-        # The stack's own CA, not the system's: the brokers' certificate is ours.
-        "ssl.ca.location": str(settings.kafka_ca_path),
-    }
-
-
-def spark_kafka_security(settings: Settings) -> dict[str, str]:
-    """java_security_config as options of Spark's Kafka source ("kafka." before each)."""
-    return {f"kafka.{k}": v for k, v in java_security_config(settings).items()}
-
-
-def java_security_config(settings: Settings) -> dict[str, str]:
-    """The same for a Java client (Spark's Kafka source, the baselines): PEM trust store."""
-    return _java_security(settings, kafka_login(settings))
-
-
-def _java_security(settings: Settings, login: tuple[str, str] | None) -> dict[str, str]:
-    if login is None:
-        return {}
-    user, password = login
-    return {
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanism": MECHANISM,
-        "sasl.jaas.config": (
-            "org.apache.kafka.common.security.scram.ScramLoginModule required "
-            f'username="{user}" password="{password}";'
-        ),
-        "ssl.truststore.type": "PEM",
-        "ssl.truststore.location": str(settings.kafka_ca_path),
-    }
-
-
-# What makes a producer lose or reorder no acknowledged record: a write counts only once
-# every in-sync replica has it (min.insync.replicas=2 on the topics), so losing one broker
-# loses no acknowledged record; retries cannot duplicate or reorder records within a
-# partition. The same names and values in librdkafka and the Java client.
-PRODUCER_GUARANTEES: dict[str, Any] = {"acks": "all", "enable.idempotence": True}
-# What makes a reader see only committed output: aborted transactions and in-flight ones
-# must never reach it (it would see rows a takeover published again); a new reader starts
-# at the beginning of what the topic keeps.
-READER_GUARANTEES: dict[str, Any] = {
-    "isolation.level": "read_committed",
-    "auto.offset.reset": "earliest",
-}
+# One-off clients at a process's edge (a task, a CLI command, a test): each call builds its
+# connection afresh. A process that keeps clients builds `connection` once instead.
 
 
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """A producer that never loses or reorders an acknowledged record."""
-    return client_config(
-        settings,
-        **{
-            **PRODUCER_GUARANTEES,
-            # Small batches within 5 ms: latency matters more than throughput here.
-            "linger.ms": 5,
-            **overrides,
-        },
-    )
+    """KafkaConnection.producer of the settings' connection."""
+    config: dict[str, Any] = connection(settings).producer(**overrides)
+    return config
 
 
 def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
-    """A consumer that sees only committed transactional output."""
-    return client_config(
-        settings,
-        **{
-            "group.id": group_id,
-            **READER_GUARANTEES,
-            # Twinstream readers track positions themselves (msg_id), not in the group.
-            "enable.auto.commit": False,
-            **overrides,
-        },
-    )
+    """KafkaConnection.consumer of the settings' connection."""
+    return connection(settings).consumer(group_id, **overrides)
+
+
+def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """KafkaConnection.admin of the settings' connection."""
+    return connection(settings).admin(**overrides)
 
 
 UserRole = Literal["publisher", "reader"]
@@ -166,21 +98,17 @@ class UserClient:
 
 def user_client(settings: Settings, role: UserRole) -> UserClient:
     """The settings `twinstream kafka-config` prints: the same as the platform's own
-    clients' (client_config, java_security_config, the guarantees above), never a copy.
-    Reads the credentials file once."""
+    clients' (KafkaConnection, the guarantees), never a copy. Reads the credentials file
+    once."""
     as_role = settings.model_copy(update={"kafka_role": role})
-    login = kafka_login(as_role)
+    kafka = connection(as_role)
     guarantees = PRODUCER_GUARANTEES if role == "publisher" else READER_GUARANTEES
-    librdkafka = {**_where(as_role), **_librdkafka_security(as_role, login), **guarantees}
-    java = {
-        "bootstrap.servers": as_role.bootstrap_servers,
-        **_java_security(as_role, login),
-        **guarantees,
-    }
+    librdkafka = kafka.librdkafka(**guarantees)
+    java = {"bootstrap.servers": kafka.bootstrap_servers, **kafka.java_security(), **guarantees}
     return UserClient(
         pipeline=settings.pipeline,
         role=role,
-        user=login[0] if login else None,
+        user=kafka.user,
         librdkafka={k: _text(v) for k, v in librdkafka.items()},
         java={k: _text(v) for k, v in java.items()},
         grants=grants(as_role, role),
@@ -206,10 +134,6 @@ class LibrdkafkaLog:
     def log(self, level: int, msg: str, *args: object) -> None:
         if self._log.isEnabledFor(logging.DEBUG):
             self._log.debug("%s %s", logging.getLevelName(level), msg % args if args else msg)
-
-
-def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    return client_config(settings, **overrides)
 
 
 @dataclass(frozen=True)

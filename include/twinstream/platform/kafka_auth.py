@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 Role = Literal["engine", "publisher", "reader"]
 ROLES: tuple[Role, ...] = ("engine", "publisher", "reader")
 ADMIN_USER = "twinstream-admin"
-MECHANISM = "SCRAM-SHA-512"
 # Kafka's minimum for SCRAM is 4096.
 ITERATIONS = 8192
 # Consumer groups every reader may use (Twinstream's own, and Spark's Kafka source's).

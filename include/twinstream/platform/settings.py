@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from twinstream.platform.connections import PipelineTopics, ZooKeeperConnection
 from twinstream.platform.storage import Location, StorageError, location
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -513,7 +514,30 @@ class Settings(BaseSettings):
     @property
     def transactional_id(self) -> str:
         """Shared by every engine of the pipeline: a new active's init fences the old one."""
-        return f"twinstream-{self.pipeline}"
+        return self.topics().transactional_id
+
+    def topics(self) -> PipelineTopics:
+        """The pipeline's names in Kafka, for the clients that use nothing else of these."""
+        return PipelineTopics(
+            pipeline=self.pipeline,
+            inbound=self.inbound_topic,
+            outbound=self.outbound_topic,
+            dlq=self.dlq_topic,
+            progress=self.progress_topic,
+        )
+
+    def zookeeper(self) -> ZooKeeperConnection:
+        """Where ZooKeeper is and who this process is there; reads the password file (see
+        `secret`) once, here."""
+        servers, chroot = self._zk_parts()
+        return ZooKeeperConnection(
+            hosts=self.zk_hosts,
+            servers=tuple(servers),
+            chroot=chroot,
+            session_timeout_s=self.zk_session_timeout_s,
+            user=self.zk_user,
+            password=self.secret("zk_password"),
+        )
 
     @property
     def election_path(self) -> str:

@@ -22,7 +22,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from twinstream.platform.kafka_auth import ADMIN_USER, MECHANISM, PASSWORD, CredentialsError
+from twinstream.platform.connections import MECHANISM
+from twinstream.platform.kafka_auth import ADMIN_USER, PASSWORD, CredentialsError
 from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack.tls import SERVER_CN, TlsFiles, ensure_tls
 

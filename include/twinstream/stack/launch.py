@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 
-from twinstream.platform.kafka import client_config
+from twinstream.platform.kafka import connection
 from twinstream.platform.settings import Settings, load_settings
 from twinstream.stack.layout import Layout
 
@@ -78,7 +78,7 @@ def airflow_environment(
     )
     if connections:
         env["AIRFLOW_CONN_KAFKA_DEFAULT"] = json.dumps(
-            {"conn_type": "kafka", "extra": client_config(settings)}
+            {"conn_type": "kafka", "extra": connection(settings).librdkafka()}
         )
     return env
 

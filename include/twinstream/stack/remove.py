@@ -259,7 +259,7 @@ def _zookeeper(settings: Settings) -> Any:
     from twinstream.core.election import zk_client
 
     # A command, not an engine: give up after a few tries instead of retrying forever.
-    client = zk_client(settings, connection_retry={"max_tries": 3, "delay": 0.5})
+    client = zk_client(settings.zookeeper(), connection_retry={"max_tries": 3, "delay": 0.5})
     try:
         client.start(timeout=15)
     except Exception as exc:

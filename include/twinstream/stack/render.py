@@ -17,7 +17,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from twinstream.platform import registry
-from twinstream.platform.kafka_auth import ADMIN_USER, MECHANISM
+from twinstream.platform.connections import MECHANISM
+from twinstream.platform.kafka_auth import ADMIN_USER
 from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack.layout import Layout
 from twinstream.stack.tls import SERVER_CN, TlsFiles
