@@ -96,17 +96,28 @@ DEFAULT_ARGS = {
 def restore_and_resync() -> None:
     @task
     def assess(params: dict[str, Any]) -> str:
-        from twinstream.ops.operate import airflow_engine, assess, observe, refusals_fail_fast
+        from twinstream.ops.operate import (
+            airflow_engine,
+            assess,
+            engine_settings,
+            observe,
+            refusals_fail_fast,
+        )
 
-        settings = registry.for_engine(load_settings(), params["engine"])
+        settings = engine_settings(params)
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
-            return assess(observe(engine), bool(params["force"]))
+            return assess(observe(engine, settings.pipeline), bool(params["force"]))
 
     @task
     def choose_snapshot(params: dict[str, Any]) -> str:
-        from twinstream.ops.operate import choose_snapshot, inbound_log_starts, refusals_fail_fast
+        from twinstream.ops.operate import (
+            choose_snapshot,
+            engine_settings,
+            inbound_log_starts,
+            refusals_fail_fast,
+        )
 
-        settings = registry.for_engine(load_settings(), params["engine"])
+        settings = engine_settings(params)
         with refusals_fail_fast():
             return choose_snapshot(
                 settings,
@@ -117,19 +128,29 @@ def restore_and_resync() -> None:
 
     @task
     def restore(snapshot_id: str, params: dict[str, Any]) -> dict[str, Any]:
-        from twinstream.ops.operate import airflow_engine, refusals_fail_fast, start_restore
+        from twinstream.ops.operate import (
+            airflow_engine,
+            engine_settings,
+            refusals_fail_fast,
+            start_restore,
+        )
 
-        settings = registry.for_engine(load_settings(), params["engine"])
+        settings = engine_settings(params)
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
-            return start_restore(engine, snapshot_id, bool(params["force"]))
+            return start_restore(engine, settings.pipeline, snapshot_id, bool(params["force"]))
 
     @task.sensor(poke_interval=10, timeout=24 * 3600, mode="reschedule")
     def wait_in_sync(report: dict[str, Any], params: dict[str, Any]) -> PokeReturnValue:
         import logging
 
-        from twinstream.ops.operate import airflow_engine, refusals_fail_fast, sync_check
+        from twinstream.ops.operate import (
+            airflow_engine,
+            engine_settings,
+            refusals_fail_fast,
+            sync_check,
+        )
 
-        settings = registry.for_engine(load_settings(), params["engine"])
+        settings = engine_settings(params)
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
             check = sync_check(
                 engine,
@@ -144,9 +165,14 @@ def restore_and_resync() -> None:
     def check_buffer(_in_sync: str, params: dict[str, Any]) -> dict[str, Any]:
         from dataclasses import asdict
 
-        from twinstream.ops.operate import airflow_engine, check_buffer, refusals_fail_fast
+        from twinstream.ops.operate import (
+            airflow_engine,
+            check_buffer,
+            engine_settings,
+            refusals_fail_fast,
+        )
 
-        settings = registry.for_engine(load_settings(), params["engine"])
+        settings = engine_settings(params)
         with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
             return asdict(check_buffer(engine, settings, int(params["compare_last"])))
 
@@ -154,11 +180,11 @@ def restore_and_resync() -> None:
     def summary(params: dict[str, Any]) -> str:
         import logging
 
-        from twinstream.ops.operate import airflow_engine, observe
+        from twinstream.ops.operate import airflow_engine, engine_settings, observe
 
-        settings = registry.for_engine(load_settings(), params["engine"])
+        settings = engine_settings(params)
         with airflow_engine(params["engine"], settings) as engine:
-            line = observe(engine).describe()
+            line = observe(engine, settings.pipeline).describe()
         logging.getLogger("twinstream").info("after restore_and_resync: %s", line)
         return line
 

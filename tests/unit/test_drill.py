@@ -9,24 +9,32 @@ from typing import Any
 import pytest
 
 from tests.unit.fakes import FakeClock, pipeline_info, server_info
-from twinstream.engine.api import BufferedRow, PipelineInfo, RestoreReport, ServerInfo
+from twinstream.engine.api import (
+    BufferedRow,
+    EngineApi,
+    PipelineInfo,
+    RestoreReport,
+    ServerInfo,
+    TimelineInfo,
+)
 from twinstream.engine.client import EngineError
 from twinstream.engine.snapshot import Manifest
 from twinstream.ops import drill
 from twinstream.ops.drill import Takeover
-from twinstream.ops.operate import EngineView, OperateError
+from twinstream.ops.operate import OperateError
+from twinstream.ops.overview import EngineView
 from twinstream.platform.settings import load_settings
 
 
 def view(engine_id: str, role="standby", in_sync=True, **kw: Any) -> EngineView:
     fields: dict[str, Any] = {"zk_state": "CONNECTED", "state": "running", "lag": 0, **kw}
-    return EngineView(engine_id, True, role, in_sync=in_sync, **fields)
+    return EngineView(
+        pipeline="hostmetrics", engine_id=engine_id, role=role, in_sync=in_sync, **fields
+    )
 
 
 class Engine:
     """An engine whose role flips to active at `active_at` on the shared clock."""
-
-    base_url = "http://fake"
 
     def __init__(self, engine_id: str, clock: FakeClock, role: str, active_at: float | None = None):
         self.engine_id = engine_id
@@ -51,6 +59,9 @@ class Engine:
         value = self.published.pop(0) if len(self.published) > 1 else self.published[0]
         return pipeline_info(last_msg_id_published=value)
 
+    def timeline(self) -> TimelineInfo:
+        raise NotImplementedError
+
     def stop(self) -> PipelineInfo:
         self.calls.append("stop")
         self._role = "none"
@@ -68,6 +79,13 @@ class Engine:
 
     def buffer(self, last: int) -> list[BufferedRow]:
         raise NotImplementedError
+
+    def metrics(self) -> str:
+        raise NotImplementedError
+
+
+# What the drill takes an engine as: mypy checks the fake against the one protocol.
+_AN_ENGINE: type[EngineApi] = Engine
 
 
 class Tail:

@@ -247,13 +247,13 @@ def test_the_engine_reports_each_partition_s_buffer_and_its_lag_trend(engine) ->
         engine.log_batch_timings(every_s=3600)  # the main loop's sample, once a second
         clock.sleep(1)
     clock.now -= 1
-    info = engine.pipeline_info()
+    info = engine.pipeline()
     assert info.buffer_fills == {0: 3, 1: 1}
     assert info.buffer_text() == "p0 3/10,000 · p1 1/10,000"
     assert info.lag_trend is not None
     assert info.lag_trend.growing
     assert info.lag == 197 + 98 + 6_000
-    text = engine.metrics_text().decode()
+    text = engine.metrics()
     assert 'twinstream_lag_growing{engine="a",pipeline="hostmetrics"} 1.0' in text
     assert 'fill{engine="a",partition="1",pipeline="hostmetrics"} 1.0' in text
 

@@ -1,5 +1,6 @@
 """The operating DAGs' logic with fake engines: picking a standby, refusing a restore,
-choosing a snapshot, watching for sync, comparing outputs, triggering once per incident."""
+choosing a snapshot, watching for sync, comparing outputs, triggering once per incident;
+how an engine is seen and described; the settings a restore run works on."""
 
 from __future__ import annotations
 
@@ -12,25 +13,53 @@ import pytest
 
 from tests.unit.fakes import pipeline_info, server_info
 from tests.unit.test_snapshot import Clock, fake_checkpoint, write
-from twinstream.engine.api import BufferedRow, RestoreReport
+from twinstream.engine.api import (
+    BufferedRow,
+    EngineApi,
+    PipelineInfo,
+    RestoreReport,
+    ServerInfo,
+    TimelineInfo,
+)
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.engine.snapshot import Manifest
 from twinstream.ops import operate
-from twinstream.ops.operate import EngineView, OperateError
-from twinstream.platform.settings import load_settings
+from twinstream.ops.operate import OperateError
+from twinstream.ops.overview import FAIL, EngineView
+from twinstream.platform.settings import SettingsError, load_settings
+
+PIPELINE = "hostmetrics"
 
 
 def view(engine_id: str, role="standby", state="running", in_sync=True, **kw) -> EngineView:
-    return EngineView(engine_id, True, role, "CONNECTED", state, in_sync=in_sync, lag=0, **kw)
+    return EngineView(
+        pipeline=PIPELINE,
+        engine_id=engine_id,
+        role=role,
+        zk_state="CONNECTED",
+        state=state,
+        in_sync=in_sync,
+        lag=0,
+        **kw,
+    )
 
 
-DOWN = EngineView("b", False, error="engine b: GET /server: unreachable: refused")
+DOWN = EngineView(
+    pipeline=PIPELINE, engine_id="b", problem="engine b: GET /server: unreachable: refused"
+)
 
 
 class FakeEngine:
-    base_url = "http://fake"
+    """An EngineApi: its pipeline's state in `info`, the requests that change it in `calls`;
+    `refusal` makes GET /server fail as the client does (an EngineError)."""
 
-    def __init__(self, engine_id="b", state="running", role="standby", in_sync=False):
+    def __init__(
+        self,
+        engine_id: str = "b",
+        state: str = "running",
+        role: str = "standby",
+        in_sync: bool = False,
+    ) -> None:
         self.engine_id = engine_id
         self.info: dict[str, Any] = {
             "state": state,
@@ -42,36 +71,49 @@ class FakeEngine:
         self.role = role
         self.calls: list[str] = []
         self.buffered: list[BufferedRow] = []
+        self.refusal: EngineError | None = None
 
-    def server(self):
+    def server(self) -> ServerInfo:
+        if self.refusal is not None:
+            raise self.refusal
         return server_info(engine_id=self.engine_id, role=self.role)
 
-    def pipeline(self):
+    def pipeline(self) -> PipelineInfo:
         return pipeline_info(**self.info)
 
-    def stop(self):
+    def timeline(self) -> TimelineInfo:
+        raise NotImplementedError  # no operation of the DAGs reads it
+
+    def stop(self) -> PipelineInfo:
         self.calls.append("stop")
         self.info["state"] = "stopped"
         return self.pipeline()
 
-    def start(self):
+    def start(self) -> PipelineInfo:
         self.calls.append("start")
         self.info["state"] = "running"
         return self.pipeline()
 
-    def persist(self):
+    def persist(self) -> Manifest:
         self.calls.append("persist")
         return Manifest.model_construct(snapshot_id="s", next_offset=1, size_bytes=2)
 
-    def restore(self, snapshot):
+    def restore(self, snapshot: str) -> RestoreReport:
         self.calls.append(f"restore {snapshot}")
         self.info["state"] = "restoring"
         return RestoreReport(
             snapshot=snapshot, next_offset=10, log_start_offset=0, pipeline=self.pipeline()
         )
 
-    def buffer(self, last):
+    def buffer(self, last: int) -> list[BufferedRow]:
         return self.buffered[-last:]
+
+    def metrics(self) -> str:
+        raise NotImplementedError  # no operation of the DAGs reads it
+
+
+# What the DAGs take an engine as: mypy checks the fake against the one protocol.
+_AN_ENGINE: type[EngineApi] = FakeEngine
 
 
 @pytest.fixture
@@ -161,9 +203,9 @@ def test_choose_snapshot_checks_kafkas_log_start_in_every_partition(settings, tm
 def test_a_restore_stops_a_running_engine_only_when_forced():
     engine = FakeEngine(state="running")
     with pytest.raises(OperateError, match="force"):
-        operate.start_restore(engine, "latest", force=False)
+        operate.start_restore(engine, PIPELINE, "latest", force=False)
     assert engine.calls == []
-    report = operate.start_restore(engine, "s1", force=True)
+    report = operate.start_restore(engine, PIPELINE, "s1", force=True)
     assert engine.calls == ["stop", "restore s1"]
     assert report["snapshot"] == "s1"
     assert report["started_at"] > 0
@@ -305,6 +347,63 @@ def test_check_buffer_compares_each_partition_with_its_own_published_records(set
         operate.check_buffer(engine, settings, 10)
 
 
+# -- seeing an engine ---------------------------------------------------------------------
+
+
+def test_an_engine_is_seen_as_the_overview_sees_it_and_described_in_one_line():
+    engine = FakeEngine(state="running", role="standby")
+    seen = operate.observe(engine, PIPELINE)
+    assert (seen.pipeline, seen.engine_id, seen.problem) == (PIPELINE, "b", None)
+    assert (seen.role, seen.zk_state, seen.state, seen.in_sync, seen.lag) == (
+        "standby",
+        "CONNECTED",
+        "running",
+        False,
+        500,
+    )
+    assert seen.healthy
+    assert seen.describe() == "engine b: standby, pipeline running, not in sync (lag 500)"
+    engine.info.update(state="stopped", reason="no checkpoint", in_sync=False)
+    engine.role = "none"
+    stopped = operate.observe(engine, PIPELINE)
+    assert not stopped.healthy
+    assert stopped.describe() == (
+        "engine b: none, pipeline stopped, no checkpoint, not in sync (lag 500)"
+    )
+    engine.info.update(state="running", reason="", in_sync=True, lag=0)
+    engine.role = "active"
+    assert operate.observe(engine, PIPELINE).describe() == (
+        "engine b: active, pipeline running, in sync"
+    )
+
+
+def test_an_engine_that_does_not_answer_is_described_with_the_whole_error():
+    engine = FakeEngine()
+    engine.refusal = EngineError("b", "GET /server", None, "http://x:1: refused")
+    seen = operate.observe(engine, PIPELINE)
+    assert seen.problem == "engine b: GET /server: unreachable: http://x:1: refused"
+    assert (seen.healthy, seen.unauthorized, seen.health, seen.role) == (False, False, FAIL, None)
+    assert seen.describe() == (
+        "engine b: unreachable (engine b: GET /server: unreachable: http://x:1: refused)"
+    )
+    engine.refusal = EngineError("b", "GET /server", 401, "wrong bearer token")
+    refused = operate.observe(engine, PIPELINE)
+    assert refused.unauthorized
+    assert refused.describe() == (
+        "engine b: unreachable (engine b: GET /server: HTTP 401: wrong bearer token)"
+    )
+
+
+def test_a_restore_run_works_on_the_pipeline_of_its_engine():
+    # The test stack (tests/stack-pipelines.toml): hostmetrics runs a and b, payments c, d.
+    payments = operate.engine_settings({"engine": "d", "force": False})
+    assert (payments.pipeline, payments.engine_ids) == ("payments", ["c", "d"])
+    assert payments.inbound_topic == "payments.in"
+    assert operate.engine_settings({"engine": "a"}).pipeline == "hostmetrics"
+    with pytest.raises(SettingsError, match=r"no pipeline of this stack runs engine 'z'"):
+        operate.engine_settings({"engine": "z"})
+
+
 # -- watch --------------------------------------------------------------------------------
 
 
@@ -362,7 +461,10 @@ def test_an_unreachable_engine_is_an_error_naming_it():
     down = EngineClient("b", "http://127.0.0.1:9", "tok", timeout_s=1)
     with pytest.raises(EngineError, match="engine b: GET /server: unreachable"):
         down.server()
-    assert operate.observe(down).reachable is False
+    seen = operate.observe(down, PIPELINE)
+    assert seen.problem is not None
+    assert seen.problem.startswith("engine b: GET /server: unreachable")
+    assert not seen.healthy
     assert down.healthy() is False
 
 

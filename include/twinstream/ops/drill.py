@@ -17,10 +17,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from twinstream.core.rows import positions_text, range_text
-from twinstream.engine.api import PipelineInfo
+from twinstream.engine.api import EngineApi, PipelineInfo
 from twinstream.engine.client import EngineError
 from twinstream.ops.audit import Findings, format_ranges, window
-from twinstream.ops.operate import Engine, EngineView, OperateError
+from twinstream.ops.operate import OperateError
+from twinstream.ops.overview import EngineView
 from twinstream.platform.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ def plan(views: Iterable[EngineView], leader: str | None) -> dict[str, Any]:
     (and ZooKeeper agrees) and at least one standby is in sync."""
     views = list(views)
     seen = "; ".join(v.describe() for v in views)
-    actives = [v for v in views if v.reachable and v.role == "active"]
+    actives = [v for v in views if v.problem is None and v.role == "active"]
     if len(actives) != 1 or actives[0].state != "running" or actives[0].zk_state != "CONNECTED":
         raise OperateError(
             f"the drill needs exactly one running active with a live session: {seen}"
@@ -49,7 +50,7 @@ def plan(views: Iterable[EngineView], leader: str | None) -> dict[str, Any]:
     standbys = [
         v.engine_id
         for v in views
-        if v.reachable and v.role == "standby" and v.state == "running" and v.in_sync
+        if v.problem is None and v.role == "standby" and v.state == "running" and v.in_sync
     ]
     if not standbys:
         raise OperateError(
@@ -105,8 +106,8 @@ class Takeover:
 
 
 def stop_and_measure(
-    active: Engine,
-    standbys: Mapping[str, Engine],
+    active: EngineApi,
+    standbys: Mapping[str, EngineApi],
     tail: EpochTail,
     timeout_s: float = 60.0,
     clock: Callable[[], float] = time.monotonic,
@@ -138,7 +139,7 @@ def stop_and_measure(
 
 def measure_takeover(
     result: Takeover,
-    standbys: Mapping[str, Engine],
+    standbys: Mapping[str, EngineApi],
     tail: EpochTail,
     started: float,
     timeout_s: float,
@@ -241,7 +242,7 @@ def published_positions(info: PipelineInfo) -> dict[int, int]:
 
 def audit_handover(
     settings: Settings,
-    new_active: Engine,
+    new_active: EngineApi,
     takeover: Mapping[str, Any],
     timeout_s: float = 120.0,
     clock: Callable[[], float] = time.monotonic,

@@ -1,6 +1,8 @@
 """What the operating DAGs do, as plain functions: persist a standby, restore and resync an
 engine, watch the engines. The DAG files only wire these into tasks, and the unit tests
-drive them with fake engines, without Airflow.
+drive them with fake engines, without Airflow. An engine is spoken to through its one
+protocol, `twinstream.engine.api.EngineApi` (an EngineClient from its Airflow connection,
+or a fake), and seen as the operator's `twinstream.ops.overview.EngineView`.
 
 Every refusal is an OperateError whose message says what was found and what to do.
 """
@@ -13,13 +15,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from twinstream.core.rows import positions_text, range_text, record_id, record_text, span
 from twinstream.engine import snapshot
-from twinstream.engine.api import BufferedRow, PipelineInfo, RestoreReport, ServerInfo
+from twinstream.engine.api import BufferedRow, EngineApi
 from twinstream.engine.client import EngineClient, EngineError
-from twinstream.engine.snapshot import Manifest
+from twinstream.ops.overview import WORKING, EngineView, engine_view, unanswered_view
 from twinstream.ops.subscriber import Record
 from twinstream.platform.settings import Settings
 
@@ -27,8 +29,6 @@ log = logging.getLogger(__name__)
 
 COLD = "cold"
 LATEST = "latest"
-# Pipeline states in which an engine is doing its job (restoring is on its way there).
-WORKING = ("running", "restoring", "persisting")
 
 
 class OperateError(Exception):
@@ -47,63 +47,16 @@ def refusals_fail_fast() -> Iterator[None]:
         raise AirflowFailException(str(exc)) from exc
 
 
-class Engine(Protocol):
-    """The admin API as the DAGs use it (EngineClient, or a fake in unit tests)."""
-
-    engine_id: str
-    base_url: str
-
-    def server(self) -> ServerInfo: ...
-    def pipeline(self) -> PipelineInfo: ...
-    def stop(self) -> PipelineInfo: ...
-    def start(self) -> PipelineInfo: ...
-    def persist(self) -> Manifest: ...
-    def restore(self, snapshot: str) -> RestoreReport: ...
-    def buffer(self, last: int) -> list[BufferedRow]: ...
-
-
-@dataclass(frozen=True)
-class EngineView:
-    """One engine as seen through its admin API at one moment."""
-
-    engine_id: str
-    reachable: bool
-    role: str | None = None
-    zk_state: str | None = None
-    state: str | None = None
-    reason: str = ""
-    in_sync: bool = False
-    lag: int | None = None
-    error: str | None = None
-
-    @property
-    def healthy(self) -> bool:
-        return self.reachable and self.state in WORKING
-
-    def describe(self) -> str:
-        if not self.reachable:
-            return f"engine {self.engine_id}: unreachable ({self.error})"
-        sync = "in sync" if self.in_sync else f"not in sync (lag {self.lag})"
-        why = f", {self.reason}" if self.reason else ""
-        return f"engine {self.engine_id}: {self.role}, pipeline {self.state}{why}, {sync}"
-
-
-def observe(engine: Engine) -> EngineView:
+def observe(engine: EngineApi, pipeline: str) -> EngineView:
+    """The engine as its admin API answers now, as `twinstream status` would show it. One
+    that does not answer has the whole error as its problem (the request and the HTTP
+    status too): describe() puts it in the task's log."""
     try:
         server = engine.server()
         info = engine.pipeline()
     except EngineError as exc:
-        return EngineView(engine.engine_id, reachable=False, error=str(exc))
-    return EngineView(
-        engine.engine_id,
-        reachable=True,
-        role=server.role,
-        zk_state=server.zk_state,
-        state=info.state,
-        reason=info.reason,
-        in_sync=info.in_sync,
-        lag=info.lag,
-    )
+        return unanswered_view(pipeline, engine.engine_id, exc, problem=str(exc))
+    return engine_view(pipeline, engine.engine_id, server, info)
 
 
 # -- persist_standby_state --------------------------------------------------------------
@@ -114,7 +67,7 @@ def zk_leader(settings: Settings) -> str | None:
     ZooKeeper credentials; None when nobody holds it."""
     from twinstream.core.election import zk_client
 
-    client = zk_client(settings)
+    client = zk_client(settings.zookeeper())
     client.start(timeout=15)
     try:
         contenders = client.Election(settings.election_path).contenders()
@@ -130,7 +83,7 @@ def pick_standby(views: Iterable[EngineView], leader: str | None) -> str:
     views = list(views)
     for view in views:
         if (
-            view.reachable
+            view.problem is None
             and view.engine_id != leader
             and view.role == "standby"
             and view.state == "running"
@@ -144,7 +97,7 @@ def pick_standby(views: Iterable[EngineView], leader: str | None) -> str:
     )
 
 
-def persist_from(engine: Engine) -> dict[str, Any]:
+def persist_from(engine: EngineApi) -> dict[str, Any]:
     """The manifest of the snapshot the engine wrote, as JSON (an XCom)."""
     manifest = engine.persist()
     log.info(
@@ -186,7 +139,7 @@ def prune(settings: Settings, keep: int) -> list[str]:
 
 def assess(view: EngineView, force: bool) -> str:
     """Refuse to touch an engine that is doing its job, unless forced."""
-    if not view.reachable:
+    if view.problem is not None:
         raise OperateError(
             f"{view.describe()}: its admin API must answer before it can be restored; start "
             "its process (make up / docker compose up -d) and rerun"
@@ -208,8 +161,9 @@ def assess(view: EngineView, force: bool) -> str:
 def inbound_log_starts(settings: Settings) -> dict[int, int]:
     """The log-start offset of every partition of the inbound topic."""
     from twinstream.engine.positions import InboundWatermarks
+    from twinstream.platform.kafka import connection
 
-    marks = InboundWatermarks(settings, "airflow")
+    marks = InboundWatermarks(connection(settings), settings.topics(), "airflow")
     try:
         return marks.log_starts()
     finally:
@@ -255,8 +209,12 @@ def choose_snapshot(
     return manifest.snapshot_id
 
 
-def start_restore(engine: Engine, snapshot_id: str, force: bool) -> dict[str, Any]:
-    view = observe(engine)
+def start_restore(
+    engine: EngineApi, pipeline: str, snapshot_id: str, force: bool
+) -> dict[str, Any]:
+    """Restore `snapshot_id` on the engine of `pipeline`, stopping it first only when
+    forced: it may have started since assess()."""
+    view = observe(engine, pipeline)
     if view.state in WORKING:
         if not force:
             raise OperateError(f"{view.describe()}: it started meanwhile; rerun with force")
@@ -280,7 +238,11 @@ class SyncCheck:
 
 
 def sync_check(
-    engine: Engine, started_at: float, wait_s: float, now: float, since: str = "the restore"
+    engine: EngineApi,
+    started_at: float,
+    wait_s: float,
+    now: float,
+    since: str = "the restore",
 ) -> SyncCheck:
     """One look at a restoring (or restarted) engine: done when in sync; OperateError when
     it failed or the wait is over. The message is the progress line for the sensor's log."""
@@ -406,7 +368,7 @@ def committed_since(
     return found
 
 
-def check_buffer(engine: Engine, settings: Settings, last: int) -> Comparison:
+def check_buffer(engine: EngineApi, settings: Settings, last: int) -> Comparison:
     """The engine's last `last` buffered rows against what is published for the same
     msg_ids, partition by partition."""
     buffered = engine.buffer(last)
@@ -489,6 +451,16 @@ def watch(
     return to_restore, {k: asdict(v) for k, v in current.items()}
 
 
+def engine_settings(params: Mapping[str, Any]) -> Settings:
+    """The settings of the pipeline whose engine the run's `engine` Param names
+    (restore_and_resync: engine ids are the stack's, so an engine names its pipeline).
+    Reads the environment and the pipelines file only."""
+    from twinstream.platform import registry
+    from twinstream.platform.settings import load_settings
+
+    return registry.for_engine(load_settings(), str(params["engine"]))
+
+
 def airflow_engine(engine_id: str, settings: Settings) -> EngineClient:
     """The engine's client from its Airflow connection (inside a task only)."""
     from airflow.sdk import Connection
@@ -501,7 +473,7 @@ def observe_engines(settings: Settings) -> list[EngineView]:
     views = []
     for engine_id in settings.engine_ids:
         with airflow_engine(engine_id, settings) as engine:
-            views.append(observe(engine))
+            views.append(observe(engine, settings.pipeline))
     return views
 
 

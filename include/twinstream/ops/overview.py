@@ -5,7 +5,8 @@ its snapshots and its latest audit, in one typed model.
 (`twinstream.ops.operator_ui`) shows it as a page. Both build it here, from the engines' admin
 APIs (one typed client, `twinstream.engine.client`), the snapshot folders and the audit
 reports; the only Kafka call is the inbound log-start offsets that say whether a snapshot
-is still restorable, and it is optional (`log_starts`).
+is still restorable, and it is optional (`log_starts`). The operating DAGs see an engine
+as the same EngineView (`twinstream.ops.operate.observe`).
 
 A pipeline's problems name what an operator must act on, each with what to do: not exactly
 one active, a gap, a standby short of a takeover, an engine that does not answer, a failed
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # Which problem an engine has, as an operator would name it (the table's colours use it).
 OK, WARN, FAIL = "ok", "warn", "fail"
+# Pipeline states in which an engine is doing its job (restoring is on its way there).
+WORKING = ("running", "restoring", "persisting")
 # What to do about a pipeline falling behind (docs/falling-behind.md says more). Engines
 # are replicas: each computes everything, so another engine adds a standby, not speed.
 FALLING_BEHIND_FIX = (
@@ -87,6 +90,21 @@ class EngineView(BaseModel):
     @property
     def lag_growing(self) -> bool:
         return self.lag_trend is not None and self.lag_trend.growing
+
+    @property
+    def healthy(self) -> bool:
+        """Answering and doing its job (WORKING): what watch_engines asks. Not `health`,
+        the table's colour: a standby catching up is healthy here, a warning there."""
+        return self.problem is None and self.state in WORKING
+
+    def describe(self) -> str:
+        """One line for a task's log and an OperateError: "engine b: standby, pipeline
+        running, not in sync (lag 500)", or why it did not answer."""
+        if self.problem is not None:
+            return f"engine {self.engine_id}: unreachable ({self.problem})"
+        sync = "in sync" if self.in_sync else f"not in sync (lag {self.lag})"
+        why = f", {self.reason}" if self.reason else ""
+        return f"engine {self.engine_id}: {self.role}, pipeline {self.state}{why}, {sync}"
 
 
 class TakeoverView(BaseModel):
@@ -143,13 +161,18 @@ class Overview(BaseModel):
         return not any(p.problems for p in self.pipelines)
 
 
+# (pipeline's settings, engine id) -> the engine's client: an EngineClient, not any EngineApi,
+# since whoever asks for one closes it.
 EngineFactory = Callable[[Settings, str], EngineClient]
 
 
-def _engine(name: str, server: ServerInfo, pipe: PipelineInfo) -> EngineView:
+def engine_view(
+    pipeline: str, engine_id: str, server: ServerInfo, pipe: PipelineInfo
+) -> EngineView:
+    """The engine as its GET /server and GET /pipeline answered, with its health."""
     view = EngineView(
-        pipeline=name,
-        engine_id=server.engine_id,
+        pipeline=pipeline,
+        engine_id=engine_id,
         role=server.role,
         epoch=server.epoch,
         zk_state=server.zk_state,
@@ -182,6 +205,22 @@ def _engine(name: str, server: ServerInfo, pipe: PipelineInfo) -> EngineView:
     ):
         view.health = WARN
     return view
+
+
+def unanswered_view(
+    pipeline: str, engine_id: str, exc: EngineError, problem: str | None = None
+) -> EngineView:
+    """An engine that did not answer, or refused the token: `problem` says why, by default
+    the engine's reason (after its HTTP status, if it gave one)."""
+    if problem is None:
+        problem = exc.reason if exc.status is None else f"HTTP {exc.status}: {exc.reason}"
+    return EngineView(
+        pipeline=pipeline,
+        engine_id=engine_id,
+        problem=problem,
+        unauthorized=exc.status in (401, 403),
+        health=FAIL,
+    )
 
 
 def _positions(per_partition: dict[int, int], alone: int | None) -> dict[int, int]:
@@ -318,19 +357,9 @@ def pipeline_view(
             with client:
                 server, pipe = client.server(), client.pipeline()
         except EngineError as exc:
-            views.append(
-                EngineView(
-                    pipeline=name,
-                    engine_id=engine_id,
-                    problem=exc.reason
-                    if exc.status is None
-                    else f"HTTP {exc.status}: {exc.reason}",
-                    unauthorized=exc.status in (401, 403),
-                    health=FAIL,
-                )
-            )
+            views.append(unanswered_view(name, engine_id, exc))
             continue
-        views.append(_engine(name, server, pipe))
+        views.append(engine_view(name, server.engine_id, server, pipe))
         infos[engine_id] = pipe
         for t in pipe.takeovers:
             takeovers.setdefault(t.epoch, TakeoverView(engine_id=engine_id, **t.model_dump()))

@@ -30,11 +30,11 @@ from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from twinstream.engine import timeline as timelines
-from twinstream.engine.client import EngineClient
 from twinstream.ops.audit import data_docs_site
 from twinstream.ops.operator_ui.datadocs import VENDOR, external_resources, offline, safe_file
 from twinstream.ops.overview import (
     AuditView,
+    EngineFactory,
     Overview,
     SnapshotView,
     latest_audit,
@@ -72,7 +72,7 @@ class Sources:
 
     settings: Callable[[], Settings] = load_settings
     # (pipeline's settings, engine id) -> its admin API's client.
-    engines: Callable[[Settings, str], EngineClient] | None = None
+    engines: EngineFactory | None = None
     log_starts: Callable[[Settings], Mapping[int, int] | None] | None = None
     clock: Callable[[], float] = time.time
     _history: dict[str, _History] = field(default_factory=dict)
