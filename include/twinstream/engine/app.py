@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -44,7 +43,7 @@ from twinstream.engine.arrivals import Arrivals, ArrivalSampler
 from twinstream.engine.batching import DrainRate, batch_limit
 from twinstream.engine.lag_trend import LagHistory
 from twinstream.engine.metrics import EngineMetrics
-from twinstream.engine.pipeline import rows_of, spark_conf, start_query, warm_up
+from twinstream.engine.pipeline import rows_of, spark_conf, start_query, warm_up_engine
 from twinstream.engine.positions import (
     BatchTimings,
     InboundWatermarks,
@@ -148,8 +147,6 @@ class Engine:
         )
         self._arrival_sampler.start()
 
-    # -- lifecycle ----------------------------------------------------------------------
-
     # -- the admin API's operations (twinstream.engine.api.EngineApi) -------------------
 
     def start(self) -> PipelineInfo:
@@ -171,6 +168,8 @@ class Engine:
             raise Conflict(f"the pipeline is {state}, not running")
         self._stop("stopped through the admin API")
         return self.pipeline()
+
+    # -- lifecycle ----------------------------------------------------------------------
 
     def _start(self) -> None:
         """Resume from this engine's checkpoint. An unusable checkpoint, or none on a
@@ -211,7 +210,9 @@ class Engine:
     def _start_query(self, starting_offsets: dict[int, int] | None = None) -> None:
         if self._spark is None:
             self._spark = self._new_session()
-            self._warm_up(self._spark)
+            warm_up_engine(
+                self._spark, self.settings, self.definition, self.engine_id, self._backlog
+            )
         self.recovery.excluded = self._read_quarantine()
         self._max_offsets = self._batch_limit()
         self.gate.resume_waits()
@@ -620,51 +621,6 @@ class Engine:
                 "spark.driver.memory": self.settings.engine_heap,
             },
         )
-
-    def _warm_up(self, spark: SparkSession) -> None:
-        """The pipeline's plan over its own sample records, once per session, before the
-        query: a failure costs the warm-up only, never the engine."""
-        count = self.settings.warm_up_records
-        if count <= 0 or self.definition.sample is None:
-            return
-        try:
-            backlog = self._backlog()
-        except (OSError, ValueError):  # the query reports an unreadable checkpoint itself
-            backlog = None
-        if backlog is not None and backlog >= count:
-            # Real records warm it as well, and sooner: a restart after a kill has the
-            # input of its downtime to catch up on (the warm-up cost a rejoin ~10 s).
-            log.info(
-                "engine %s pipeline %s: no warm-up, %s inbound records to catch up on",
-                self.engine_id,
-                self.settings.pipeline,
-                backlog,
-            )
-            return
-        folder = self.settings.engine_dir(self.engine_id) / "warm-up"
-        started = time.monotonic()
-        try:
-            shutil.rmtree(folder, ignore_errors=True)
-            rows = warm_up(spark, self.settings, self.definition, folder, count)
-        except Exception as exc:  # the real query works or fails on its own
-            log.warning(
-                "engine %s pipeline %s: warm-up failed after %.1f s, the query starts cold: %s",
-                self.engine_id,
-                self.settings.pipeline,
-                time.monotonic() - started,
-                describe(exc),
-            )
-        else:
-            log.info(
-                "engine %s pipeline %s: warmed up in %.1f s (%s sample records, %s rows)",
-                self.engine_id,
-                self.settings.pipeline,
-                time.monotonic() - started,
-                count,
-                rows,
-            )
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
 
     def _backlog(self) -> int | None:
         """Inbound records the query reads before it is level with the topic; None while

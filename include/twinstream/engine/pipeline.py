@@ -14,13 +14,17 @@ source instance, so the query has one source (a restart on its checkpoint resume
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import shutil
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from twinstream.contract import DEAD_LETTER, MSG_ID, RAW, ContractError, Pipeline
+from twinstream.core.quarantine import describe
 from twinstream.core.rows import (
     DLQ,
     NONE,
@@ -34,6 +38,8 @@ from twinstream.core.rows import (
 )
 from twinstream.platform.kafka import connection
 from twinstream.platform.settings import Settings
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -551,6 +557,59 @@ def warm_up(
         return 0
     records = list(enumerate(pipeline.sample(count, 1, 0)))
     return len(run_on_records(spark, settings, pipeline, records, folder, 1, timeout_s))
+
+
+def warm_up_engine(
+    spark: SparkSession,
+    settings: Settings,
+    pipeline: Pipeline,
+    engine_id: str,
+    backlog: Callable[[], int | None],
+) -> None:
+    """An engine's warm-up (`warm_up`), once per session, before its query, unless it has
+    `backlog()` records to catch up on already: those warm it as well, and sooner. A
+    failure costs the warm-up only, never the engine."""
+    count = settings.warm_up_records
+    if count <= 0 or pipeline.sample is None:
+        return
+    try:
+        behind = backlog()
+    except (OSError, ValueError):  # the query reports an unreadable checkpoint itself
+        behind = None
+    if behind is not None and behind >= count:
+        # Real records warm it as well, and sooner: a restart after a kill has the
+        # input of its downtime to catch up on (the warm-up cost a rejoin ~10 s).
+        log.info(
+            "engine %s pipeline %s: no warm-up, %s inbound records to catch up on",
+            engine_id,
+            settings.pipeline,
+            behind,
+        )
+        return
+    folder = settings.engine_dir(engine_id) / "warm-up"
+    started = time.monotonic()
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+        rows = warm_up(spark, settings, pipeline, folder, count)
+    except Exception as exc:  # the real query works or fails on its own
+        log.warning(
+            "engine %s pipeline %s: warm-up failed after %.1f s, the query starts cold: %s",
+            engine_id,
+            settings.pipeline,
+            time.monotonic() - started,
+            describe(exc),
+        )
+    else:
+        log.info(
+            "engine %s pipeline %s: warmed up in %.1f s (%s sample records, %s rows)",
+            engine_id,
+            settings.pipeline,
+            time.monotonic() - started,
+            count,
+            rows,
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def query_name(settings: Settings, engine_id: str) -> str:
