@@ -51,7 +51,7 @@ def watch_engines() -> None:
 
         from airflow.sdk import Variable
 
-        from twinstream.ops.operate import observe_engines, watch
+        from twinstream.ops.operate import engines_to_restore, observe_engines
         from twinstream.platform import registry
         from twinstream.platform.settings import load_settings
 
@@ -59,7 +59,9 @@ def watch_engines() -> None:
         # Every pipeline's engines (engine ids are the stack's, one pipeline each).
         views = [v for p in registry.stack(settings).values() for v in observe_engines(p)]
         remembered = json.loads(Variable.get(INCIDENTS, default="{}"))
-        to_restore, incidents = watch(views, remembered, time.time(), settings.watch_grace_s)
+        to_restore, incidents = engines_to_restore(
+            views, remembered, time.time(), settings.watch_grace_s
+        )
         Variable.set(INCIDENTS, json.dumps(incidents))
         return [{"engine": engine_id, "snapshot": "latest"} for engine_id in to_restore]
 

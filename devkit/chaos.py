@@ -24,7 +24,7 @@ from twinstream.core.rows import positions_text, record_id
 from twinstream.engine.api import PipelineInfo, ServerInfo
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.ops.audit import Findings, window
-from twinstream.ops.drill import KafkaEpochTail, Takeover, measure_takeover, published_positions
+from twinstream.ops.drill import KafkaEpochTail, Takeover, measure_takeover
 from twinstream.platform.settings import Settings
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
@@ -104,7 +104,7 @@ class SupervisedEngines:
         def published() -> bool:
             for client in self.clients.values():
                 with contextlib.suppress(EngineError):
-                    now = published_positions(client.pipeline())
+                    now = client.pipeline().published_positions()
                     if all(now.get(p, -1) >= end - 1 for p, end in wanted.items()):
                         return True
             return False

@@ -410,3 +410,16 @@ def test_a_ca_file_that_does_not_load_is_named(tmp_path: Path, tls: TlsFiles):
         EngineClient.from_connection("a", "h", 1, "https", TOKEN, {"ca": 3})
     with pytest.raises(ValueError, match="extra is not JSON"):
         EngineClient.from_connection("a", "h", 1, "https", TOKEN, "ca=/x")
+
+
+def test_pipeline_info_gives_positions_per_partition_or_the_scalar_of_one():
+    """One rule for the drill, the chaos kit and the overview: per-partition positions when
+    the engine gives them, else partition 0's scalar, else none."""
+    one = fakes.pipeline_info(
+        last_msg_id_processed=9, last_msg_id_published=None, processed={}, published={}
+    )
+    assert one.processed_positions() == {0: 9}
+    assert one.published_positions() == {}
+    many = fakes.pipeline_info(processed={0: 9, 1: 4}, published={1: 3})
+    assert many.processed_positions() == {0: 9, 1: 4}
+    assert many.published_positions() == {1: 3}

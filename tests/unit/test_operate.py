@@ -412,21 +412,33 @@ def test_an_engine_down_past_the_grace_period_is_restored_once_per_incident():
     healthy_a = view("a", role="active")
     stopped_b = view("b", role="none", state="stopped", in_sync=False)
 
-    todo, memory = operate.watch([healthy_a, stopped_b], memory, now=1000.0, grace_s=120)
+    todo, memory = operate.engines_to_restore(
+        [healthy_a, stopped_b], memory, now=1000.0, grace_s=120
+    )
     assert todo == []
     assert memory["b"]["since"] == 1000.0
-    todo, memory = operate.watch([healthy_a, stopped_b], memory, now=1119.0, grace_s=120)
+    todo, memory = operate.engines_to_restore(
+        [healthy_a, stopped_b], memory, now=1119.0, grace_s=120
+    )
     assert todo == []
-    todo, memory = operate.watch([healthy_a, DOWN], memory, now=1120.0, grace_s=120)
+    todo, memory = operate.engines_to_restore([healthy_a, DOWN], memory, now=1120.0, grace_s=120)
     assert todo == ["b"]
     for minute in range(1, 10):
-        todo, memory = operate.watch([healthy_a, DOWN], memory, 1120.0 + 60 * minute, 120)
+        todo, memory = operate.engines_to_restore(
+            [healthy_a, DOWN], memory, 1120.0 + 60 * minute, 120
+        )
         assert todo == []
     # Restoring counts as healthy: the incident closes, and a later failure is a new one.
-    todo, memory = operate.watch([healthy_a, view("b", state="restoring")], memory, 2000.0, 120)
+    todo, memory = operate.engines_to_restore(
+        [healthy_a, view("b", state="restoring")], memory, 2000.0, 120
+    )
     assert (todo, memory) == ([], {})
-    todo, memory = operate.watch([healthy_a, stopped_b], memory, now=3000.0, grace_s=120)
-    todo, memory = operate.watch([healthy_a, stopped_b], memory, now=3120.0, grace_s=120)
+    todo, memory = operate.engines_to_restore(
+        [healthy_a, stopped_b], memory, now=3000.0, grace_s=120
+    )
+    todo, memory = operate.engines_to_restore(
+        [healthy_a, stopped_b], memory, now=3120.0, grace_s=120
+    )
     assert todo == ["b"]
     json.dumps(memory)  # what the DAG stores in its Variable
 

@@ -157,6 +157,21 @@ class PipelineInfo(BaseModel):
     def buffer_text(self) -> str:
         return buffer_text(self.buffer_fills, self.buffer_fill, self.buffer_size)
 
+    def processed_positions(self) -> dict[int, int]:
+        """Each partition's last processed msg_id (an engine of one partition may give
+        only the scalar)."""
+        return _positions(self.processed, self.last_msg_id_processed)
+
+    def published_positions(self) -> dict[int, int]:
+        """Each partition's last published msg_id, as this engine knows it."""
+        return _positions(self.published, self.last_msg_id_published)
+
+
+def _positions(per_partition: dict[int, int], alone: int | None) -> dict[int, int]:
+    if per_partition:
+        return dict(per_partition)
+    return {} if alone is None else {0: alone}
+
 
 class RestoreRequest(BaseModel):
     snapshot: str = Field(

@@ -233,13 +233,6 @@ def positions_before(takeover: Mapping[str, Any]) -> dict[int, int]:
     return {} if alone is None else {0: int(alone)}
 
 
-def published_positions(info: PipelineInfo) -> dict[int, int]:
-    """Each partition's last published msg_id, as an engine reports it."""
-    if info.published:
-        return dict(info.published)
-    return {} if info.last_msg_id_published is None else {0: info.last_msg_id_published}
-
-
 def audit_handover(
     settings: Settings,
     new_active: EngineApi,
@@ -257,7 +250,7 @@ def audit_handover(
     deadline = clock() + timeout_s
     before = positions_before(takeover)
     while True:
-        now = published_positions(new_active.pipeline())
+        now = new_active.pipeline().published_positions()
         behind = [p for p in before if now.get(p, -1) <= before[p]]
         if (before and not behind) or clock() >= deadline:
             break  # window_bounds below names what is missing

@@ -419,7 +419,7 @@ class Incident:
     what: str = ""
 
 
-def watch(
+def engines_to_restore(
     views: Iterable[EngineView],
     incidents: Mapping[str, Mapping[str, Any]],
     now: float,

@@ -179,8 +179,8 @@ def engine_view(
         state=pipe.state,
         reason=pipe.reason,
         lag=pipe.lag,
-        processed=_positions(pipe.processed, pipe.last_msg_id_processed),
-        published=_positions(pipe.published, pipe.last_msg_id_published),
+        processed=pipe.processed_positions(),
+        published=pipe.published_positions(),
         in_sync=pipe.in_sync,
         buffer_fill=pipe.buffer_fill,
         buffer_size=pipe.buffer_size,
@@ -221,13 +221,6 @@ def unanswered_view(
         unauthorized=exc.status in (401, 403),
         health=FAIL,
     )
-
-
-def _positions(per_partition: dict[int, int], alone: int | None) -> dict[int, int]:
-    """Every partition's position; an engine of one partition may give the scalar only."""
-    if per_partition:
-        return dict(per_partition)
-    return {} if alone is None else {0: alone}
 
 
 def covers(standby: PipelineInfo, active: PipelineInfo) -> tuple[int, bool]:
