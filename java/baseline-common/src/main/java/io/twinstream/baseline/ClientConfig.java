@@ -8,8 +8,8 @@ import java.util.Properties;
 
 /**
  * The Kafka client settings a baseline adds to its own: Twinstream's SASL/SCRAM-over-TLS login
- * (twinstream.kafka.java_security_config), from the properties file the benchmark names in
- * TWINSTREAM_KAFKA_CLIENT_PROPERTIES. None without it (a stack without Kafka security).
+ * (twinstream.platform.connections.KafkaConnection.java_security), from the properties file
+ * the benchmark names in TWINSTREAM_KAFKA_CLIENT_PROPERTIES. None without it (a stack without Kafka security).
  */
 public final class ClientConfig {
   public static final String ENV = "TWINSTREAM_KAFKA_CLIENT_PROPERTIES";
