@@ -17,6 +17,8 @@ from typing import Any
 
 # SCRAM over TLS: the mechanism the stack's users are made with (twinstream.platform.kafka_auth).
 MECHANISM = "SCRAM-SHA-512"
+# Named alike in librdkafka and the Java client.
+SASL_OVER_TLS = {"security.protocol": "SASL_SSL", "sasl.mechanism": MECHANISM}
 
 # What makes a producer lose or reorder no acknowledged record: a write counts only once
 # every in-sync replica has it (min.insync.replicas=2 on the topics), so losing one broker
@@ -64,8 +66,7 @@ class KafkaConnection:
             return {}
         user, password = self.login
         return {
-            "security.protocol": "SASL_SSL",
-            "sasl.mechanism": MECHANISM,
+            **SASL_OVER_TLS,
             "sasl.username": user,
             "sasl.password": password,
             # The stack's own CA, not the system's: the brokers' certificate is ours.
@@ -79,8 +80,7 @@ class KafkaConnection:
             return {}
         user, password = self.login
         return {
-            "security.protocol": "SASL_SSL",
-            "sasl.mechanism": MECHANISM,
+            **SASL_OVER_TLS,
             "sasl.jaas.config": (
                 "org.apache.kafka.common.security.scram.ScramLoginModule required "
                 f'username="{user}" password="{password}";'
