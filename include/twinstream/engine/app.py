@@ -8,7 +8,6 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import twinstream
@@ -25,19 +24,15 @@ from twinstream.core.election import (
 from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.quarantine import QuarantineStore, describe
-from twinstream.core.rows import Output, positions_text, split_record_id
+from twinstream.core.rows import Output, positions_text
 from twinstream.engine import persistence, snapshot
 from twinstream.engine.api import (
     BufferedRow,
     Conflict,
     PipelineInfo,
-    QuarantinedOffset,
-    RepairInfo,
     RestoreReport,
     ServerInfo,
-    TakeoverInfo,
     TimelineInfo,
-    UncoveredRange,
 )
 from twinstream.engine.arrivals import Arrivals, ArrivalSampler
 from twinstream.engine.batching import DrainRate, batch_limit
@@ -55,6 +50,7 @@ from twinstream.engine.positions import (
     lag as inbound_lag,
 )
 from twinstream.engine.recovery import Recovery
+from twinstream.engine.status import pipeline_info
 from twinstream.engine.timeline import Timeline
 from twinstream.platform.kafka import connection
 from twinstream.platform.settings import Settings
@@ -778,46 +774,15 @@ class Engine:
                 time.monotonic() - self._restore_started,
                 lag,
             )
-        return PipelineInfo(
-            state=self._state,
-            reason=self._reason,
-            last_msg_id_processed=status.last_msg_id_processed,
-            last_msg_id_published=status.last_msg_id_published,
-            lag=lag,
-            buffer_fill=status.buffer_fill,
-            buffer_size=status.buffer_size,
-            buffer_fills=fills,
-            lag_trend=trend,
-            in_sync=in_sync,
-            uncovered_ranges=[
-                UncoveredRange(partition=u.partition, first=u.first, last=u.last)
-                for u in status.uncovered_ranges
-            ],
-            unpublished=status.unpublished,
-            paused=status.paused,
-            quarantined=[
-                QuarantinedOffset(msg_id=offset, reason=r, partition=partition)
-                for (partition, offset), r in sorted(
-                    (split_record_id(o), r) for o, r in quarantined.items()
-                )
-            ],
-            repairs=[
-                RepairInfo(first=r.first, last=r.last, seconds=r.seconds, partition=r.partition)
-                for r in status.repairs
-            ],
+        return pipeline_info(
+            self._state,
+            self._reason,
+            status,
+            standing,
+            trend,
+            quarantined,
             events_per_s=self._events_per_s(),
             restored_from=self._restored_from,
-            processed=status.processed,
-            published=status.published,
-            takeovers=[
-                TakeoverInfo(
-                    epoch=t.epoch,
-                    at=datetime.fromtimestamp(t.at, UTC).isoformat(timespec="milliseconds"),
-                    fence_and_read_s=round(t.fence_and_read_s, 3),
-                    first_commit_s=None if t.first_commit_s is None else round(t.first_commit_s, 3),
-                )
-                for t in status.takeovers
-            ],
         )
 
     def metrics(self) -> str:
