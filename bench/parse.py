@@ -18,7 +18,8 @@ file, each query written to Spark's `noop` sink, round after round:
 - variant + struct: one `try_variant_get` of the whole variant as the schema's struct;
 - validated: the engines' whole validation;
 - validated at REV (`--against REV`): `validated` as the commit REV had it (its
-  `twinstream/engine/pipeline.py` imported beside this tree's modules), for a before and after in
+  `twinstream/engine/pipeline.py`, or `twinstream/pipeline.py` before the layout by wing,
+  imported beside this tree's modules), for a before and after in
   one run: `--against 9fe82b1` is before the validation's checks were cut (issue 35).
 
 Prints each part's µs a record (the median of the rounds) and the two ways of typing side by
@@ -43,21 +44,38 @@ from twinstream.platform import registry
 from twinstream.platform.settings import REPO_ROOT, load_settings
 from twinstream.testing import reference
 
+NOW = "include/twinstream/engine/pipeline.py"
+BEFORE_WINGS = "include/twinstream/pipeline.py"
+# The modules the plan imported before the layout by wing, and what they are now.
+OLD_IMPORTS = {
+    "from twinstream.config import": "from twinstream.platform.settings import",
+    "from twinstream.kafka import spark_kafka_security": (
+        "from twinstream.platform.kafka import connection\n\n\n"
+        "def spark_kafka_security(settings: Settings) -> dict[str, str]:\n"
+        "    return connection(settings).spark_options()\n"
+    ),
+    "from twinstream.state.processor import": "from twinstream.engine.state.processor import",
+}
+
 
 def _validated_at(rev: str, folder: Path) -> Callable[..., Any]:
-    """`twinstream.engine.pipeline.validated` as commit `rev` had it."""
-    try:
-        source = subprocess.run(
-            ["git", "show", f"{rev}:include/twinstream/engine/pipeline.py"],
-            cwd=REPO_ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-    except subprocess.CalledProcessError as exc:
+    """`twinstream.engine.pipeline.validated` as commit `rev` had it (before issue 36's
+    layout: `twinstream.pipeline`, its imports renamed to where those modules are now)."""
+    source = None
+    for where, renames in ((NOW, {}), (BEFORE_WINGS, OLD_IMPORTS)):
+        shown = subprocess.run(
+            ["git", "show", f"{rev}:{where}"], cwd=REPO_ROOT, capture_output=True, text=True
+        )
+        if shown.returncode == 0:
+            source = shown.stdout
+            for old, new in renames.items():
+                source = source.replace(old, new)
+            break
+    if source is None:
         raise SystemExit(
-            f"--against {rev}: {exc.stderr.strip()} (name a commit of this repository)"
-        ) from None
+            f"--against {rev}: no {NOW} or {BEFORE_WINGS} there ({shown.stderr.strip()}); "
+            "name a commit of this repository"
+        )
     path = folder / "pipeline_before.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("pipeline_before", path)
