@@ -3,12 +3,15 @@ them."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import stat
 from concurrent.futures import Future
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
 
+from twinstream.platform import kafka_auth
 from twinstream.platform.kafka_auth import (
     ADMIN_USER,
     Credentials,
@@ -112,3 +115,43 @@ def test_provisioning_asks_again_when_a_request_goes_unanswered_and_names_the_fi
     assert done[0] == "4 users' passwords set"
     with pytest.raises(TimeoutError, match=r"3 times: check that the brokers .*\(make status\)"):
         provision(_ControllerThatLosesOneRequest(lost=3), [settings], creds, timeout_s=0.05)  # type: ignore[arg-type]
+
+
+def _answers(*outcomes: BaseException | None):
+    """An admin request whose n-th submission's future raises outcomes[n] (None: done)."""
+    submitted: list[int] = []
+
+    def submit():
+        outcome = outcomes[len(submitted)]
+        submitted.append(1)
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if outcome is None:
+            future.set_result(None)
+        else:
+            future.set_exception(outcome)
+        return {"request": future}
+
+    return submit, submitted
+
+
+def test_an_admin_request_failed_in_flight_by_a_starting_cluster_is_asked_again():
+    destroyed = KafkaException(KafkaError(KafkaError._DESTROY_BROKER, "handle destroyed"))
+    submit, submitted = _answers(destroyed, None)
+    kafka_auth._idempotent(submit, "set passwords", timeout_s=1, sleep=lambda _s: None)
+    assert len(submitted) == 2
+
+
+def test_an_admin_request_refused_for_a_reason_is_not_asked_again():
+    denied = KafkaException(KafkaError(KafkaError.CLUSTER_AUTHORIZATION_FAILED, "no"))
+    submit, submitted = _answers(denied, None)
+    with pytest.raises(KafkaException, match="no"):
+        kafka_auth._idempotent(submit, "set passwords", timeout_s=1, sleep=lambda _s: None)
+    assert len(submitted) == 1
+
+
+def test_a_cluster_that_stays_unready_fails_the_request_after_its_attempts():
+    destroyed = KafkaException(KafkaError(KafkaError._DESTROY_BROKER, "handle destroyed"))
+    submit, submitted = _answers(destroyed, destroyed, destroyed)
+    with pytest.raises(KafkaException):
+        kafka_auth._idempotent(submit, "set passwords", 1, attempts=3, sleep=lambda _s: None)
+    assert len(submitted) == 3

@@ -6,14 +6,18 @@ and holds everything its clients need: the credentials file is read when it is b
 again per client.
 
 Every Kafka client's librdkafka and Java properties come from `KafkaConnection`, so each
-non-default setting is chosen (and explained) once, here.
+non-default setting is chosen (and explained) once, here; and which of their errors are
+worth asking again (`is_transient`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaException
 
 # SCRAM over TLS: the mechanism the stack's users are made with (twinstream.platform.kafka_auth).
 MECHANISM = "SCRAM-SHA-512"
@@ -147,3 +151,32 @@ class PipelineTopics:
     def transactional_id(self) -> str:
         """Shared by every engine of the pipeline: a new active's init fences the old one."""
         return f"twinstream-{self.pipeline}"
+
+
+# Errors that say the cluster was not ready rather than that the request is wrong (names of
+# KafkaError's codes). Right after the brokers start, librdkafka may swap its bootstrap
+# connections for the brokers it learned from metadata and fail requests in flight with
+# _DESTROY_BROKER.
+_TRANSIENT = (
+    "_DESTROY_BROKER",
+    "_TRANSPORT",
+    "_TIMED_OUT",
+    "_ALL_BROKERS_DOWN",
+    "NOT_CONTROLLER",
+    "REQUEST_TIMED_OUT",
+    # A partition's leader just died and its successor is not known yet.
+    "NOT_LEADER_FOR_PARTITION",
+    "LEADER_NOT_AVAILABLE",
+)
+
+
+def is_transient(exc: KafkaException) -> bool:
+    """Whether asking again may succeed: a retriable error, or one of _TRANSIENT."""
+    # Here, not at the top: whoever holds a KafkaException has loaded the client already,
+    # and the settings (which import this module) must not load it for everyone.
+    from confluent_kafka import KafkaError
+
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError):
+        return False
+    return bool(error.retriable()) or error.code() in {getattr(KafkaError, n) for n in _TRANSIENT}

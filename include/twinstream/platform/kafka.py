@@ -26,6 +26,7 @@ from twinstream.platform.connections import (
     PRODUCER_GUARANTEES,
     READER_GUARANTEES,
     KafkaConnection,
+    is_transient,
 )
 from twinstream.platform.kafka_auth import (
     ADMIN_USER,
@@ -251,32 +252,9 @@ class TopicChange:
         return f"{self.topic}: {self.action}{suffix}"
 
 
-# Errors that say the cluster was not ready rather than that the request is wrong. Right
-# after the brokers start, librdkafka may swap its bootstrap connections for the brokers
-# it learned from metadata and fail requests in flight with _DESTROY_BROKER.
-_TRANSIENT = {
-    KafkaError._DESTROY_BROKER,
-    KafkaError._TRANSPORT,
-    KafkaError._TIMED_OUT,
-    KafkaError._ALL_BROKERS_DOWN,
-    KafkaError.NOT_CONTROLLER,
-    KafkaError.REQUEST_TIMED_OUT,
-    # A partition's leader just died and its successor is not known yet.
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-}
-
-
 class TopicNotListed(RuntimeError):
     """A topic created a moment ago that the broker asked does not list yet: worth asking
     again within ensure_topics, and only there (elsewhere a missing topic is an error)."""
-
-
-def is_transient(exc: KafkaException) -> bool:
-    error = exc.args[0] if exc.args else None
-    if not isinstance(error, KafkaError):
-        return False
-    return bool(error.retriable()) or error.code() in _TRANSIENT
 
 
 def ensure_topics(

@@ -25,10 +25,13 @@ import logging
 import os
 import re
 import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+
+from twinstream.platform.connections import is_transient
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AclBinding, AdminClient
@@ -248,12 +251,18 @@ def provision(
 
 
 def _idempotent(
-    submit: Callable[[], Mapping[Any, Any]], what: str, timeout_s: float, attempts: int = 3
+    submit: Callable[[], Mapping[Any, Any]],
+    what: str,
+    timeout_s: float,
+    attempts: int = 3,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Run an admin request whose repetition changes nothing until all its futures finish,
     asking again when one times out: a request forwarded to a KRaft controller that loses
     its leadership meanwhile is never answered (seen under load: the forwarding broker
     switched controllers and the request's future waited out its timeout)."""
+    from confluent_kafka import KafkaException
+
     for attempt in range(1, attempts + 1):
         try:
             for future in submit().values():
@@ -269,6 +278,15 @@ def _idempotent(
             log.warning(
                 "Kafka did not answer the request to %s in %.0fs; asking again", what, timeout_s
             )
+        except KafkaException as exc:
+            # Right after the brokers start, a request may fail in flight with
+            # _DESTROY_BROKER (seen on a second `up`: the admin client swapped its bootstrap
+            # connection for the brokers it learned); the cluster was not ready, the request
+            # is fine.
+            if attempt == attempts or not is_transient(exc):
+                raise
+            log.warning("Kafka failed the request to %s (%s); asking again", what, exc)
+            sleep(1.0)
 
 
 def grant_read(
