@@ -29,10 +29,10 @@ from confluent_kafka.admin import AdminClient
 
 from twinstream.contract import Pipeline as Contract
 from twinstream.core.rows import Output
+from twinstream.edge.publisher import publish
+from twinstream.edge.subscriber import Record, read_committed
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.ops.audit import merge_ranges
-from twinstream.ops.publisher import publish
-from twinstream.ops.subscriber import Record, read_committed
 from twinstream.platform import registry
 from twinstream.platform.kafka import connection, consumer_config, ensure_topics, topic_specs
 from twinstream.platform.kafka_auth import Credentials, provision, users

@@ -13,9 +13,9 @@ from confluent_kafka.admin import AdminClient
 
 from devkit.harness import Pipeline
 from tests.integration.engines import load_dag, task_states
+from twinstream.edge.subscriber import read_committed
 from twinstream.ops import retention
 from twinstream.ops.audit import Cursor
-from twinstream.ops.subscriber import read_committed
 from twinstream.platform.kafka import (
     TopicSpec,
     admin_config,

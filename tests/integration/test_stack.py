@@ -20,10 +20,10 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from devkit.harness import wait_for
+from twinstream.edge.publisher import publish
+from twinstream.edge.subscriber import read_committed
 from twinstream.ops import cli
 from twinstream.ops.overview import Overview
-from twinstream.ops.publisher import publish
-from twinstream.ops.subscriber import read_committed
 from twinstream.platform import registry
 from twinstream.platform.kafka import (
     admin_config,

@@ -19,8 +19,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from twinstream.contract import Pipeline
 from twinstream.core.rows import record_id
-from twinstream.ops import cli, subscriber
-from twinstream.ops.subscriber import ReadFailed, Record, read_committed
+from twinstream.edge import subscriber
+from twinstream.edge.subscriber import ReadFailed, Record, read_committed
+from twinstream.ops import cli
 from twinstream.platform import registry
 from twinstream.platform.kafka import LibrdkafkaLog
 from twinstream.platform.settings import load_settings

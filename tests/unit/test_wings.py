@@ -2,8 +2,9 @@
 
 contract (the users' API) <- platform (settings, pipelines file, Kafka clients, storage)
 <- core (the failover protocol) <- engine (what runs in an engine process, and the one
-client of its API) <- testing (the users' test kit) <- stack (the local platform's
-processes) <- ops (what Airflow, the operator page and the CLI run). A module imports only
+client of its API) <- edge (the publisher and subscriber adapters) <- testing (the users'
+test kit) <- stack (the local platform's processes) <- ops (what Airflow, the operator page
+and the CLI run). A module imports only
 its own wing and the wings before it; no two modules import each other, even through
 others; nothing in the product imports the developers' kit (devkit, tests, bench). The
 failover core knows no pipeline and no Settings: it reaches only itself, the connection
@@ -17,7 +18,7 @@ import ast
 from twinstream.platform.settings import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "include" / "twinstream"
-WINGS = ("contract", "platform", "core", "engine", "testing", "stack", "ops")
+WINGS = ("contract", "platform", "core", "engine", "edge", "testing", "stack", "ops")
 # What the core may reach outside itself: the small connection configs it is given (never
 # the whole Settings) and the file systems checkpoints live on.
 CORE_ALLOWED = frozenset({"platform", "platform.connections", "platform.storage"})
