@@ -29,7 +29,7 @@ from typing import Any
 from bench.plots import plot, rate_series
 from devkit.chaos import SteadyLoad
 from devkit.harness import OutputSampler, machine, summary, wait_for
-from twinstream.edge.subscriber import read_committed
+from twinstream.edge.reader import read_committed
 from twinstream.ops.audit import Findings, find_id_problems
 from twinstream.platform.kafka import connection, watermarks
 from twinstream.platform.settings import REPO_ROOT, Settings

@@ -27,7 +27,7 @@ import pytest
 from devkit.harness import EngineProcess, Pipeline, wait_for
 from pipelines.hostmetrics.generate import synthetic
 from tests.integration.engines import load_dag, task_states
-from twinstream.edge.subscriber import Record
+from twinstream.edge.reader import Record
 from twinstream.engine import snapshot
 from twinstream.ops import cli
 from twinstream.platform import storage

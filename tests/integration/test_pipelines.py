@@ -20,7 +20,7 @@ import pytest
 
 from devkit.harness import EngineProcess, Pipeline, wait_for
 from tests.integration.engines import assert_exactly_once_and_as_reference, published
-from twinstream.edge.subscriber import read_committed
+from twinstream.edge.reader import read_committed
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 

@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient
 
 from devkit.harness import Pipeline
 from tests.integration.engines import load_dag, task_states
-from twinstream.edge.subscriber import read_committed
+from twinstream.edge.reader import read_committed
 from twinstream.ops import retention
 from twinstream.ops.audit import Cursor
 from twinstream.platform.kafka import (

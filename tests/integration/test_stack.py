@@ -21,7 +21,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from devkit.harness import wait_for
 from twinstream.edge.publisher import publish
-from twinstream.edge.subscriber import read_committed
+from twinstream.edge.reader import read_committed
 from twinstream.ops import cli
 from twinstream.ops.overview import Overview
 from twinstream.platform import registry

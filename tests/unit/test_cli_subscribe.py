@@ -19,8 +19,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from twinstream.contract import Pipeline
 from twinstream.core.rows import record_id
-from twinstream.edge import subscriber
-from twinstream.edge.subscriber import ReadFailed, Record, read_committed
+from twinstream.edge import reader as subscriber
+from twinstream.edge.reader import ReadFailed, Record, read_committed
 from twinstream.ops import cli
 from twinstream.platform import registry
 from twinstream.platform.kafka import LibrdkafkaLog

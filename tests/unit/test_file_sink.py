@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from twinstream.edge.file_sink import FileSink, SinkError
-from twinstream.edge.subscriber import Record
+from twinstream.edge.reader import Record
 
 
 def record(partition: int, offset: int, key: str = "k") -> Record:

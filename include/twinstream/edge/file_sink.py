@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from twinstream.edge.subscriber import Record
+from twinstream.edge.reader import Record
 
 Format = Literal["jsonl", "csv"]
 CSV_HEADER = ("partition", "offset", "msg_id", "key", "value")

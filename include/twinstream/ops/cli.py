@@ -34,7 +34,7 @@ from confluent_kafka import KafkaException
 from twinstream.contract import ContractError, Pipeline, field_types
 from twinstream.core.rows import PARTITION_SHIFT, record_id, record_text
 from twinstream.edge.publisher import from_file, publish
-from twinstream.edge.subscriber import Record, read_committed
+from twinstream.edge.reader import Record, read_committed
 from twinstream.engine.client import EngineClient
 from twinstream.ops.overview import Overview, overview
 from twinstream.platform import registry
@@ -129,7 +129,7 @@ class Unshown:
                 f"{self.not_objects} values are not JSON objects (the first msg_id "
                 f"{self.first_not_object}): their fields are empty; pipeline {pipeline} "
                 "declares a JSON value (value_schema or value_format), so its transform "
-                "wrote these: read them raw with twinstream.edge.subscriber.read_committed"
+                "wrote these: read them raw with twinstream.edge.reader.read_committed"
             )
         return lines
 

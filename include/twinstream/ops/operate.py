@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from twinstream.core.rows import positions_text, range_text, record_id, record_text, span
-from twinstream.edge.subscriber import Record
+from twinstream.edge.reader import Record
 from twinstream.engine import snapshot
 from twinstream.engine.api import BufferedRow, EngineApi
 from twinstream.engine.client import EngineClient, EngineError
@@ -336,7 +336,7 @@ def committed_since(
     (transaction markers take offsets too)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from twinstream.edge.subscriber import read_committed
+    from twinstream.edge.reader import read_committed
     from twinstream.platform.kafka import consumer_config
 
     found: list[tuple[str, Record]] = []

@@ -354,7 +354,7 @@ def measure_inbound(
 
     from confluent_kafka import Consumer, TopicPartition
 
-    from twinstream.edge.subscriber import read_committed
+    from twinstream.edge.reader import read_committed
     from twinstream.platform.kafka import consumer_config
 
     topic = settings.inbound_topic

@@ -127,7 +127,7 @@ class LibrdkafkaLog:
     """librdkafka's log lines into Python logging at DEBUG (a client's `logger`), for a
     command whose user must not see a connection librdkafka retries by itself (a transient
     `SASL authentication error: ... Broker transport failure`): a failure that lasts reaches
-    them as the command's own error, which names the fix (see twinstream.edge.subscriber)."""
+    them as the command's own error, which names the fix (see twinstream.edge.reader)."""
 
     def __init__(self, name: str = "twinstream.librdkafka") -> None:
         self._log = logging.getLogger(name)
