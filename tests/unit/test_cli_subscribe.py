@@ -366,3 +366,25 @@ def test_a_refused_read_writes_no_csv_and_says_why_in_one_line(
     assert captured.err.strip() == (
         "twinstream subscribe: Kafka refuses the login of p-reader (...): run `make up`"
     )
+
+
+def test_subscribe_to_a_file_runs_the_adapter_and_refuses_a_position_given_twice(
+    tmp_path, monkeypatch, capsys
+):
+    from twinstream.edge import subscriber as adapter
+
+    seen: dict[str, object] = {}
+
+    def deliver(settings, sink, stop, echo):
+        seen.update(pipeline=settings.pipeline, path=sink.path, offsets=sink.position.offsets)
+        return 7
+
+    monkeypatch.setattr(adapter, "deliver", deliver)
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["subscribe", "--pipeline", "payments", "--to", str(out)]) == 0
+    assert seen == {"pipeline": "payments", "path": out, "offsets": {}}
+    err = capsys.readouterr().err
+    assert f"delivering payments.out to {out} from the start" in err
+    assert f"7 records delivered to {out}" in err
+    assert cli.main(["subscribe", "--to", str(out), "--from-offset", "5"]) == 2
+    assert "--to keeps its own position in its file" in capsys.readouterr().err

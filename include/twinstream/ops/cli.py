@@ -8,6 +8,8 @@ twinstream publish --pipeline hostmetrics --count 60000    the pipeline's sample
 twinstream publish --pipeline payments --file p.jsonl       a CSV or JSONL file
 twinstream subscribe --pipeline payments --output out.csv   outbound -> CSV (read_committed,
                                                    every partition)
+twinstream subscribe --pipeline payments --to out.jsonl     the same, exactly once into a file
+                                                   that keeps its position, until stopped
 twinstream kafka-config --pipeline payments --role reader   settings for your own Kafka
                                                    client (--format librdkafka|java|json)
 twinstream status [--pipeline NAME] [--watch] [--json]   engines, takeovers, snapshots, audit
@@ -32,7 +34,7 @@ from typing import TextIO
 from confluent_kafka import KafkaException
 
 from twinstream.contract import ContractError, Pipeline, field_types
-from twinstream.core.rows import PARTITION_SHIFT, record_id, record_text
+from twinstream.core.rows import PARTITION_SHIFT, positions_text, record_id, record_text
 from twinstream.edge.publisher import from_file, publish
 from twinstream.edge.reader import Record, read_committed
 from twinstream.engine.client import EngineClient
@@ -194,6 +196,8 @@ def parse_starts(text: str) -> int | dict[int, int]:
 
 
 def cmd_subscribe(settings: Settings, args: argparse.Namespace) -> int:
+    if args.to:
+        return _subscribe_to(settings, args)
     shape = OutputShape.of(registry.load(settings))
     records = read_committed(
         # As the pipeline's reader, which may read its outputs and nothing else.
@@ -227,6 +231,39 @@ def cmd_subscribe(settings: Settings, args: argparse.Namespace) -> int:
     print(f"{count} records from {settings.outbound_topic}", file=sys.stderr)
     for line in unshown.lines(settings.pipeline):
         print(f"twinstream subscribe: {line}", file=sys.stderr)
+    return 0
+
+
+def _subscribe_to(settings: Settings, args: argparse.Namespace) -> int:
+    """The subscriber adapter: until SIGTERM or SIGINT, every committed output into the
+    file exactly once, resuming where the file ends (twinstream.edge.subscriber)."""
+    import signal
+    import threading
+
+    from twinstream.edge.file_sink import FileSink
+    from twinstream.edge.subscriber import deliver
+
+    given = [f for f in ("output", "max", "follow") if getattr(args, f)]
+    if given or args.from_offset != "0":
+        raise ValueError(
+            "--to keeps its own position in its file: give it without --output, "
+            "--from-offset, --max or --follow"
+        )
+    sink = FileSink(Path(args.to))
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _n, _f: stop.set())
+    resume = sink.position.next_offsets()
+    print(
+        f"delivering {settings.outbound_topic} to {args.to} "
+        f"from {'offset ' + positions_text(resume) if resume else 'the start'}",
+        file=sys.stderr,
+    )
+    try:
+        count = deliver(settings, sink, stop, echo=lambda line: print(line, file=sys.stderr))
+    finally:
+        sink.close()
+    print(f"{count} records delivered to {args.to}", file=sys.stderr)
     return 0
 
 
@@ -473,6 +510,12 @@ def main(argv: list[str] | None = None) -> int:
         "(value_schema, else the value columns); a field a record lacks is an empty cell.",
     )
     subp.add_argument("--output", help="CSV file (default: standard output)")
+    subp.add_argument(
+        "--to",
+        metavar="FILE.jsonl|FILE.csv",
+        help="run as a subscriber adapter: every committed record into FILE exactly once, "
+        "until stopped; its position is kept in the file, so a restart resumes where it ends",
+    )
     subp.add_argument(
         "--from-offset",
         default="0",
