@@ -29,7 +29,7 @@ from confluent_kafka.admin import AdminClient
 
 from twinstream.contract import Pipeline as Contract
 from twinstream.core.rows import Output
-from twinstream.edge.publisher import publish
+from twinstream.edge.feed import publish
 from twinstream.edge.reader import Record, read_committed
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.ops.audit import merge_ranges

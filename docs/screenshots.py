@@ -21,7 +21,7 @@ import httpx
 
 from devkit.browser import CHROMIUM, CHROMIUM_ARGS
 from pipelines.hostmetrics.generate import synthetic
-from twinstream.edge.publisher import publish
+from twinstream.edge.feed import publish
 from twinstream.ops.audit import data_docs_site
 from twinstream.platform.settings import REPO_ROOT, load_settings
 from twinstream.stack.layout import Layout

@@ -30,7 +30,7 @@ from devkit.chaos import (
 )
 from devkit.harness import inbound_ends, wait_for
 from pipelines.hostmetrics.generate import synthetic
-from twinstream.edge.publisher import publish
+from twinstream.edge.feed import publish
 from twinstream.edge.reader import read_committed
 from twinstream.platform import registry
 from twinstream.platform.kafka import admin_config, partition_ends

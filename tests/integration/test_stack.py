@@ -20,7 +20,7 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from devkit.harness import wait_for
-from twinstream.edge.publisher import publish
+from twinstream.edge.feed import publish
 from twinstream.edge.reader import read_committed
 from twinstream.ops import cli
 from twinstream.ops.overview import Overview

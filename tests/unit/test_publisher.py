@@ -8,8 +8,8 @@ import pytest
 from pipelines.hostmetrics.logic import SCHEMA
 from tests.unit.fakes import FakeClock
 from twinstream.contract import field_types
-from twinstream.edge import publisher
-from twinstream.edge.publisher import from_file
+from twinstream.edge import feed as publisher
+from twinstream.edge.feed import from_file
 from twinstream.platform.settings import load_settings
 
 

@@ -35,7 +35,7 @@ from confluent_kafka import KafkaException
 
 from twinstream.contract import ContractError, Pipeline, field_types
 from twinstream.core.rows import PARTITION_SHIFT, positions_text, record_id, record_text
-from twinstream.edge.publisher import from_file, publish
+from twinstream.edge.feed import from_file, publish
 from twinstream.edge.reader import Record, read_committed
 from twinstream.engine.client import EngineClient
 from twinstream.ops.overview import Overview, overview

@@ -1,5 +1,7 @@
-"""Inbound records for users and tests: file readers (CSV typed by a pipeline's schema,
-JSONL as it is) and a rate-limited producer with a progress line."""
+"""Feeding a pipeline once (`twinstream publish --file`, the tests' loads): file readers (CSV
+typed by a pipeline's schema, JSONL as it is) and a rate-limited producer with a progress
+line. No position is kept: a feed cut short cannot be resumed (the publisher adapter,
+twinstream.edge.publisher, can)."""
 
 from __future__ import annotations
 
