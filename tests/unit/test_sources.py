@@ -133,3 +133,19 @@ def test_a_line_too_long_is_reported_with_its_position_and_the_next_ones_follow(
     assert texts(events) == ["ok", "next"]
     too_long = [e for e in events if isinstance(e, TooLong)]
     assert [(e.length, e.position.offset) for e in too_long] == [(50, 54)]
+
+
+def test_each_csv_files_header_comes_with_its_lines_also_after_a_resume(tmp_path):
+    (tmp_path / "a.csv").write_text("host,cpu\nh1,0.5\nh2,0.7\n")
+    events = follow(tmp_path, [append(tmp_path / "b.csv", "cpu,host\n0.1,h3\n")], header=True)
+    lines = [e for e in events if isinstance(e, Line)]
+    assert [(e.header, e.raw) for e in lines] == [
+        (b"host,cpu", b"h1,0.5"),
+        (b"host,cpu", b"h2,0.7"),
+        (b"cpu,host", b"0.1,h3"),
+    ]
+    resumed = follow(tmp_path, [], after=lines[0].position, header=True)
+    assert [(e.header, e.raw) for e in resumed if isinstance(e, Line)] == [
+        (b"host,cpu", b"h2,0.7"),
+        (b"cpu,host", b"0.1,h3"),
+    ]

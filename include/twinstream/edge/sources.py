@@ -17,6 +17,8 @@ Guarantees:
   lines after the position are reported lost (`Lost`), never passed over in silence.
 - A folder's files are read in name order; the last one is followed as it grows, and a
   file is left only once a later one exists and it has nothing more.
+- With `header=True` (CSV), each file's first line is its header: given with every line of
+  that file (after a resume in the middle too), never as a line.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ def head_of(fd: int, offset: int) -> str:
 class Line:
     raw: bytes  # without its line break
     position: Position  # right after it
+    # With `header=True`: the first line of the line's file (a CSV header), never given as
+    # a line itself.
+    header: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -104,8 +109,10 @@ class FileSource:
         poll_s: float = 0.2,
         max_line_bytes: int = MAX_LINE_BYTES,
         sleep: Callable[[float], None] = time.sleep,
+        header: bool = False,
     ) -> None:
         self.path = path
+        self.header = header
         self.pattern = pattern
         self.poll_s = poll_s
         self.max_line_bytes = max_line_bytes
@@ -219,6 +226,14 @@ class FileSource:
                 return Position(name, inode, full_head, offset)
             return Position(name, inode, head_of(fd, offset), offset)
 
+        header: bytes | None = None
+        if self.header:
+            first = os.pread(fd, self.max_line_bytes + 1, 0).split(b"\n", 1)
+            if len(first) < 2:
+                return  # the header is not written whole yet
+            header = first[0].rstrip(b"\r")
+            if handle.tell() == 0:
+                handle.seek(len(first[0]) + 1)
         while True:
             start = handle.tell()
             raw = handle.readline(self.max_line_bytes + 1)
@@ -238,4 +253,4 @@ class FileSource:
                     length += len(raw)
                 yield TooLong(length - 1, at(handle.tell()))
                 continue
-            yield Line(raw.rstrip(b"\r\n"), at(handle.tell()))
+            yield Line(raw.rstrip(b"\r\n"), at(handle.tell()), header)
