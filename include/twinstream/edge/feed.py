@@ -45,13 +45,26 @@ def from_file(
         if missing:
             raise ValueError(f"{path}: CSV header lacks {', '.join(missing)}")
         for row in reader:
-            yield json.dumps(
-                {
-                    k: _typed(fields[k], v)
-                    for k, v in row.items()
-                    if k in fields and not (v == "" and k in optional)
-                }
-            ).encode()
+            yield csv_record(row, fields, optional)
+
+
+def csv_record(
+    row: Mapping[str | None, str | list[str] | None],
+    fields: Mapping[str, str],
+    optional: Collection[str] = (),
+) -> bytes:
+    """One CSV row (header -> cell) as the JSON record the pipeline reads: its `fields`
+    typed, an empty optional member left out (see from_file)."""
+    return json.dumps(
+        {
+            k: _typed(fields[k], v)
+            for k, v in row.items()
+            if isinstance(k, str)
+            and k in fields
+            and isinstance(v, str)
+            and not (v == "" and k in optional)
+        }
+    ).encode()
 
 
 def _typed(kind: str, text: str) -> object:

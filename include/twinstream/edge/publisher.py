@@ -1,0 +1,353 @@
+"""The publisher adapter: one of N identical processes that follow a source (a file or a
+folder of files, twinstream.edge.sources) into a pipeline's inbound topic, of which only
+the elected one writes.
+
+Guarantees:
+- At most one adapter writes at a time: the adapters elect one active through ZooKeeper
+  (the engines' recipe, twinstream.core.election, under the pipeline's own `publishers`
+  node), and the active writes only in Kafka transactions under a transactional id the
+  adapters share: a new active's `init_transactions` aborts what an old one left open and
+  fences it, so a zombie (paused past its session) can commit nothing after that.
+- No line twice, none skipped: every record carries its source position and a sequence
+  number in headers (`source`, `seq`); a new active reads, after fencing, the committed
+  record with the highest sequence number in the inbound topic and resumes right after its
+  position. Lines are committed in source order, a transaction at a time.
+- Nothing dropped in silence: a line the adapter cannot convert (a CSV line that is not
+  UTF-8) is published as it is, for the engines to dead-letter with their reason; a line
+  too long to read, or lines of a file rotated away unread, are logged with their position
+  and counted in `status`.
+- Commits wait while the ZooKeeper session is SUSPENDED; a fenced or stepped-down active
+  aborts its open transaction and stops writing.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from twinstream.edge.feed import csv_record, record_key
+from twinstream.edge.sources import FileSource, Line, Lost, Position, TooLong
+from twinstream.platform.connections import KafkaConnection, PipelineTopics
+
+log = logging.getLogger(__name__)
+
+SOURCE_HEADER = "source"
+SEQ_HEADER = "seq"
+PUBLISHER_HEADER = "publisher"
+# A transaction closes after this many lines, or when the source has nothing more for now.
+MAX_BATCH = 500
+# How far back from a partition's end the resume point is first looked for (records),
+# growing fourfold until a record with a sequence number is found or the log's start.
+TAIL_WINDOW = 64
+
+
+def transactional_id(topics: PipelineTopics) -> str:
+    """Shared by a pipeline's publisher adapters (not its engines')."""
+    return f"twinstream-{topics.pipeline}-publisher"
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The last line committed to the inbound topic by an adapter: its position and its
+    sequence number (None, 0 when there is none: start at the source's start)."""
+
+    position: Position | None = None
+    seq: int = 0
+
+
+def _header(headers: Any, name: str) -> str | None:
+    for key, value in headers or ():
+        if key == name and value is not None:
+            return bytes(value).decode()
+    return None
+
+
+def last_published(
+    kafka: KafkaConnection, topics: PipelineTopics, timeout_s: float = 10.0
+) -> ResumePoint:
+    """The committed inbound record with the highest `seq` over every partition."""
+    consumer = Consumer(
+        kafka.consumer(f"twinstream-publisher-{uuid.uuid4()}", **{"enable.partition.eof": True})
+    )
+    best = ResumePoint()
+    try:
+        meta = consumer.list_topics(topics.inbound, timeout=timeout_s).topics[topics.inbound]
+        if meta.error is not None:
+            raise KafkaException(meta.error)
+        for partition in sorted(meta.partitions):
+            found = _last_in(consumer, topics.inbound, partition, timeout_s)
+            if found is not None and found.seq > best.seq:
+                best = found
+    finally:
+        consumer.close()
+    return best
+
+
+def _last_in(
+    consumer: Consumer, topic: str, partition: int, timeout_s: float
+) -> ResumePoint | None:
+    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+    window = TAIL_WINDOW
+    end = high
+    while end > low:
+        start = max(low, end - window)
+        consumer.assign([TopicPartition(topic, partition, start)])
+        last: ResumePoint | None = None
+        while True:
+            msg = consumer.poll(timeout_s)
+            if msg is None:
+                raise KafkaException(
+                    KafkaError(KafkaError._TIMED_OUT, f"no answer reading {topic}")
+                )
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    break
+                raise KafkaException(error)
+            if (msg.offset() or 0) >= end:
+                break
+            seq, source = _header(msg.headers(), SEQ_HEADER), _header(msg.headers(), SOURCE_HEADER)
+            if seq is not None and source is not None:
+                last = ResumePoint(Position.parse(source), int(seq))
+        if last is not None:
+            return last
+        end, window = start, window * 4
+    return None
+
+
+class Producing(Protocol):
+    """The transactional producer the adapter uses (confluent_kafka.Producer)."""
+
+    def init_transactions(self, timeout: float) -> None: ...
+    def begin_transaction(self) -> None: ...
+    def produce(
+        self, topic: str, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> None: ...
+    def commit_transaction(self, timeout: float) -> None: ...
+    def abort_transaction(self, timeout: float) -> None: ...
+    def poll(self, timeout: float) -> int: ...
+
+
+@dataclass
+class Status:
+    """What `twinstream status` and the page show of an adapter."""
+
+    role: str = "standby"
+    epoch: int | None = None
+    position: str | None = None
+    seq: int = 0
+    published: int = 0
+    too_long: int = 0
+    lost: list[str] = field(default_factory=list)
+    last_error: str | None = None
+
+
+class Fenced(RuntimeError):
+    """Another adapter (or a client with the shared transactional id) took over."""
+
+
+class PublisherAdapter:
+    """One adapter of a pipeline: it publishes while elected, from where the last active
+    left off."""
+
+    def __init__(
+        self,
+        adapter_id: str,
+        topics: PipelineTopics,
+        source: Callable[[Callable[[float], None]], FileSource],
+        producer: Callable[[], Producing],
+        resume: Callable[[], ResumePoint],
+        key_field: str | None = None,
+        csv_fields: Mapping[str, str] | None = None,
+        optional: Collection[str] = (),
+        max_batch: int = MAX_BATCH,
+        sleep: Callable[[float], None] = time.sleep,
+        resign: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.adapter_id = adapter_id
+        self.topics = topics
+        self._source = source
+        self._producer = producer
+        self._resume = resume
+        self.key_field = key_field
+        self.csv_fields = csv_fields
+        self.optional = optional
+        self.max_batch = max_batch
+        self._sleep = sleep
+        # Leaves the lead and queues again (the election's resign): an active whose
+        # publishing ended while it still leads resumes, or lets another, from Kafka.
+        self.resign = resign
+        self.status = Status()
+        self._connected = threading.Event()
+        self._connected.set()
+        self._leading = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._batch: list[tuple[Line, bytes]] = []
+        self._producing: Producing | None = None
+
+    # -- the election's callbacks -------------------------------------------------------
+
+    def on_elected(self, epoch: int) -> None:
+        self._leading.set()
+        self.status.role, self.status.epoch = "active", epoch
+        self._thread = threading.Thread(
+            target=self.publish, args=(epoch,), name=f"publisher-{self.adapter_id}", daemon=True
+        )
+        self._thread.start()
+
+    def on_step_down(self, reason: str) -> None:
+        log.warning(
+            "publisher %s pipeline %s: stepping down: %s",
+            self.adapter_id,
+            self.topics.pipeline,
+            reason,
+        )
+        self._leading.clear()
+        self.status.role = "standby"
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    def on_connection(self, connected: bool) -> None:
+        if connected:
+            self._connected.set()
+        else:
+            self._connected.clear()
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def publish(self, epoch: int) -> None:
+        """While elected: fence, find where the last active stopped, follow the source."""
+        try:
+            producer = self._producing = self._producer()
+            producer.init_transactions(30.0)
+            point = self._resume()
+            self.status.seq = point.seq
+            self.status.position = point.position.text() if point.position else None
+            log.warning(
+                "publisher %s pipeline %s: active at epoch %s, resuming after %s (seq %s)",
+                self.adapter_id,
+                self.topics.pipeline,
+                epoch,
+                point.position.text() if point.position else "the source's start",
+                point.seq,
+            )
+            stop = _Unless(self._leading)
+            for event in self._source(self._idle).lines(point.position, stop):
+                if isinstance(event, Line):
+                    if event.raw.strip():
+                        self._batch.append((event, self._record(event)))
+                    if len(self._batch) >= self.max_batch:
+                        self._commit()
+                elif isinstance(event, TooLong):
+                    self.status.too_long += 1
+                    log.error(
+                        "publisher %s pipeline %s: a line of %s bytes at %s is over the limit "
+                        "and not published",
+                        self.adapter_id,
+                        self.topics.pipeline,
+                        event.length,
+                        event.position.text(),
+                    )
+                elif isinstance(event, Lost):
+                    self.status.lost.append(f"after {event.after.text()}: {event.why}")
+                    log.error(
+                        "publisher %s pipeline %s: lines lost after %s: %s",
+                        self.adapter_id,
+                        self.topics.pipeline,
+                        event.after.text(),
+                        event.why,
+                    )
+            self._commit()
+        except Fenced as exc:
+            self.status.last_error = str(exc)
+            log.warning("publisher %s pipeline %s: %s", self.adapter_id, self.topics.pipeline, exc)
+        except Exception as exc:
+            self.status.last_error = f"{type(exc).__name__}: {exc}"
+            log.exception(
+                "publisher %s pipeline %s: publishing failed", self.adapter_id, self.topics.pipeline
+            )
+        finally:
+            self._batch.clear()
+            still_leading = self._leading.is_set()
+            self._leading.clear()
+            self.status.role = "standby"
+            if still_leading:
+                self.resign()
+
+    def _idle(self, seconds: float) -> None:
+        """The source has nothing more for now: commit what is pending, then wait."""
+        if self._leading.is_set():
+            self._commit()
+        self._sleep(seconds)
+
+    def _record(self, line: Line) -> bytes:
+        if line.header is None or self.csv_fields is None:
+            return line.raw
+        try:
+            header = next(csv.reader([line.header.decode("utf-8")]))
+            cells = next(csv.reader([line.raw.decode("utf-8")]))
+        except UnicodeDecodeError:
+            # Published as it is: the engines dead-letter it (not JSON) with its position.
+            return line.raw
+        return csv_record(dict(zip(header, cells, strict=False)), self.csv_fields, self.optional)
+
+    def _commit(self) -> None:
+        """The pending lines in one transaction, once ZooKeeper is connected."""
+        if not self._batch:
+            return
+        producer = self._producing
+        assert producer is not None
+        while not self._connected.wait(0.1):
+            if not self._leading.is_set():
+                raise Fenced("stepped down while ZooKeeper was away; nothing committed")
+        if not self._leading.is_set():
+            raise Fenced("stepped down; the open lines are left to the next active")
+        seq = self.status.seq
+        try:
+            producer.begin_transaction()
+            for line, value in self._batch:
+                seq += 1
+                headers = [
+                    (SOURCE_HEADER, line.position.text().encode()),
+                    (SEQ_HEADER, str(seq).encode()),
+                    (PUBLISHER_HEADER, self.adapter_id.encode()),
+                ]
+                key = record_key(value, self.key_field) if self.key_field else None
+                while True:
+                    try:
+                        producer.produce(self.topics.inbound, value, key, headers)
+                        break
+                    except BufferError:
+                        producer.poll(0.1)
+            producer.commit_transaction(30.0)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.txn_requires_abort():
+                # Nothing of it is committed: the adapter resigns, and whoever leads next
+                # resumes from what Kafka holds.
+                producer.abort_transaction(30.0)
+                raise
+            raise Fenced(f"the transaction failed ({exc}): another adapter took over") from exc
+        self.status.seq = seq
+        self.status.published += len(self._batch)
+        self.status.position = self._batch[-1][0].position.text()
+        self._batch.clear()
+
+
+class _Unless(threading.Event):
+    """An event that reads as set once `leading` is clear: the source stops with the lead."""
+
+    def __init__(self, leading: threading.Event) -> None:
+        super().__init__()
+        self._leading = leading
+
+    def is_set(self) -> bool:
+        return super().is_set() or not self._leading.is_set()
