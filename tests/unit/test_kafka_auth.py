@@ -64,8 +64,12 @@ def test_each_role_gets_exactly_what_it_needs(tmp_path):
         return {g[4] for g in grants if g[3] == user and g[0] == kind and g[1] == name}
 
     read = {AclOperation.READ, AclOperation.DESCRIBE}
-    assert ops("p-publisher", topic, s.inbound_topic) == {AclOperation.WRITE, AclOperation.DESCRIBE}
-    assert {g[1] for g in grants if g[3] == "p-publisher"} == {s.inbound_topic}
+    # Writes .in, and reads its tail: where the last active publisher adapter stopped.
+    assert ops("p-publisher", topic, s.inbound_topic) == read | {AclOperation.WRITE}
+    assert {g[1] for g in grants if g[3] == "p-publisher"} == {
+        s.inbound_topic,
+        f"{s.transactional_id}-publisher",
+    }
     assert ops("p-engine", topic, s.inbound_topic) == read
     assert ops("p-reader", topic, s.inbound_topic) == set()
     for name in (s.outbound_topic, s.dlq_topic, s.progress_topic):
@@ -73,7 +77,15 @@ def test_each_role_gets_exactly_what_it_needs(tmp_path):
         assert ops("p-reader", topic, name) == read
     txn = ResourceType.TRANSACTIONAL_ID
     assert ops("p-engine", txn, s.transactional_id) == {AclOperation.WRITE, AclOperation.DESCRIBE}
-    assert not [g for g in grants if g[0] == txn and g[3] != "p-engine"]
+    # The publisher adapters' own: an adapter can fence adapters, never an engine.
+    assert ops("p-publisher", txn, f"{s.transactional_id}-publisher") == {
+        AclOperation.WRITE,
+        AclOperation.DESCRIBE,
+    }
+    assert {(g[1], g[3]) for g in grants if g[0] == txn} == {
+        (s.transactional_id, "p-engine"),
+        (f"{s.transactional_id}-publisher", "p-publisher"),
+    }
     assert all(g[2] == literal for g in grants if g[0] != ResourceType.GROUP)
     groups = {(g[1], g[3]) for g in grants if g[0] == ResourceType.GROUP}
     assert groups == {

@@ -57,7 +57,7 @@ class Producer:
         self.pending = []
 
     def produce(
-        self, topic: str, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]
+        self, topic: str, *, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]
     ) -> None:
         assert topic == "hostmetrics.in"
         self.pending.append((value, key, {k: v.decode() for k, v in headers}))

@@ -29,13 +29,15 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from twinstream.edge.feed import csv_record, record_key
 from twinstream.edge.sources import FileSource, Line, Lost, Position, TooLong
 from twinstream.platform.connections import KafkaConnection, PipelineTopics
+from twinstream.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +52,9 @@ TAIL_WINDOW = 64
 
 
 def transactional_id(topics: PipelineTopics) -> str:
-    """Shared by a pipeline's publisher adapters (not its engines')."""
-    return f"twinstream-{topics.pipeline}-publisher"
+    """Shared by a pipeline's publisher adapters (not its engines'); its ACL is the
+    publisher user's (twinstream.platform.kafka_auth.acl_bindings)."""
+    return f"{topics.transactional_id}-publisher"
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,7 @@ class Producing(Protocol):
     def init_transactions(self, timeout: float) -> None: ...
     def begin_transaction(self) -> None: ...
     def produce(
-        self, topic: str, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]
+        self, topic: str, *, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]]
     ) -> None: ...
     def commit_transaction(self, timeout: float) -> None: ...
     def abort_transaction(self, timeout: float) -> None: ...
@@ -323,7 +326,7 @@ class PublisherAdapter:
                 key = record_key(value, self.key_field) if self.key_field else None
                 while True:
                     try:
-                        producer.produce(self.topics.inbound, value, key, headers)
+                        producer.produce(self.topics.inbound, value=value, key=key, headers=headers)
                         break
                     except BufferError:
                         producer.poll(0.1)
@@ -351,3 +354,100 @@ class _Unless(threading.Event):
 
     def is_set(self) -> bool:
         return super().is_set() or not self._leading.is_set()
+
+
+def election_paths(topics: PipelineTopics) -> tuple[str, str]:
+    """The adapters' election and epoch nodes: beside the engines', their own."""
+    home = f"/twinstream/{topics.pipeline}/publishers"
+    return f"{home}/election", f"{home}/epoch"
+
+
+def run(
+    settings: Settings,
+    adapter_id: str,
+    source_path: Path,
+    pattern: str,
+    stop: threading.Event,
+    echo: Callable[[str], None] = print,
+) -> Status:
+    """One publisher adapter of the settings' pipeline until `stop`: in the election, and
+    publishing while it leads. Returns its last status."""
+    from confluent_kafka import Producer
+
+    from twinstream.contract import field_types
+    from twinstream.core.election import Election, root_acl, zk_client
+    from twinstream.platform import registry
+    from twinstream.platform.kafka import connection
+
+    pipeline = registry.load(settings)
+    # As the pipeline's publisher, the one user that may write its inbound topic.
+    kafka = connection(settings.model_copy(update={"kafka_role": "publisher"}))
+    topics = settings.topics()
+    zookeeper = settings.zookeeper()
+    is_csv = source_path.suffix == ".csv" or (source_path.is_dir() and pattern.endswith(".csv"))
+
+    def producer() -> Producing:
+        # confluent_kafka's Producer, as the narrow protocol the adapter uses.
+        return cast(
+            Producing,
+            Producer(
+                kafka.producer(
+                    **{
+                        "transactional.id": transactional_id(topics),
+                        # A dead active's open transaction is aborted by the next one's init;
+                        # the broker's own timeout only bounds one nobody replaces.
+                        "transaction.timeout.ms": 10_000,
+                        # Under the transaction timeout: in an outage a commit settles in it.
+                        "message.timeout.ms": 9_000,
+                        "client.id": f"twinstream-{topics.pipeline}-publisher-{adapter_id}",
+                        # Lines arrive in bursts; a transaction closes every MAX_BATCH anyway.
+                        "linger.ms": 20,
+                    }
+                )
+            ),
+        )
+
+    adapter = PublisherAdapter(
+        adapter_id,
+        topics,
+        lambda idle: FileSource(source_path, pattern, sleep=idle, header=is_csv),
+        producer,
+        lambda: last_published(kafka, topics),
+        key_field=pipeline.partition_by,
+        csv_fields=field_types(pipeline.schema) if is_csv else None,
+        optional=pipeline.optional,
+    )
+    zk = zk_client(zookeeper)
+    path, epoch_path = election_paths(topics)
+    election = Election(
+        zk,
+        path,
+        epoch_path,
+        adapter_id,
+        on_elected=adapter.on_elected,
+        on_step_down=adapter.on_step_down,
+        on_connection=adapter.on_connection,
+        root_acl=root_acl(zookeeper),
+    )
+    adapter.resign = election.resign
+    echo(
+        f"publisher {adapter_id} of pipeline {topics.pipeline}: following {source_path}"
+        f"{f' ({pattern})' if source_path.is_dir() else ''} into {topics.inbound} when elected"
+    )
+    election.start()
+    try:
+        last: tuple[str | None, int] = (None, 0)
+        while not stop.wait(1.0):
+            now = (adapter.status.role, adapter.status.published)
+            if now != last:
+                echo(
+                    f"publisher {adapter_id}: {adapter.status.role}, "
+                    f"{adapter.status.published} lines published, at "
+                    f"{adapter.status.position or 'the start'}"
+                )
+                last = now
+    finally:
+        election.stop()
+        zk.stop()
+        zk.close()
+    return adapter.status

@@ -25,6 +25,7 @@ import argparse
 import csv
 import itertools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -49,6 +50,8 @@ def _progress(line: str) -> None:
 
 
 def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
+    if args.source:
+        return _publish_from(settings, args)
     contract = registry.load(settings)
     records: Iterable[bytes]
     if args.file:
@@ -72,6 +75,37 @@ def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
     )
     print(file=sys.stderr)
     print(f"{progress.acked} records published to {settings.inbound_topic}")
+    return 0
+
+
+def _publish_from(settings: Settings, args: argparse.Namespace) -> int:
+    """A publisher adapter: follows the source into the inbound topic while elected, until
+    SIGTERM or SIGINT (twinstream.edge.publisher)."""
+    import signal
+    import socket
+    import threading
+
+    from twinstream.edge.publisher import run
+
+    if args.file:
+        raise ValueError("--source follows a file as it grows; --file sends one once: give one")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _n, _f: stop.set())
+    adapter_id = args.id or f"{socket.gethostname()}-{os.getpid()}"
+    status = run(
+        settings,
+        adapter_id,
+        Path(args.source),
+        args.pattern,
+        stop,
+        echo=lambda line: print(line, file=sys.stderr),
+    )
+    print(
+        f"publisher {adapter_id}: {status.published} lines published, last at "
+        f"{status.position or 'nothing'}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -488,6 +522,15 @@ def main(argv: list[str] | None = None) -> int:
 
     pub = sub.add_parser("publish", help="send records to a pipeline's inbound topic")
     pub.add_argument("--file", help="a .csv or .jsonl file to send instead of sample records")
+    pub.add_argument(
+        "--source",
+        metavar="FILE|FOLDER",
+        help="run as a publisher adapter: follow a .csv or .jsonl file (or a folder's files, "
+        "--pattern) as it grows, as one of the pipeline's redundant adapters: only the "
+        "elected one writes, a new one resumes after the last line published",
+    )
+    pub.add_argument("--pattern", default="*.jsonl", help="with a --source folder: its files")
+    pub.add_argument("--id", help="with --source: this adapter's name (default: host-pid)")
     pub.add_argument("--rate", type=float, default=1000.0, help="records per second (0: max)")
     pub.add_argument("--count", type=int, default=10_000, help="sample records to send")
     pub.add_argument("--seed", type=int, default=1)

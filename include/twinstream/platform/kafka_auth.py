@@ -151,20 +151,23 @@ def acl_bindings(settings: Settings) -> list[AclBinding]:
 
     read = (AclOperation.READ, AclOperation.DESCRIBE)
     topic(inbound, engine, *read)
-    topic(inbound, publisher, AclOperation.WRITE, AclOperation.DESCRIBE)
+    # The publisher adapters read the inbound topic's tail: where the last active stopped
+    # (twinstream.edge.publisher.last_published).
+    topic(inbound, publisher, AclOperation.WRITE, *read)
     for name in outputs:
         topic(name, engine, AclOperation.WRITE, *read)
         topic(name, reader, *read)
-    for op in (AclOperation.WRITE, AclOperation.DESCRIBE):
-        grants.append(
-            (
-                ResourceType.TRANSACTIONAL_ID,
-                settings.transactional_id,
-                ResourcePatternType.LITERAL,
-                engine,
-                op,
+    # The engines' transactional id, and the publisher adapters' (their own: an adapter
+    # fences adapters, never an engine).
+    for txn, who in (
+        (settings.transactional_id, engine),
+        (f"{settings.transactional_id}-publisher", publisher),
+    ):
+        for op in (AclOperation.WRITE, AclOperation.DESCRIBE):
+            grants.append(
+                (ResourceType.TRANSACTIONAL_ID, txn, ResourcePatternType.LITERAL, who, op)
             )
-        )
+    # Not the publisher: its adapters read the inbound tail by assignment, in no group.
     for who in (engine, reader):
         for prefix in GROUP_PREFIXES:
             grants.append(
