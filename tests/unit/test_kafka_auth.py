@@ -69,6 +69,7 @@ def test_each_role_gets_exactly_what_it_needs(tmp_path):
     assert {g[1] for g in grants if g[3] == "p-publisher"} == {
         s.inbound_topic,
         f"{s.transactional_id}-publisher",
+        "twinstream-publisher-",
     }
     assert ops("p-engine", topic, s.inbound_topic) == read
     assert ops("p-reader", topic, s.inbound_topic) == set()
@@ -92,7 +93,7 @@ def test_each_role_gets_exactly_what_it_needs(tmp_path):
         (prefix, user)
         for prefix in ("twinstream-", "spark-kafka-source-")
         for user in ("p-engine", "p-reader")
-    }
+    } | {("twinstream-publisher-", "p-publisher")}
 
 
 class _ControllerThatLosesOneRequest:

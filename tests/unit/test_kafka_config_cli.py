@@ -74,7 +74,9 @@ def test_a_publishers_java_settings_say_what_it_may_write_and_how_to_key(
     }
     assert 'username="payments-publisher"' in settings["sasl.jaas.config"]
     assert "# May write topics: payments.in\n" in out
-    assert "group.id" not in out  # a publisher is in no consumer group
+    # Its adapters read the inbound tail (where the last active stopped) in groups of
+    # their own prefix.
+    assert "group.id must start with twinstream-publisher-" in out
     assert "by its `card` member" in out
 
 

@@ -37,6 +37,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from twinstream.edge.feed import csv_record, record_key
 from twinstream.edge.sources import FileSource, Line, Lost, Position, TooLong
 from twinstream.platform.connections import KafkaConnection, PipelineTopics
+from twinstream.platform.kafka_auth import PUBLISHER_GROUP_PREFIX
 from twinstream.platform.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def last_published(
 ) -> ResumePoint:
     """The committed inbound record with the highest `seq` over every partition."""
     consumer = Consumer(
-        kafka.consumer(f"twinstream-publisher-{uuid.uuid4()}", **{"enable.partition.eof": True})
+        kafka.consumer(f"{PUBLISHER_GROUP_PREFIX}{uuid.uuid4()}", **{"enable.partition.eof": True})
     )
     best = ResumePoint()
     try:

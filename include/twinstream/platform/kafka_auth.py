@@ -47,6 +47,9 @@ ADMIN_USER = "twinstream-admin"
 ITERATIONS = 8192
 # Consumer groups every reader may use (Twinstream's own, and Spark's Kafka source's).
 GROUP_PREFIXES = ("twinstream-", "spark-kafka-source-")
+# The publisher adapters' reads of the inbound topic's tail (by assignment: they join no
+# group, but librdkafka asks for the group's coordinator all the same).
+PUBLISHER_GROUP_PREFIX = "twinstream-publisher-"
 # A password goes into a JAAS line and StorageTool's [name=..,password=..]: hex only.
 PASSWORD = re.compile(r"^[0-9a-f]{32,128}$")
 
@@ -167,9 +170,13 @@ def acl_bindings(settings: Settings) -> list[AclBinding]:
             grants.append(
                 (ResourceType.TRANSACTIONAL_ID, txn, ResourcePatternType.LITERAL, who, op)
             )
-    # Not the publisher: its adapters read the inbound tail by assignment, in no group.
-    for who in (engine, reader):
-        for prefix in GROUP_PREFIXES:
+    publisher_groups = (PUBLISHER_GROUP_PREFIX,)
+    for who, prefixes in (
+        (engine, GROUP_PREFIXES),
+        (reader, GROUP_PREFIXES),
+        (publisher, publisher_groups),
+    ):
+        for prefix in prefixes:
             grants.append(
                 (ResourceType.GROUP, prefix, ResourcePatternType.PREFIXED, who, AclOperation.READ)
             )

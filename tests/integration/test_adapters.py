@@ -1,0 +1,174 @@
+"""Redundant publisher adapters (issue 37): two adapters follow a growing file into a
+pipeline's inbound topic; kill -9 of the active: every line of the file is in the topic
+exactly once, in file order, and the other adapter takes over within seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from devkit.harness import Pipeline, wait_for
+from twinstream.edge.publisher import PUBLISHER_HEADER, SEQ_HEADER, SOURCE_HEADER
+from twinstream.edge.sources import Position
+from twinstream.platform.kafka import connection, partition_ends
+
+pytestmark = pytest.mark.integration
+
+RATE = 1_000  # lines a second appended while the adapters run
+
+
+@dataclass(frozen=True)
+class Published:
+    n: int  # the line's number in the file
+    seq: int
+    source: Position
+    publisher: str
+    at_ms: int
+
+
+def _inbound(pipeline: Pipeline) -> list[Published]:
+    """Every committed record of the inbound topic with its adapter headers."""
+    settings = pipeline.settings
+    consumer = Consumer(
+        connection(settings).consumer(
+            f"twinstream-test-{uuid.uuid4()}", **{"enable.partition.eof": True}
+        )
+    )
+    topic = settings.inbound_topic
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        open_, out = set(parts), []
+        while open_:
+            msg = consumer.poll(10)
+            assert msg is not None, "the inbound topic did not answer"
+            error = msg.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                open_.discard(msg.partition())
+                continue
+            headers: dict[str, str] = {}
+            for pair in msg.headers() or ():
+                key, value = pair[0], pair[1]
+                if isinstance(value, bytes):
+                    headers[str(key)] = value.decode()
+            out.append(
+                Published(
+                    n=json.loads(msg.value() or b"{}")["n"],
+                    seq=int(headers[SEQ_HEADER]),
+                    source=Position.parse(headers[SOURCE_HEADER]),
+                    publisher=headers[PUBLISHER_HEADER],
+                    at_ms=msg.timestamp()[1],
+                )
+            )
+        return out
+    finally:
+        consumer.close()
+
+
+def _adapter(pipeline: Pipeline, name: str, source: Path) -> subprocess.Popen[bytes]:
+    log = (pipeline.workdir / f"publisher-{name}.log").open("ab")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "twinstream.ops.cli",
+            "publish",
+            "--source",
+            str(source),
+            "--id",
+            name,
+        ],
+        env={**os.environ, **pipeline.env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _active(pipeline: Pipeline, names: list[str]) -> str | None:
+    """The adapter whose log says it leads now (the last epoch it won is the newest)."""
+    latest: tuple[int, str] | None = None
+    for name in names:
+        text = (pipeline.workdir / f"publisher-{name}.log").read_text(errors="replace")
+        for line in text.splitlines():
+            if "active at epoch" in line:
+                epoch = int(line.split("active at epoch ")[1].split(",")[0])
+                if latest is None or epoch > latest[0]:
+                    latest = (epoch, name)
+    return None if latest is None else latest[1]
+
+
+def test_kill_9_of_the_active_publisher_every_line_once_in_file_order(
+    stack, quiet_stack_engines, pipeline
+):
+    source = pipeline.workdir / "readings.jsonl"
+    total, first = 12_000, 3_000
+    written = 0
+
+    def append(count: int) -> None:
+        nonlocal written
+        with source.open("a") as out:
+            for _ in range(count):
+                out.write(json.dumps({"host": f"h{written % 50}", "n": written}) + "\n")
+                written += 1
+
+    append(first)
+    adapters = {name: _adapter(pipeline, name, source) for name in ("a", "b")}
+    stop = threading.Event()
+
+    def grow() -> None:
+        while written < total and not stop.is_set():
+            append(RATE // 10)
+            time.sleep(0.1)
+
+    try:
+        active = wait_for(lambda: _active(pipeline, ["a", "b"]), 60, "one publisher active")
+        writer = threading.Thread(target=grow, daemon=True)
+        writer.start()
+        # The first lines in (their offsets, transaction markers included): a cheap look,
+        # so that the kill comes while the file still grows.
+        wait_for(
+            lambda: (
+                sum(partition_ends(pipeline.settings, pipeline.settings.inbound_topic).values())
+                >= first
+            ),
+            60,
+            "the first lines published",
+        )
+        killed_at = time.time()
+        os.kill(adapters[active].pid, signal.SIGKILL)
+        adapters[active].wait(10)
+        adapters[active] = _adapter(pipeline, active, source)  # supervisord restarts it
+        writer.join(60)
+        assert written == total
+        wait_for(lambda: len(_inbound(pipeline)) >= total, 120, f"all {total} lines published")
+        records = _inbound(pipeline)
+    finally:
+        stop.set()
+        for proc in adapters.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in adapters.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    by_seq = sorted(records, key=lambda r: r.seq)
+    assert [r.n for r in by_seq] == list(range(total))  # each line once, in file order
+    assert [r.seq for r in by_seq] == list(range(1, total + 1))
+    after = [r for r in by_seq if r.at_ms >= killed_at * 1000 and r.publisher != active]
+    assert after, "no line published by another adapter after the kill"
+    takeover_s = after[0].at_ms / 1000 - killed_at
+    print(f"publisher takeover after kill -9 at {RATE} lines/s: {takeover_s:.2f} s")
+    assert takeover_s < 10
