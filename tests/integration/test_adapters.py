@@ -172,3 +172,62 @@ def test_kill_9_of_the_active_publisher_every_line_once_in_file_order(
     takeover_s = after[0].at_ms / 1000 - killed_at
     print(f"publisher takeover after kill -9 at {RATE} lines/s: {takeover_s:.2f} s")
     assert takeover_s < 10
+
+
+def test_a_zombie_publisher_cannot_write_once_another_has_taken_over(
+    stack, quiet_stack_engines, pipeline
+):
+    """SIGSTOP of the active until its ZooKeeper session has expired and the other adapter
+    publishes, then SIGCONT: the zombie's open transaction was aborted and its producer
+    fenced by the new active; it writes nothing more, and every line is in once."""
+    source = pipeline.workdir / "readings.jsonl"
+    total = 6_000
+    with source.open("w") as out:
+        for n in range(2_000):
+            out.write(json.dumps({"host": f"h{n % 50}", "n": n}) + "\n")
+    adapters = {name: _adapter(pipeline, name, source) for name in ("a", "b")}
+    try:
+        zombie = wait_for(lambda: _active(pipeline, ["a", "b"]), 60, "one publisher active")
+        other = "b" if zombie == "a" else "a"
+        wait_for(
+            lambda: (
+                sum(partition_ends(pipeline.settings, pipeline.settings.inbound_topic).values()) > 0
+            ),
+            60,
+            "the first lines published",
+        )
+        os.kill(adapters[zombie].pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        with source.open("a") as out:
+            for n in range(2_000, total):
+                out.write(json.dumps({"host": f"h{n % 50}", "n": n}) + "\n")
+        wait_for(lambda: _active(pipeline, ["a", "b"]) == other, 60, f"publisher {other} active")
+        wait_for(lambda: len(_inbound(pipeline)) >= total, 60, f"all {total} lines published")
+        resumed_at = time.time()
+        os.kill(adapters[zombie].pid, signal.SIGCONT)
+        # The zombie finds it lost the lead (its session expired) and its producer fenced.
+        wait_for(
+            lambda: (
+                "stepping down"
+                in (pipeline.workdir / f"publisher-{zombie}.log").read_text(errors="replace")
+            ),
+            30,
+            f"publisher {zombie} stepping down",
+        )
+        with source.open("a") as out:
+            out.write(json.dumps({"host": "h0", "n": total}) + "\n")
+        wait_for(lambda: len(_inbound(pipeline)) > total, 30, "the next line published")
+        records = _inbound(pipeline)
+    finally:
+        for proc in adapters.values():
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+        for proc in adapters.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    by_seq = sorted(records, key=lambda r: r.seq)
+    assert [r.n for r in by_seq] == list(range(total + 1))
+    late = [r for r in by_seq if r.publisher == zombie and r.at_ms >= stopped_at * 1000]
+    assert late == [], f"the zombie wrote after its SIGSTOP ({resumed_at - stopped_at:.0f} s)"
