@@ -14,6 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -231,3 +232,92 @@ def test_a_zombie_publisher_cannot_write_once_another_has_taken_over(
     assert [r.n for r in by_seq] == list(range(total + 1))
     late = [r for r in by_seq if r.publisher == zombie and r.at_ms >= stopped_at * 1000]
     assert late == [], f"the zombie wrote after its SIGSTOP ({resumed_at - stopped_at:.0f} s)"
+
+
+@pytest.mark.parametrize("pipeline", [3], indirect=True)
+def test_a_file_subscriber_killed_twice_under_load_holds_every_output_once(
+    stack, quiet_stack_engines, pipeline
+):
+    """The outbound topic written in transactions (some aborted, as a fenced engine's are)
+    at ~1,000 records/s while `twinstream subscribe --to` is killed with kill -9 and
+    restarted twice: the file holds every committed record once, in offset order per
+    partition, and no aborted one."""
+    from confluent_kafka import Producer
+
+    settings = pipeline.settings
+    topic = settings.outbound_topic
+    engine = settings.model_copy(update={"kafka_role": "engine"})
+    producer = Producer(
+        connection(engine).producer(**{"transactional.id": settings.transactional_id})
+    )
+    producer.init_transactions(30)
+    committed: set[tuple[int, int]] = set()
+    done = threading.Event()
+
+    def load() -> None:
+        n = 0
+        for txn in range(160):
+            producer.begin_transaction()
+            batch: list[tuple[int, int]] = []
+
+            def keep(err: KafkaError | None, msg: Any, into: list[tuple[int, int]] = batch) -> None:
+                if err is None:
+                    into.append((msg.partition(), msg.offset()))
+
+            for _ in range(50):
+                producer.produce(
+                    topic,
+                    key=f"h{n % 7}".encode(),
+                    value=json.dumps({"n": n}).encode(),
+                    partition=n % 3,
+                    headers=[("msg_id", str(n).encode())],
+                    on_delivery=keep,
+                )
+                n += 1
+            producer.flush(30)
+            if txn % 9 == 4:
+                producer.abort_transaction(30)  # as a fenced engine's are: never read
+            else:
+                producer.commit_transaction(30)
+                committed.update(batch)
+            time.sleep(0.05)
+        done.set()
+
+    out = pipeline.workdir / "out.jsonl"
+
+    def subscriber() -> subprocess.Popen[bytes]:
+        log = (pipeline.workdir / "subscriber.log").open("ab")
+        return subprocess.Popen(
+            [sys.executable, "-m", "twinstream.ops.cli", "subscribe", "--to", str(out)],
+            env={**os.environ, **pipeline.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    proc = subscriber()
+    try:
+        for _kill in range(2):
+            wait_for(lambda: out.exists() and out.stat().st_size > 0, 60, "lines in the file")
+            time.sleep(2.0)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            proc = subscriber()
+        assert done.wait(120), "the load did not finish"
+
+        def lines() -> list[dict[str, Any]]:
+            return [json.loads(x) for x in out.read_text().splitlines() if x.endswith("}")]
+
+        wait_for(lambda: len(lines()) >= len(committed), 60, "every committed record in the file")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    got = [(int(x["partition"]), int(x["offset"])) for x in lines()]
+    assert sorted(got) == sorted(committed)  # every committed record once, no aborted one
+    for p in range(3):
+        mine = [o for q, o in got if q == p]
+        assert mine == sorted(mine)
