@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -35,6 +35,7 @@ from typing import Any, Protocol, cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from twinstream.edge.feed import csv_record, record_key
+from twinstream.edge.http_source import HttpSource
 from twinstream.edge.sources import FileSource, Line, Lost, Position, TooLong
 from twinstream.platform.connections import KafkaConnection, PipelineTopics
 from twinstream.platform.kafka_auth import PUBLISHER_GROUP_PREFIX
@@ -95,6 +96,49 @@ def last_published(
     return best
 
 
+def recent_sources(
+    kafka: KafkaConnection,
+    topics: PipelineTopics,
+    per_partition: int = 20_000,
+    timeout_s: float = 10.0,
+) -> list[str]:
+    """The source positions of the last `per_partition` committed records of each inbound
+    partition: the HTTP source's keys an earlier active committed."""
+    consumer = Consumer(
+        kafka.consumer(f"{PUBLISHER_GROUP_PREFIX}{uuid.uuid4()}", **{"enable.partition.eof": True})
+    )
+    found: list[str] = []
+    try:
+        meta = consumer.list_topics(topics.inbound, timeout=timeout_s).topics[topics.inbound]
+        if meta.error is not None:
+            raise KafkaException(meta.error)
+        for partition in sorted(meta.partitions):
+            tp = TopicPartition(topics.inbound, partition)
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+            if high <= low:
+                continue
+            consumer.assign(
+                [TopicPartition(topics.inbound, partition, max(low, high - per_partition))]
+            )
+            while True:
+                msg = consumer.poll(timeout_s)
+                if msg is None:
+                    raise KafkaException(
+                        KafkaError(KafkaError._TIMED_OUT, f"no answer reading {topics.inbound}")
+                    )
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        break
+                    raise KafkaException(error)
+                text = _header(msg.headers(), SOURCE_HEADER)
+                if text is not None:
+                    found.append(text)
+    finally:
+        consumer.close()
+    return found
+
+
 def _last_in(
     consumer: Consumer, topic: str, partition: int, timeout_s: float
 ) -> ResumePoint | None:
@@ -125,6 +169,14 @@ def _last_in(
             return last
         end, window = start, window * 4
     return None
+
+
+class Source(Protocol):
+    """What the adapter follows: a FileSource, an HttpSource."""
+
+    def lines(
+        self, after: Position | None, stop: threading.Event
+    ) -> Iterator[Line | TooLong | Lost]: ...
 
 
 class Producing(Protocol):
@@ -166,7 +218,7 @@ class PublisherAdapter:
         self,
         adapter_id: str,
         topics: PipelineTopics,
-        source: Callable[[Callable[[float], None]], FileSource],
+        source: Callable[[Callable[[float], None]], Source],
         producer: Callable[[], Producing],
         resume: Callable[[], ResumePoint],
         key_field: str | None = None,
@@ -196,6 +248,7 @@ class PublisherAdapter:
         self._thread: threading.Thread | None = None
         self._batch: list[tuple[Line, bytes]] = []
         self._producing: Producing | None = None
+        self._on_commit: Callable[[list[Line]], None] | None = None
 
     # -- the election's callbacks -------------------------------------------------------
 
@@ -244,7 +297,10 @@ class PublisherAdapter:
                 point.seq,
             )
             stop = _Unless(self._leading)
-            for event in self._source(self._idle).lines(point.position, stop):
+            source = self._source(self._idle)
+            # A source that answers its clients once their lines are committed (HTTP).
+            self._on_commit = getattr(source, "committed", None)
+            for event in source.lines(point.position, stop):
                 if isinstance(event, Line):
                     if event.raw.strip():
                         self._batch.append((event, self._record(event)))
@@ -340,6 +396,8 @@ class PublisherAdapter:
                 producer.abort_transaction(30.0)
                 raise
             raise Fenced(f"the transaction failed ({exc}): another adapter took over") from exc
+        if self._on_commit is not None:
+            self._on_commit([line for line, _value in self._batch])
         self.status.seq = seq
         self.status.published += len(self._batch)
         self.status.position = self._batch[-1][0].position.text()
@@ -366,7 +424,7 @@ def election_paths(topics: PipelineTopics) -> tuple[str, str]:
 def run(
     settings: Settings,
     adapter_id: str,
-    source_path: Path,
+    source_path: Path | str,
     pattern: str,
     stop: threading.Event,
     echo: Callable[[str], None] = print,
@@ -385,7 +443,27 @@ def run(
     kafka = connection(settings.model_copy(update={"kafka_role": "publisher"}))
     topics = settings.topics()
     zookeeper = settings.zookeeper()
-    is_csv = source_path.suffix == ".csv" or (source_path.is_dir() and pattern.endswith(".csv"))
+    http = str(source_path).startswith("http://")
+    file_path = Path(source_path)
+    is_csv = not http and (
+        file_path.suffix == ".csv" or (file_path.is_dir() and pattern.endswith(".csv"))
+    )
+    listening: HttpSource | None = None
+    if http:
+        from urllib.parse import urlsplit
+
+        where = urlsplit(str(source_path))
+        listening = HttpSource(
+            where.hostname or "127.0.0.1",
+            where.port or 8800,
+            recent=lambda: recent_sources(kafka, topics),
+        )
+
+    def source(idle: Callable[[float], None]) -> Source:
+        if listening is not None:
+            listening.idle = idle
+            return listening
+        return FileSource(file_path, pattern, sleep=idle, header=is_csv)
 
     def producer() -> Producing:
         # confluent_kafka's Producer, as the narrow protocol the adapter uses.
@@ -411,7 +489,7 @@ def run(
     adapter = PublisherAdapter(
         adapter_id,
         topics,
-        lambda idle: FileSource(source_path, pattern, sleep=idle, header=is_csv),
+        source,
         producer,
         lambda: last_published(kafka, topics),
         key_field=pipeline.partition_by,
@@ -433,8 +511,11 @@ def run(
     adapter.resign = election.resign
     echo(
         f"publisher {adapter_id} of pipeline {topics.pipeline}: following {source_path}"
-        f"{f' ({pattern})' if source_path.is_dir() else ''} into {topics.inbound} when elected"
+        f"{f' ({pattern})' if not http and file_path.is_dir() else ''} into {topics.inbound} "
+        "when elected"
     )
+    if listening is not None:
+        listening.start()
     election.start()
     try:
         last: tuple[str | None, int] = (None, 0)
@@ -451,4 +532,6 @@ def run(
         election.stop()
         zk.stop()
         zk.close()
+        if listening is not None:
+            listening.close()
     return adapter.status

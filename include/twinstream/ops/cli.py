@@ -96,7 +96,7 @@ def _publish_from(settings: Settings, args: argparse.Namespace) -> int:
     status = run(
         settings,
         adapter_id,
-        Path(args.source),
+        args.source if args.source.startswith("http://") else Path(args.source),
         args.pattern,
         stop,
         echo=lambda line: print(line, file=sys.stderr),
@@ -524,10 +524,11 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("--file", help="a .csv or .jsonl file to send instead of sample records")
     pub.add_argument(
         "--source",
-        metavar="FILE|FOLDER",
+        metavar="FILE|FOLDER|http://HOST:PORT",
         help="run as a publisher adapter: follow a .csv or .jsonl file (or a folder's files, "
-        "--pattern) as it grows, as one of the pipeline's redundant adapters: only the "
-        "elected one writes, a new one resumes after the last line published",
+        "--pattern) as it grows, or serve POST /records (JSON lines, an Idempotency-Key "
+        "each), as one of the pipeline's redundant adapters: only the elected one writes, a "
+        "new one resumes after the last line published",
     )
     pub.add_argument("--pattern", default="*.jsonl", help="with a --source folder: its files")
     pub.add_argument("--id", help="with --source: this adapter's name (default: host-pid)")
