@@ -78,7 +78,7 @@ def _inbound(pipeline: Pipeline) -> list[Published]:
         consumer.close()
 
 
-def _adapter(pipeline: Pipeline, name: str, source: Path) -> subprocess.Popen[bytes]:
+def _adapter(pipeline: Pipeline, name: str, source: Path | str) -> subprocess.Popen[bytes]:
     log = (pipeline.workdir / f"publisher-{name}.log").open("ab")
     return subprocess.Popen(
         [
@@ -321,3 +321,54 @@ def test_a_file_subscriber_killed_twice_under_load_holds_every_output_once(
     for p in range(3):
         mine = [o for q, o in got if q == p]
         assert mine == sorted(mine)
+
+
+def test_an_http_client_that_retries_after_a_timeout_does_not_duplicate_a_record(
+    stack, quiet_stack_engines, pipeline
+):
+    """Two adapters serve POST /records; a client gives up on its request before the answer
+    (the lines are committed all the same) and sends it again, to either adapter: the lines
+    are in the inbound topic once."""
+    import urllib.error
+    import urllib.request
+
+    from devkit.harness import free_port
+
+    ports = {name: free_port() for name in ("a", "b")}
+    adapters = {
+        name: _adapter(pipeline, name, f"http://127.0.0.1:{port}") for name, port in ports.items()
+    }
+    body = "".join(json.dumps({"host": f"h{n % 50}", "n": n}) + "\n" for n in range(5_000))
+
+    def send(port: int, timeout_s: float) -> int | None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/records", data=body.encode(), method="POST"
+        )
+        request.add_header("Idempotency-Key", "batch-1")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except (TimeoutError, urllib.error.URLError):
+            return None  # gave up waiting: the request may be committed or not
+
+    try:
+        active = wait_for(lambda: _active(pipeline, ["a", "b"]), 60, "one publisher active")
+        other = "b" if active == "a" else "a"
+        assert send(ports[other], 10) == 503  # the standby sends the client to the active
+        assert send(ports[active], 0.05) is None  # the client's patience ends first
+        answers = wait_for(
+            lambda: [s for s in (send(ports[active], 30),) if s == 200], 60, "an answer"
+        )
+        assert answers == [200]
+        records = _inbound(pipeline)
+    finally:
+        for proc in adapters.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in adapters.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    assert sorted(r.n for r in records) == list(range(5_000))

@@ -91,11 +91,15 @@ class HttpSource:
                     self.rfile.read(int(self.headers.get("Content-Length") or 0)),
                 )
                 data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    # The client gave up waiting: its retry with the same key is answered.
+                    log.info("http source: a client left before its answer (%s)", status)
 
             def log_message(self, format: str, *args: object) -> None:
                 log.debug("http source: %s", format % args)
