@@ -232,3 +232,52 @@ def test_commits_wait_while_zookeeper_is_away(tmp_path):
     with pytest.raises(Exception, match="stepped down while ZooKeeper was away"):
         one._commit()
     assert cluster.committed == []
+
+
+class Znodes:
+    """The part of a kazoo client the status board uses, over a dict."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, bytes] = {}
+        self.client_id: object = (1, b"session")
+
+    def create(self, path: str, data: bytes, ephemeral: bool, makepath: bool) -> None:
+        from kazoo.exceptions import NodeExistsError
+
+        assert ephemeral
+        if path in self.nodes:
+            raise NodeExistsError()
+        self.nodes[path] = data
+
+    def set(self, path: str, data: bytes) -> None:
+        self.nodes[path] = data
+
+    def set_async(self, path: str, data: bytes) -> None:
+        self.nodes[path] = data
+
+    def get_children(self, path: str) -> list[str]:
+        return [p.rsplit("/", 1)[1] for p in self.nodes if p.rsplit("/", 1)[0] == path]
+
+    def get(self, path: str) -> tuple[bytes, None]:
+        return self.nodes[path], None
+
+
+def test_each_adapter_says_how_it_stands_where_status_reads_it():
+    from twinstream.edge.publisher import Status, StatusBoard
+
+    zk = Znodes()
+    assert StatusBoard.read(zk, TOPICS) == {}
+    for name, role in (("p1", "active"), ("p2", "standby")):
+        StatusBoard(zk, TOPICS, name).publish(Status(role=role, published=7))
+    board = StatusBoard(zk, TOPICS, "p1")
+    board.publish(Status(role="active", published=9, position="in.jsonl@1.x:90"))
+    board.publish(Status(role="active", published=10, position="in.jsonl@1.x:100"))
+    seen = StatusBoard.read(zk, TOPICS)
+    assert sorted(seen) == ["p1", "p2"]
+    assert (seen["p1"].role, seen["p1"].published, seen["p1"].position) == (
+        "active",
+        10,
+        "in.jsonl@1.x:100",
+    )
+    assert seen["p2"].role == "standby"
+    assert all(p.startswith("/twinstream/hostmetrics/publishers/status/") for p in zk.nodes)

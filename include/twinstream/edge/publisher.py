@@ -22,13 +22,15 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import json
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -204,6 +206,56 @@ class Status:
     too_long: int = 0
     lost: list[str] = field(default_factory=list)
     last_error: str | None = None
+
+
+def status_path(topics: PipelineTopics) -> str:
+    """Where each adapter of the pipeline says how it stands (one ephemeral node each)."""
+    return f"/twinstream/{topics.pipeline}/publishers/status"
+
+
+class StatusBoard:
+    """Each adapter's Status in an ephemeral znode of its own, gone with its session: what
+    `twinstream status` and the page read (`read`). A write never blocks on a suspended
+    session: it is asynchronous, and one that failed is made again at the next call."""
+
+    def __init__(self, client: Any, topics: PipelineTopics, adapter_id: str) -> None:
+        self._client = client
+        self._path = f"{status_path(topics)}/{adapter_id}"
+        self._session: Any = None
+
+    def publish(self, status: Status) -> None:
+        from kazoo.exceptions import KazooException, NodeExistsError
+
+        data = json.dumps(asdict(status)).encode()
+        session = self._client.client_id
+        try:
+            if session is None or session != self._session:
+                with contextlib.suppress(NodeExistsError):
+                    self._client.create(self._path, data, ephemeral=True, makepath=True)
+                self._client.set(self._path, data)
+                self._session = session
+            else:
+                self._client.set_async(self._path, data)
+        except KazooException as exc:
+            self._session = None
+            log.debug("publisher status not written (%r)", exc)
+
+    @staticmethod
+    def read(client: Any, topics: PipelineTopics) -> dict[str, Status]:
+        """Every live adapter's status, by adapter id."""
+        from kazoo.exceptions import NoNodeError
+
+        path = status_path(topics)
+        try:
+            children = client.get_children(path)
+        except NoNodeError:
+            return {}
+        found: dict[str, Status] = {}
+        for child in sorted(children):
+            with contextlib.suppress(NoNodeError, ValueError, TypeError):
+                data, _stat = client.get(f"{path}/{child}")
+                found[child] = Status(**json.loads(data))
+        return found
 
 
 class Fenced(RuntimeError):
@@ -516,10 +568,12 @@ def run(
     )
     if listening is not None:
         listening.start()
+    board = StatusBoard(zk, topics, adapter_id)
     election.start()
     try:
         last: tuple[str | None, int] = (None, 0)
         while not stop.wait(1.0):
+            board.publish(adapter.status)
             now = (adapter.status.role, adapter.status.published)
             if now != last:
                 echo(
