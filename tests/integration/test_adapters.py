@@ -20,7 +20,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from devkit.harness import Pipeline, wait_for
-from twinstream.edge.publisher import PUBLISHER_HEADER, SEQ_HEADER, SOURCE_HEADER
+from twinstream.core.election import zk_client
+from twinstream.edge.publisher import PUBLISHER_HEADER, SEQ_HEADER, SOURCE_HEADER, StatusBoard
 from twinstream.edge.sources import Position
 from twinstream.platform.kafka import connection, partition_ends
 
@@ -147,6 +148,27 @@ def test_kill_9_of_the_active_publisher_every_line_once_in_file_order(
             60,
             "the first lines published",
         )
+        # Each adapter says how it stands where `twinstream status` reads it.
+        zk = zk_client(pipeline.settings.zookeeper())
+        zk.start(timeout=10)
+        try:
+            said = wait_for(
+                lambda: (
+                    (seen := StatusBoard.read(zk, pipeline.settings.topics()))
+                    and len(seen) == 2
+                    and seen[active].published > 0
+                    and seen
+                ),
+                10,
+                "both adapters' status",
+            )
+        finally:
+            zk.stop()
+            zk.close()
+        assert {name: st.role for name, st in said.items()} == {
+            active: "active",
+            ("b" if active == "a" else "a"): "standby",
+        }
         killed_at = time.time()
         os.kill(adapters[active].pid, signal.SIGKILL)
         adapters[active].wait(10)

@@ -166,3 +166,36 @@ def test_the_latest_audit_report_and_its_data_docs_page(tmp_path: Path):
 def test_an_unreadable_audit_report_is_skipped(tmp_path: Path, broken: str):
     (tmp_path / "last-audit.json").write_text(broken)
     assert latest_audit(tmp_path) is None
+
+
+def test_publisher_adapters_are_in_the_view_and_two_actives_or_lost_lines_are_problems():
+    from twinstream.ops.overview import AdapterView, PipelineView
+    from twinstream.ops.status_view import history
+
+    view = PipelineView(
+        name="p", active="a", problems=[], engines=[], takeovers=[], snapshots=[], audit=None
+    )
+    view.add_adapters(
+        [
+            AdapterView(adapter_id="x", role="active", epoch=3, published=1200, position="f@1.a:9"),
+            AdapterView(adapter_id="y", role="standby"),
+        ]
+    )
+    assert view.problems == []
+    assert "publisher adapters: x active (epoch 3, 1,200 lines, at f@1.a:9), y standby" in str(
+        history(view)
+    )
+    view = PipelineView(
+        name="p", active="a", problems=[], engines=[], takeovers=[], snapshots=[], audit=None
+    )
+    view.add_adapters(
+        [
+            AdapterView(adapter_id="x", role="active", lost=["after f@1.a:9: gone"]),
+            AdapterView(adapter_id="y", role="active"),
+        ]
+    )
+    assert view.problems == [
+        "2 publisher adapters say they are active (x, y): the one fenced last writes nothing "
+        "more; check their ZooKeeper sessions",
+        "publisher x: lines lost after f@1.a:9: gone",
+    ]

@@ -136,6 +136,20 @@ class AuditView(BaseModel):
     data_docs: str | None
 
 
+class AdapterView(BaseModel):
+    """A publisher adapter as it says it stands (twinstream.edge.publisher.StatusBoard)."""
+
+    adapter_id: str
+    role: str
+    epoch: int | None = None
+    position: str | None = None
+    seq: int = 0
+    published: int = 0
+    too_long: int = 0
+    lost: list[str] = Field(default_factory=list)
+    last_error: str | None = None
+
+
 class PipelineView(BaseModel):
     name: str
     active: str | None
@@ -144,6 +158,22 @@ class PipelineView(BaseModel):
     takeovers: list[TakeoverView]
     snapshots: list[SnapshotView]
     audit: AuditView | None
+    # The pipeline's publisher adapters, when it runs any.
+    adapters: list[AdapterView] = Field(default_factory=list)
+
+    def add_adapters(self, adapters: list[AdapterView]) -> None:
+        """The publisher adapters; more than one active, or lines they could not publish,
+        are problems."""
+        self.adapters = adapters
+        actives = [a.adapter_id for a in adapters if a.role == "active"]
+        if len(actives) > 1:
+            self.problems.append(
+                f"{len(actives)} publisher adapters say they are active ({', '.join(actives)}): "
+                "the one fenced last writes nothing more; check their ZooKeeper sessions"
+            )
+        for adapter in adapters:
+            for lost in adapter.lost:
+                self.problems.append(f"publisher {adapter.adapter_id}: lines lost {lost}")
 
     def add_audit(self, audit: AuditView | None) -> None:
         """The pipeline's latest audit; a failed one is one of its problems."""
@@ -403,12 +433,17 @@ def overview(
     log_starts: Callable[[Settings], Mapping[int, int] | None] | None = None,
     clock: Callable[[], float] = time.time,
     with_history: bool = True,
+    adapters: Callable[[Settings], list[AdapterView]] | None = None,
 ) -> Overview:
-    """Every pipeline of `pipelines` (name -> its settings)."""
+    """Every pipeline of `pipelines` (name -> its settings); `adapters`, if given, reads a
+    pipeline's publisher adapters."""
     views = []
     for name, settings in pipelines.items():
         starts = log_starts(settings) if log_starts is not None and with_history else None
-        views.append(pipeline_view(name, settings, engines, starts, clock, with_history))
+        view = pipeline_view(name, settings, engines, starts, clock, with_history)
+        if adapters is not None:
+            view.add_adapters(adapters(settings))
+        views.append(view)
     return Overview(
         generated_at=datetime.fromtimestamp(clock(), UTC).isoformat(timespec="seconds"),
         pipelines=views,

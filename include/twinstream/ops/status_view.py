@@ -152,6 +152,18 @@ def history(pipeline: PipelineView) -> Text:
             f"{audit.summary}\n",
             style="" if audit.ok else "bold red",
         )
+    if pipeline.adapters:
+        said = ", ".join(
+            f"{a.adapter_id} {a.role}"
+            + (
+                f" (epoch {a.epoch}, {a.published:,} lines, at {a.position or 'the start'})"
+                if a.role == "active"
+                else ""
+            )
+            + (f", error: {a.last_error}" if a.last_error else "")
+            for a in pipeline.adapters
+        )
+        lines.append(f"  publisher adapters: {said}\n")
     for problem in pipeline.problems:
         lines.append(f"  PROBLEM: {problem}\n", style="bold red")
     return lines
