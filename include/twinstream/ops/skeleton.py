@@ -273,4 +273,6 @@ def pipelines_entry(
         f"partitions = {partitions}  # of its four topics; Kafka cannot change it later\n"
         f"engines = [{engines}]  # its engines: ids the stack's, one pipeline each\n"
         f"admin_ports = [{ports}]  # one admin API port per engine, in the same order\n"
+        f'publishers = {{ source = "{name}.jsonl", count = 0 }}  # count = 2: make up runs '
+        "two publisher adapters following source (README, Adapters)\n"
     )

@@ -33,10 +33,41 @@ class Entry:
     admin_ports: tuple[int, ...] = ()
     # Partitions of the pipeline's topics; None: the settings' (TWINSTREAM_PARTITIONS).
     partitions: int | None = None
+    # Publisher adapters `make up` runs for it (twinstream.edge.publisher): {source, count,
+    # pattern}; none when absent or count = 0.
+    publishers: Publishers | None = None
+
+
+@dataclass(frozen=True)
+class Publishers:
+    source: str  # a file, a folder, or http://HOST:PORT
+    count: int = 2
+    pattern: str = "*.jsonl"
 
 
 # The keys a pipeline's table may hold (Entry's fields that the file gives).
-KEYS = ("module", "partitions", "engines", "admin_ports")
+KEYS = ("module", "partitions", "engines", "admin_ports", "publishers")
+
+
+def _publishers(path: Path, name: str, given: object) -> Publishers | None:
+    if given is None:
+        return None
+    fix = (
+        f'{path}: [{name}] publishers = {{ source = "FILE|FOLDER|http://HOST:PORT", count = 2, '
+        'pattern = "*.jsonl" }: '
+    )
+    if not isinstance(given, dict) or not isinstance(given.get("source"), str):
+        raise SettingsError(fix + "a table with a source")
+    unknown = sorted(set(given) - {"source", "count", "pattern"})
+    if unknown:
+        raise SettingsError(fix + f"{unknown[0]!r} is none of its keys")
+    count = given.get("count", 2)
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 9:
+        raise SettingsError(fix + "count is a whole number from 0 (none) to 9")
+    pattern = given.get("pattern", "*.jsonl")
+    if not isinstance(pattern, str):
+        raise SettingsError(fix + "pattern is a glob of a folder's files")
+    return Publishers(given["source"], count, pattern) if count else None
 
 
 def entries(path: Path) -> dict[str, Entry]:
@@ -75,7 +106,15 @@ def entries(path: Path) -> dict[str, Entry]:
             not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1
         ):
             raise SettingsError(f"{path}: [{name}] partitions must be a whole number >= 1")
-        found[name] = Entry(name, table["module"], path.parent, engines, ports, partitions)
+        found[name] = Entry(
+            name,
+            table["module"],
+            path.parent,
+            engines,
+            ports,
+            partitions,
+            _publishers(path, name, table.get("publishers")),
+        )
     taken: dict[str, str] = {}
     for entry in found.values():
         for engine in entry.engines:
@@ -121,6 +160,12 @@ def _settings_for(base: Settings, name: str, listed: dict[str, Entry]) -> Settin
         update |= {"engine_ids": list(entry.engines), "engine_admin_ports": list(entry.admin_ports)}
     if entry.partitions is not None:
         update |= {"partitions": entry.partitions}
+    if entry.publishers is not None:
+        update |= {
+            "publisher_source": entry.publishers.source,
+            "publisher_count": entry.publishers.count,
+            "publisher_pattern": entry.publishers.pattern,
+        }
     return base.model_copy(update=update)
 
 

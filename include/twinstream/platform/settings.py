@@ -122,6 +122,13 @@ class Settings(BaseSettings):
     # entry may set its own (`partitions = 3`).
     partitions: int = Field(default=1, ge=1, le=32_767)
 
+    # Publisher adapters `make up` runs for the pipeline (twinstream.edge.publisher), from
+    # its pipelines-file entry (`publishers`): the source they follow (a file, a folder, or
+    # http://HOST:PORT to serve), how many (1 active, the rest standby), a folder's files.
+    publisher_source: str = ""
+    publisher_count: int = Field(default=0, ge=0, le=9)
+    publisher_pattern: str = "*.jsonl"
+
     # The engines: ids and admin API ports, pairwise. `engine_admin_host` is where their admin
     # APIs are reached; "{id}" is replaced by the engine id (compose: "engine-{id}").
     engine_ids: NameList = ["a", "b"]

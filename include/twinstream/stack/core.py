@@ -310,6 +310,8 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
         _wait_for_supervisor(supervisor)
 
     engines = [f"engine-{e}" for p in pipelines.values() for e in p.engine_ids]
+    # The publisher adapters with them: they write topics (as users) that exist only then.
+    engines += [name for p in pipelines.values() for name in render.publisher_programs(p)]
     # Everything but the engines now; the engines once what they need is there.
     report.started_programs += _start_stopped(supervisor, echo, exclude=engines)
 

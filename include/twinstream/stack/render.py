@@ -376,6 +376,35 @@ def programs(
                 autostart=False,
             )
         )
+    # Each pipeline's publisher adapters (its `publishers` entry): one elected active, the
+    # others standby; started by `up` with the engines, once the topics and users exist.
+    for pipeline in stack.values():
+        for name in publisher_programs(pipeline):
+            result.append(
+                Program(
+                    name=name,
+                    command=[
+                        sys.executable,
+                        "-m",
+                        "twinstream.ops.cli",
+                        "publish",
+                        "--pipeline",
+                        pipeline.pipeline,
+                        "--source",
+                        pipeline.publisher_source,
+                        "--pattern",
+                        pipeline.publisher_pattern,
+                        "--id",
+                        name.removeprefix("publisher-"),
+                    ],
+                    priority=45,
+                    environment=env,
+                    startsecs=5,
+                    # SIGTERM: leave the election; the open transaction is aborted.
+                    stopwaitsecs=30,
+                    autostart=False,
+                )
+            )
     result.append(
         Program(
             name="airflow",
@@ -390,6 +419,13 @@ def programs(
         )
     )
     return result
+
+
+def publisher_programs(pipeline: Settings) -> list[str]:
+    """The supervisord programs of a pipeline's publisher adapters (none without a source)."""
+    if not pipeline.publisher_source:
+        return []
+    return [f"publisher-{pipeline.pipeline}-{n}" for n in range(1, pipeline.publisher_count + 1)]
 
 
 def engine_connections(
