@@ -17,11 +17,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Protocol
 
 from confluent_kafka import KafkaException
 
-from twinstream.edge.file_sink import FileSink
+from twinstream.edge.file_sink import Position
 from twinstream.edge.reader import Record, read_committed
 from twinstream.platform.settings import Settings
 
@@ -31,6 +32,17 @@ log = logging.getLogger(__name__)
 # read starts at once from the file's position.
 IDLE_S = 5.0
 MAX_BACKOFF_S = 30.0
+
+
+class Sink(Protocol):
+    """Where the adapter delivers: a FileSink, an HttpSink."""
+
+    @property
+    def position(self) -> Position: ...
+    @property
+    def path(self) -> Path: ...
+    def write(self, record: Record) -> bool: ...
+    def sync(self) -> None: ...
 
 
 class Reader(Protocol):
@@ -48,7 +60,7 @@ class Reader(Protocol):
 
 def deliver(
     settings: Settings,
-    sink: FileSink,
+    sink: Sink,
     stop: threading.Event,
     read: Reader = read_committed,
     sync_every_s: float = 1.0,

@@ -275,6 +275,7 @@ def _subscribe_to(settings: Settings, args: argparse.Namespace) -> int:
     import threading
 
     from twinstream.edge.file_sink import FileSink
+    from twinstream.edge.http_sink import HttpSink
     from twinstream.edge.subscriber import deliver
 
     given = [f for f in ("output", "max", "follow") if getattr(args, f)]
@@ -283,7 +284,18 @@ def _subscribe_to(settings: Settings, args: argparse.Namespace) -> int:
             "--to keeps its own position in its file: give it without --output, "
             "--from-offset, --max or --follow"
         )
-    sink = FileSink(Path(args.to))
+    sink: FileSink | HttpSink
+    if args.to.startswith(("http://", "https://")):
+        if not args.position:
+            raise ValueError(
+                "--to an HTTP receiver keeps its position in a file of its own: give "
+                "--position FILE (kept with the adapter, read back when it starts)"
+            )
+        sink = HttpSink(
+            args.to, Path(args.position), echo=lambda line: print(line, file=sys.stderr)
+        )
+    else:
+        sink = FileSink(Path(args.to))
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _n, _f: stop.set())
@@ -599,10 +611,12 @@ def main(argv: list[str] | None = None) -> int:
     subp.add_argument("--output", help="CSV file (default: standard output)")
     subp.add_argument(
         "--to",
-        metavar="FILE.jsonl|FILE.csv",
+        metavar="FILE.jsonl|FILE.csv|http://RECEIVER",
         help="run as a subscriber adapter: every committed record into FILE exactly once, "
-        "until stopped; its position is kept in the file, so a restart resumes where it ends",
+        "until stopped; its position is kept in the file, so a restart resumes where it ends "
+        "(an HTTP receiver gets JSON lines with an Idempotency-Key, retried until it answers)",
     )
+    subp.add_argument("--position", help="with --to http://...: the file of its position")
     subp.add_argument(
         "--from-offset",
         default="0",
