@@ -1,6 +1,7 @@
 """The publisher adapter: one of N identical processes that follow a source (a file or a
-folder of files, twinstream.edge.sources) into a pipeline's inbound topic, of which only
-the elected one writes.
+folder of files, or standard input: twinstream.edge.sources; HTTP requests:
+twinstream.edge.http_source) into a pipeline's inbound topic, of which only the elected one
+writes.
 
 Guarantees:
 - At most one adapter writes at a time: the adapters elect one active through ZooKeeper
@@ -12,10 +13,13 @@ Guarantees:
   number in headers (`source`, `seq`); a new active reads, after fencing, the committed
   record with the highest sequence number in the inbound topic and resumes right after its
   position. Lines are committed in source order, a transaction at a time.
-- Nothing dropped in silence: a line the adapter cannot convert (a CSV line that is not
-  UTF-8) is published as it is, for the engines to dead-letter with their reason; a line
-  too long to read, or lines of a file rotated away unread, are logged with their position
-  and counted in `status`.
+- Nothing dropped in silence: a line that is not UTF-8 is published as it is, for the
+  engines to dead-letter with their reason, and logged with its position and counted
+  (`not_utf8`); a line too long to read, or lines of a file rotated away unread, are
+  logged with their position and counted in `status`.
+- A source that ends (standard input) ends the active adapter once everything it gave is
+  committed (`finished`); a standby whose source ended waits until it leads, publishes
+  what the last active had not, and is done too.
 - Commits wait while the ZooKeeper session is SUSPENDED; a fenced or stepped-down active
   aborts its open transaction and stops writing.
 """
@@ -32,13 +36,13 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import IO, Any, Protocol, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from twinstream.edge.feed import csv_record, record_key
 from twinstream.edge.http_source import HttpSource
-from twinstream.edge.sources import FileSource, Line, Lost, Position, TooLong
+from twinstream.edge.sources import STDIN, FileSource, Line, Lost, Position, StreamSource, TooLong
 from twinstream.platform.connections import KafkaConnection, PipelineTopics
 from twinstream.platform.kafka_auth import PUBLISHER_GROUP_PREFIX
 from twinstream.platform.settings import Settings
@@ -174,7 +178,7 @@ def _last_in(
 
 
 class Source(Protocol):
-    """What the adapter follows: a FileSource, an HttpSource."""
+    """What the adapter follows: a FileSource, a StreamSource, an HttpSource."""
 
     def lines(
         self, after: Position | None, stop: threading.Event
@@ -204,6 +208,8 @@ class Status:
     seq: int = 0
     published: int = 0
     too_long: int = 0
+    # Lines published as they are though not UTF-8 (the engines dead-letter them).
+    not_utf8: int = 0
     lost: list[str] = field(default_factory=list)
     last_error: str | None = None
 
@@ -301,6 +307,8 @@ class PublisherAdapter:
         self._batch: list[tuple[Line, bytes]] = []
         self._producing: Producing | None = None
         self._on_commit: Callable[[list[Line]], None] | None = None
+        # Set once the source ended and all it gave is committed: the adapter is done.
+        self.finished = threading.Event()
 
     # -- the election's callbacks -------------------------------------------------------
 
@@ -350,11 +358,14 @@ class PublisherAdapter:
             )
             stop = _Unless(self._leading)
             source = self._source(self._idle)
-            # A source that answers its clients once their lines are committed (HTTP).
+            # A source that answers its clients once their lines are committed (HTTP), or
+            # keeps them until then (standard input).
             self._on_commit = getattr(source, "committed", None)
             for event in source.lines(point.position, stop):
                 if isinstance(event, Line):
                     if event.raw.strip():
+                        if not _utf8(event.raw):
+                            self._not_utf8(event)
                         self._batch.append((event, self._record(event)))
                     if len(self._batch) >= self.max_batch:
                         self._commit()
@@ -378,6 +389,16 @@ class PublisherAdapter:
                         event.why,
                     )
             self._commit()
+            if getattr(source, "ended", False) and self._leading.is_set():
+                log.warning(
+                    "publisher %s pipeline %s: the source ended and every line of it is "
+                    "committed (%s published, last at %s): done",
+                    self.adapter_id,
+                    self.topics.pipeline,
+                    self.status.published,
+                    self.status.position,
+                )
+                self.finished.set()
         except Fenced as exc:
             self.status.last_error = str(exc)
             log.warning("publisher %s pipeline %s: %s", self.adapter_id, self.topics.pipeline, exc)
@@ -391,8 +412,23 @@ class PublisherAdapter:
             still_leading = self._leading.is_set()
             self._leading.clear()
             self.status.role = "standby"
-            if still_leading:
+            if still_leading and not self.finished.is_set():
                 self.resign()
+
+    def _not_utf8(self, line: Line) -> None:
+        self.status.not_utf8 += 1
+        count = self.status.not_utf8
+        # Each of the first ones, then one in a thousand: a file in another encoding would
+        # otherwise fill the log; every one is counted, and dead-lettered with its bytes.
+        if count <= 10 or count % 1000 == 0:
+            log.warning(
+                "publisher %s pipeline %s: the line at %s is not UTF-8; published as it is "
+                "for the engines to dead-letter (%s such lines so far)",
+                self.adapter_id,
+                self.topics.pipeline,
+                line.position.text(),
+                count,
+            )
 
     def _idle(self, seconds: float) -> None:
         """The source has nothing more for now: commit what is pending, then wait."""
@@ -456,6 +492,14 @@ class PublisherAdapter:
         self._batch.clear()
 
 
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class _Unless(threading.Event):
     """An event that reads as set once `leading` is clear: the source stops with the lead."""
 
@@ -473,6 +517,10 @@ def election_paths(topics: PipelineTopics) -> tuple[str, str]:
     return f"{home}/election", f"{home}/epoch"
 
 
+# `--source -`: standard input.
+STDIN_SOURCE = "-"
+
+
 def run(
     settings: Settings,
     adapter_id: str,
@@ -480,9 +528,15 @@ def run(
     pattern: str,
     stop: threading.Event,
     echo: Callable[[str], None] = print,
+    *,
+    stdin_format: str = "jsonl",
+    stdin: IO[bytes] | None = None,
 ) -> Status:
-    """One publisher adapter of the settings' pipeline until `stop`: in the election, and
-    publishing while it leads. Returns its last status."""
+    """One publisher adapter of the settings' pipeline until `stop` (or, for standard
+    input, its end once all of it is committed): in the election, and publishing while it
+    leads; its status in ZooKeeper each second. Returns its last status."""
+    import sys
+
     from confluent_kafka import Producer
 
     from twinstream.contract import field_types
@@ -496,10 +550,18 @@ def run(
     topics = settings.topics()
     zookeeper = settings.zookeeper()
     http = str(source_path).startswith("http://")
+    from_stdin = str(source_path) == STDIN_SOURCE
     file_path = Path(source_path)
-    is_csv = not http and (
-        file_path.suffix == ".csv" or (file_path.is_dir() and pattern.endswith(".csv"))
-    )
+    if from_stdin:
+        is_csv = stdin_format == "csv"
+    else:
+        is_csv = not http and (
+            file_path.suffix == ".csv" or (file_path.is_dir() and pattern.endswith(".csv"))
+        )
+    # Standard input is read from the start, leading or not (StreamSource says why).
+    reading: StreamSource | None = None
+    if from_stdin:
+        reading = StreamSource(stdin or sys.stdin.buffer, STDIN, header=is_csv)
     listening: HttpSource | None = None
     if http:
         from urllib.parse import urlsplit
@@ -515,6 +577,9 @@ def run(
         if listening is not None:
             listening.idle = idle
             return listening
+        if reading is not None:
+            reading.idle = idle
+            return reading
         return FileSource(file_path, pattern, sleep=idle, header=is_csv)
 
     def producer() -> Producing:
@@ -561,13 +626,19 @@ def run(
         root_acl=root_acl(zookeeper),
     )
     adapter.resign = election.resign
+    if from_stdin:
+        following = f"standard input ({stdin_format})"
+    else:
+        folder = f" ({pattern})" if not http and file_path.is_dir() else ""
+        following = f"{source_path}{folder}"
     echo(
-        f"publisher {adapter_id} of pipeline {topics.pipeline}: following {source_path}"
-        f"{f' ({pattern})' if not http and file_path.is_dir() else ''} into {topics.inbound} "
-        "when elected"
+        f"publisher {adapter_id} of pipeline {topics.pipeline}: following {following} "
+        f"into {topics.inbound} when elected"
     )
     if listening is not None:
         listening.start()
+    if reading is not None:
+        reading.start()
     board = StatusBoard(zk, topics, adapter_id)
     election.start()
     try:
@@ -582,6 +653,8 @@ def run(
                     f"{adapter.status.position or 'the start'}"
                 )
                 last = now
+            if adapter.finished.is_set():
+                break
     finally:
         election.stop()
         zk.stop()

@@ -19,24 +19,40 @@ Guarantees:
   file is left only once a later one exists and it has nothing more.
 - With `header=True` (CSV), each file's first line is its header: given with every line of
   that file (after a resume in the middle too), never as a line.
+
+`StreamSource` reads a stream that cannot be read twice (standard input) instead: its
+positions are the line number and byte offset in this process's stream
+(`stdin@0.L<line>:<offset>`), and a resume skips the lines up to a position's offset, so
+every adapter of a group must be fed the same bytes (see its docstring).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO
+
+log = logging.getLogger(__name__)
 
 # Lines longer than this are not read whole: reported with their position (`TooLong`) and
 # skipped to their end, so that one runaway line cannot exhaust the adapter's memory.
 MAX_LINE_BYTES = 1_000_000
 # How much of a file's start identifies it (with its inode).
 HEAD_BYTES = 256
+# A StreamSource's name in its positions.
+STDIN = "stdin"
+# How much of its stream a StreamSource keeps that no commit of its own has passed: a
+# standby reads its standard input all along (a writer feeding every adapter through `tee`
+# would otherwise block on the standby's full pipe) and keeps this much of it for a takeover.
+SPOOL_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -254,3 +270,225 @@ class FileSource:
                 yield TooLong(length - 1, at(handle.tell()))
                 continue
             yield Line(raw.rstrip(b"\r\n"), at(handle.tell()), header)
+
+
+def stream_position(line: int, offset: int, name: str = STDIN) -> Position:
+    """Right after line `line` (from 1) of a stream, `offset` bytes into it:
+    `stdin@0.L12:345`. A stream has no inode nor head: it is this process's own."""
+    return Position(name, 0, f"L{line}", offset)
+
+
+class StreamSource:
+    """The lines of a stream that can be read only once (standard input), for a publisher
+    adapter of a group whose every adapter is fed the same bytes.
+
+    Guarantees:
+    - It reads the stream from its start, on a thread of its own, from `start()` on, whether
+      its adapter leads or not: a standby keeps what it read (up to `spool_bytes`, the
+      oldest dropped first) for a takeover, and never blocks its writer; an active one
+      keeps every line until a commit passes it, and while it holds `spool_bytes` it reads
+      no more (its writer waits: backpressure, never a loss).
+    - Positions are this process's own: line number and byte offset (`stream_position`).
+      `lines(after=p)` gives the lines that end beyond `p`'s byte offset, each once, in
+      order: a new active skips what the last one published, which is right only if its
+      stream holds the same bytes (a position that falls inside one of its lines says it
+      does not, in the log). A position of another source (a file, HTTP) skips nothing.
+    - Nothing is dropped in silence: a line over `max_line_bytes` is a `TooLong` with its
+      position; lines a standby dropped from a full spool that a takeover would have needed
+      are a `Lost` with their byte range; a final line without a line break is a line.
+    - At the stream's end `lines` returns once every line was given (`ended` is then true),
+      so that the adapter can finish; a read error ends the stream too, logged.
+    - With `header=True` (CSV) the stream's first line is its header, given with every line
+      (after a resume too), never as a line.
+    """
+
+    def __init__(
+        self,
+        stream: IO[bytes],
+        name: str = STDIN,
+        header: bool = False,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        spool_bytes: int = SPOOL_BYTES,
+        poll_s: float = 0.2,
+    ) -> None:
+        self.name = name
+        self.header = header
+        self.max_line_bytes = max_line_bytes
+        self.spool_bytes = spool_bytes
+        self.poll_s = poll_s
+        self._stream = stream
+        self._cond = threading.Condition()
+        # What was read and not yet passed by a commit: (event, its bytes in the stream).
+        self._spool: deque[tuple[Line | TooLong, int]] = deque()
+        self._spooled = 0
+        # How many events left the spool's head so far: an event's index is stable.
+        self._base = 0
+        # Right after the last line a standby dropped from its full spool.
+        self._dropped: Position | None = None
+        self._header: bytes | None = None
+        self._read_bytes = 0
+        self._read_lines = 0
+        self._leading = False
+        self.ended = False
+        # The adapter's idle hook (commit what is pending, then wait): set by the adapter's
+        # source factory; plain waiting until then.
+        self.idle: Callable[[float], None] = time.sleep
+        self._thread = threading.Thread(target=self._read, name=f"{name}-reader", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def read_bytes(self) -> int:
+        """Bytes of the stream read so far."""
+        return self._read_bytes
+
+    # -- the reading thread ---------------------------------------------------------------
+
+    def _read(self) -> None:
+        try:
+            while True:
+                raw = self._stream.readline(self.max_line_bytes + 1)
+                if not raw:
+                    return
+                length = len(raw)
+                too_long = len(raw) > self.max_line_bytes and not raw.endswith(b"\n")
+                while too_long and raw and not raw.endswith(b"\n"):
+                    # Read on to its end, never holding more than a limit's worth of it.
+                    raw = self._stream.readline(self.max_line_bytes + 1)
+                    length += len(raw)
+                self._read_bytes += length
+                self._read_lines += 1
+                at = stream_position(self._read_lines, self._read_bytes, self.name)
+                if too_long:
+                    self._keep(TooLong(length - raw.endswith(b"\n"), at), length)
+                    continue
+                text = raw.rstrip(b"\r\n")
+                if self.header and self._read_lines == 1:
+                    self._header = text
+                    continue
+                self._keep(Line(text, at, self._header), length)
+        except (OSError, ValueError) as exc:
+            # A closed or broken stream: it ends here, and says why.
+            log.error(
+                "%s: reading failed after line %s (byte %s): %s",
+                self.name,
+                self._read_lines,
+                self._read_bytes,
+                exc,
+            )
+        finally:
+            with self._cond:
+                self.ended = True
+                self._cond.notify_all()
+            log.warning(
+                "%s ended after %s lines (%s bytes): nothing more will come from it",
+                self.name,
+                self._read_lines,
+                self._read_bytes,
+            )
+
+    def _keep(self, event: Line | TooLong, size: int) -> None:
+        with self._cond:
+            # Leading: wait for a commit to make room (the writer waits with us).
+            while self._leading and self._spool and self._spooled + size > self.spool_bytes:
+                self._cond.wait(0.5)
+            self._spool.append((event, size))
+            self._spooled += size
+            # Standby: the oldest lines go first; a takeover that needs them says so.
+            while not self._leading and len(self._spool) > 1 and self._spooled > self.spool_bytes:
+                old, old_size = self._spool.popleft()
+                self._base += 1
+                self._spooled -= old_size
+                self._dropped = old.position
+            self._cond.notify_all()
+
+    # -- the adapter's side ---------------------------------------------------------------
+
+    def lines(self, after: Position | None, stop: threading.Event) -> Iterator[Event]:
+        """The lines that end beyond `after`'s byte offset, as the stream gives them,
+        until `stop` or the stream's end."""
+        mine = after is not None and after.file == self.name
+        skip_to = after.offset if after is not None and mine else 0
+        if after is not None and not mine:
+            log.warning(
+                "%s: the last line published came from another source (%s): reading %s "
+                "from its start",
+                self.name,
+                after.text(),
+                self.name,
+            )
+        with self._cond:
+            self._leading = True
+            index = self._base
+            dropped = self._dropped
+        try:
+            if dropped is not None and dropped.offset > skip_to:
+                yield Lost(
+                    after or stream_position(0, 0, self.name),
+                    f"bytes {skip_to}-{dropped.offset} of {self.name} (to its line "
+                    f"{dropped.head[1:]}) were read while this adapter was "
+                    f"standby and dropped from its spool of {self.spool_bytes} bytes before "
+                    "it took over: publish them again from where they came from",
+                )
+            while not stop.is_set():
+                with self._cond:
+                    index = max(index, self._base)
+                    held = index - self._base < len(self._spool)
+                    event, size = self._spool[index - self._base] if held else (None, 0)
+                    ended = self.ended
+                if event is not None:
+                    index += 1
+                    end = event.position.offset
+                    if end < skip_to:
+                        continue
+                    if end == skip_to:
+                        if after is not None and event.position.head != after.head:
+                            log.warning(
+                                "%s: the last line published was line %s, which ends at "
+                                "byte %s as this adapter's line %s does: were the adapters "
+                                "fed the same stream?",
+                                self.name,
+                                after.head[1:],
+                                skip_to,
+                                event.position.head[1:],
+                            )
+                        continue
+                    if mine and end - size < skip_to:
+                        # Never in one stream: the adapters were fed different ones.
+                        yield Lost(
+                            event.position,
+                            f"the last line published ends at byte {skip_to}, inside this "
+                            f"adapter's line {event.position.head[1:]}: its {self.name} is not "
+                            "the stream the last active was fed (each adapter must be fed the "
+                            "same bytes); that line is skipped, and lines may be missing or "
+                            "repeated around it",
+                        )
+                        continue
+                    yield event
+                    continue
+                if ended:
+                    return
+                self.idle(0.0)  # nothing more for now: the adapter commits what it holds
+                with self._cond:
+                    self._cond.wait_for(partial(self._beyond, index), timeout=self.poll_s)
+        finally:
+            with self._cond:
+                self._leading = False
+                self._cond.notify_all()
+
+    def _beyond(self, index: int) -> bool:
+        """Whether the event at `index` is read, or none will be (under the lock)."""
+        return index - self._base < len(self._spool) or self.ended
+
+    def committed(self, lines: Sequence[Line]) -> None:
+        """Lines committed (in order): what they pass leaves the spool."""
+        if not lines:
+            return
+        last = lines[-1].position.offset
+        with self._cond:
+            while self._spool and self._spool[0][0].position.offset <= last:
+                _event, size = self._spool.popleft()
+                self._base += 1
+                self._spooled -= size
+            self._cond.notify_all()

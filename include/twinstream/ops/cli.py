@@ -6,6 +6,9 @@ same columns, and leaves librdkafka's own log lines off the terminal.
 
 twinstream publish --pipeline hostmetrics --count 60000    the pipeline's sample records
 twinstream publish --pipeline payments --file p.jsonl       a CSV or JSONL file
+twinstream publish --pipeline payments --source FILE|-      a publisher adapter (one of a
+                                                   redundant group) following a file, a
+                                                   folder, standard input or HTTP
 twinstream subscribe --pipeline payments --output out.csv   outbound -> CSV (read_committed,
                                                    every partition)
 twinstream subscribe --pipeline payments --to out.jsonl     the same, exactly once into a file
@@ -85,21 +88,29 @@ def _publish_from(settings: Settings, args: argparse.Namespace) -> int:
     import socket
     import threading
 
-    from twinstream.edge.publisher import run
+    from twinstream.edge import publisher
 
     if args.file:
         raise ValueError("--source follows a file as it grows; --file sends one once: give one")
+    stdin = args.source == publisher.STDIN_SOURCE
+    if args.format is not None and not stdin:
+        raise ValueError(
+            "--format is for --source - (standard input); a file's name says its format "
+            "(.csv or .jsonl, a folder's --pattern)"
+        )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _n, _f: stop.set())
     adapter_id = args.id or f"{socket.gethostname()}-{os.getpid()}"
-    status = run(
+    keep = stdin or args.source.startswith("http://")
+    status = publisher.run(
         settings,
         adapter_id,
-        args.source if args.source.startswith("http://") else Path(args.source),
+        args.source if keep else Path(args.source),
         args.pattern,
         stop,
         echo=lambda line: print(line, file=sys.stderr),
+        stdin_format=args.format or "jsonl",
     )
     print(
         f"publisher {adapter_id}: {status.published} lines published, last at "
@@ -579,13 +590,24 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("--file", help="a .csv or .jsonl file to send instead of sample records")
     pub.add_argument(
         "--source",
-        metavar="FILE|FOLDER|http://HOST:PORT",
+        metavar="FILE|FOLDER|-|http://HOST:PORT",
         help="run as a publisher adapter: follow a .csv or .jsonl file (or a folder's files, "
-        "--pattern) as it grows, or serve POST /records (JSON lines, an Idempotency-Key "
-        "each), as one of the pipeline's redundant adapters: only the elected one writes, a "
-        "new one resumes after the last line published",
+        "--pattern) as it grows, read standard input (-, --format), or serve POST /records "
+        "(JSON lines, an Idempotency-Key each), as one of the pipeline's redundant adapters: "
+        "only the elected one writes, a new one resumes after the last line published. "
+        "Standard input cannot be read twice: every adapter of the group must be fed the "
+        "same bytes (tee), each keeps what it read (64 MB while standby), and a new active "
+        "skips its own lines up to the last published one's byte offset; at its end the "
+        "adapter stops once all of it is committed",
     )
     pub.add_argument("--pattern", default="*.jsonl", help="with a --source folder: its files")
+    pub.add_argument(
+        "--format",
+        choices=["jsonl", "csv"],
+        default=None,
+        help="with --source -: standard input's lines are JSON (jsonl, the default) or CSV "
+        "with a header line first (csv, typed by the pipeline's schema)",
+    )
     pub.add_argument("--id", help="with --source: this adapter's name (default: host-pid)")
     pub.add_argument("--rate", type=float, default=1000.0, help="records per second (0: max)")
     pub.add_argument("--count", type=int, default=10_000, help="sample records to send")

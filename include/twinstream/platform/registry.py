@@ -61,6 +61,12 @@ def _publishers(path: Path, name: str, given: object) -> Publishers | None:
     unknown = sorted(set(given) - {"source", "count", "pattern"})
     if unknown:
         raise SettingsError(fix + f"{unknown[0]!r} is none of its keys")
+    if given["source"].strip() == "-":
+        # A supervised program's standard input is nobody's pipe: it would end at once.
+        raise SettingsError(
+            fix + "standard input (-) is a pipe you give the adapters you start yourself "
+            "(`... | twinstream publish --source -`), not one `make up` can give them"
+        )
     count = given.get("count", 2)
     if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 9:
         raise SettingsError(fix + "count is a whole number from 0 (none) to 9")
