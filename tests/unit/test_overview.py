@@ -169,22 +169,35 @@ def test_an_unreadable_audit_report_is_skipped(tmp_path: Path, broken: str):
 
 
 def test_publisher_adapters_are_in_the_view_and_two_actives_or_lost_lines_are_problems():
-    from twinstream.ops.overview import AdapterView, PipelineView
-    from twinstream.ops.status_view import history
+    from rich.console import Console
+
+    from twinstream.ops.overview import AdapterView, Overview, PipelineView
+    from twinstream.ops.status_view import view as status_view
 
     view = PipelineView(
         name="p", active="a", problems=[], engines=[], takeovers=[], snapshots=[], audit=None
     )
     view.add_adapters(
         [
-            AdapterView(adapter_id="x", role="active", epoch=3, published=1200, position="f@1.a:9"),
-            AdapterView(adapter_id="y", role="standby"),
+            AdapterView(
+                adapter_id="x",
+                role="active",
+                epoch=3,
+                published=1200,
+                position="f@1.a:9",
+                source_lag=20480,
+                not_utf8=2,
+            ),
+            AdapterView(adapter_id="y", role="standby", last_error="Fenced: took over"),
         ]
     )
     assert view.problems == []
-    assert "publisher adapters: x active (epoch 3, 1,200 lines, at f@1.a:9), y standby" in str(
-        history(view)
-    )
+    out = Console(width=200, record=True)
+    out.print(status_view(Overview(generated_at="now", pipelines=[view])))
+    rows = [" ".join(line.replace("│", " ").split()) for line in out.export_text().splitlines()]
+    assert "publisher adapters of p" in rows
+    assert "x active 3 f@1.a:9 20,480 B 1,200 2 not UTF-8 -" in rows
+    assert "y standby - - - 0 - Fenced: took over" in rows
     view = PipelineView(
         name="p", active="a", problems=[], engines=[], takeovers=[], snapshots=[], audit=None
     )
@@ -199,3 +212,17 @@ def test_publisher_adapters_are_in_the_view_and_two_actives_or_lost_lines_are_pr
         "more; check their ZooKeeper sessions",
         "publisher x: lines lost after f@1.a:9: gone",
     ]
+
+
+def test_the_adapter_view_holds_every_field_of_an_adapters_status():
+    """`twinstream status` and the page build an AdapterView from each status node: a
+    field the adapter writes that the view lacks would be dropped without a word."""
+    from dataclasses import asdict, fields
+
+    from twinstream.edge.publisher import Status
+    from twinstream.ops.overview import AdapterView
+
+    assert {f.name for f in fields(Status)} <= set(AdapterView.model_fields)
+    status = Status(role="active", epoch=2, position="stdin@0.L3:30", source_lag=7, not_utf8=1)
+    view = AdapterView(adapter_id="x", **asdict(status))
+    assert (view.source_lag, view.not_utf8, view.unreadable_text()) == (7, 1, "1 not UTF-8")

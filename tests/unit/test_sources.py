@@ -149,3 +149,38 @@ def test_each_csv_files_header_comes_with_its_lines_also_after_a_resume(tmp_path
         (b"host,cpu", b"h2,0.7"),
         (b"cpu,host", b"0.1,h3"),
     ]
+
+
+def test_the_lag_is_the_bytes_beyond_a_position_also_across_a_rotation(tmp_path):
+    log = tmp_path / "app.log"
+    log.write_text("1\n22\n333\n")
+    source = FileSource(log)
+    assert source.lag(None) == 9
+    first = follow(log, [])[0]
+    assert isinstance(first, Line)
+    assert source.lag(first.position) == 7
+    log.rename(tmp_path / "app.log.1")
+    log.write_text("4444\n")
+    # The rotated file's rest, then the new one, which the source reads next.
+    assert source.lag(first.position) == 7 + 5
+    (tmp_path / "app.log.1").unlink()
+    assert source.lag(first.position) == 5  # gone: its rest is lost, not lag
+
+
+def test_the_lag_of_a_truncated_file_is_its_length_and_of_a_folder_the_later_files(tmp_path):
+    log = tmp_path / "app.log"
+    log.write_text("1\n2\n3\n")
+    last = follow(log, [])[-1]
+    assert isinstance(last, Line)
+    assert FileSource(log).lag(last.position) == 0
+    log.write_text("9\n")  # copytruncate: read again from its start
+    assert FileSource(log).lag(last.position) == 2
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("a1\na2\n")
+    (folder / "b.jsonl").write_text("b1\n")
+    (folder / "c.txt").write_text("not matched\n")
+    first = follow(folder, [], pattern="*.jsonl")[0]
+    assert isinstance(first, Line)
+    assert FileSource(folder, "*.jsonl").lag(first.position) == 3 + 3
+    assert FileSource(folder, "*.jsonl").lag(None) == 9

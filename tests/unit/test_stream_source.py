@@ -181,6 +181,17 @@ def test_the_active_reads_no_further_than_its_spool_until_a_commit_makes_room():
     assert [e.raw for e in given] == [b"line-%02d" % i for i in range(20)]
 
 
+def test_its_lag_is_what_it_read_beyond_a_position():
+    source = read_all(b"aaa\nbbb\nccc\n")
+    assert source.lag(None) == 12
+    assert source.lag(stream_position(1, 4)) == 8
+    assert source.lag(stream_position(3, 12)) == 0
+    assert source.lag(Position("in.jsonl", 1, "x", 4)) == 12  # another source's position
+
+
+# -- with the adapter -----------------------------------------------------------------------
+
+
 def stdin_adapter(
     name: str, source: StreamSource, cluster: Cluster, **kw: object
 ) -> PublisherAdapter:
@@ -262,6 +273,41 @@ def test_lines_not_utf8_are_published_counted_and_logged_with_their_position(cap
     assert [v for v, _k, _h in cluster.committed][1] == b'\xff{"n":1}'
     assert one.status.not_utf8 == 1
     assert "the line at stdin@0.L2:17 is not UTF-8" in caplog.text
+
+
+def test_the_active_reports_how_far_its_source_is_beyond_what_it_published():
+    read_end, write_end = os.pipe()
+    with open(read_end, "rb") as reading, open(write_end, "wb", buffering=0) as writing:
+        source = StreamSource(reading, poll_s=0.01)
+        source.start()
+        cluster = Cluster()
+        one = stdin_adapter("s1", source, cluster, max_batch=2)
+        seen: list[tuple[int, int | None]] = []
+
+        def sleep(_s: float) -> None:
+            # Idle: what it holds is committed; what is its lag now?
+            seen.append((one.status.published, one.source_lag()))
+            if one.status.published == 4:
+                writing.close()  # the end of standard input
+
+        one._sleep = sleep
+        assert one.source_lag() is None  # a standby knows nothing of its source's end
+        writing.write(b"{}\n" * 4)
+        wait_for(lambda: source.read_bytes == 12)
+        one._leading.set()
+        one.status.role = "active"
+        one.publish(1)
+    assert seen[-1] == (4, 0)  # all 12 bytes published
+    assert one.finished.is_set()
+    assert one.status.source_lag is None  # no longer leading
+
+
+def test_the_lag_of_a_source_half_published_is_the_rest_of_it():
+    source = read_all(b"{}\n" * 4)
+    one = stdin_adapter("s1", source, Cluster())
+    one._following = source
+    one.status.role, one.status.position = "active", stream_position(1, 3).text()
+    assert one.source_lag() == 9
 
 
 # -- the command line -----------------------------------------------------------------------

@@ -174,6 +174,10 @@ class HttpSource:
             self._serving.clear()
             self._fail_all("the adapter stopped leading before these lines were committed")
 
+    def lag(self, after: Position | None) -> int | None:
+        """Not knowable: the source's end is whatever clients send next."""
+        return None
+
     def committed(self, lines: Sequence[Line]) -> None:
         """Lines committed (in order): answer every request whose lines all are."""
         last = {line.position.file[len(PREFIX) :]: line.position.offset for line in lines}

@@ -17,6 +17,9 @@ Guarantees:
   engines to dead-letter with their reason, and logged with its position and counted
   (`not_utf8`); a line too long to read, or lines of a file rotated away unread, are
   logged with their position and counted in `status`.
+- The status says how far the source's end is beyond the last line published
+  (`source_lag`, bytes; None on a standby or where it cannot be known), from the source
+  itself (`lag`).
 - A source that ends (standard input) ends the active adapter once everything it gave is
   committed (`finished`); a standby whose source ended waits until it leads, publishes
   what the last active had not, and is done too.
@@ -184,6 +187,10 @@ class Source(Protocol):
         self, after: Position | None, stop: threading.Event
     ) -> Iterator[Line | TooLong | Lost]: ...
 
+    def lag(self, after: Position | None) -> int | None:
+        """Bytes of the source beyond `after` (None: not knowable)."""
+        ...
+
 
 class Producing(Protocol):
     """The transactional producer the adapter uses (confluent_kafka.Producer)."""
@@ -212,6 +219,9 @@ class Status:
     not_utf8: int = 0
     lost: list[str] = field(default_factory=list)
     last_error: str | None = None
+    # Bytes of the source beyond `position` while active (None: a standby, or a source
+    # whose end cannot be known: HTTP).
+    source_lag: int | None = None
 
 
 def status_path(topics: PipelineTopics) -> str:
@@ -307,6 +317,8 @@ class PublisherAdapter:
         self._batch: list[tuple[Line, bytes]] = []
         self._producing: Producing | None = None
         self._on_commit: Callable[[list[Line]], None] | None = None
+        # The source while leading, for its lag.
+        self._following: Source | None = None
         # Set once the source ended and all it gave is committed: the adapter is done.
         self.finished = threading.Event()
 
@@ -357,7 +369,7 @@ class PublisherAdapter:
                 point.seq,
             )
             stop = _Unless(self._leading)
-            source = self._source(self._idle)
+            source = self._following = self._source(self._idle)
             # A source that answers its clients once their lines are committed (HTTP), or
             # keeps them until then (standard input).
             self._on_commit = getattr(source, "committed", None)
@@ -409,9 +421,11 @@ class PublisherAdapter:
             )
         finally:
             self._batch.clear()
+            self._following = None
             still_leading = self._leading.is_set()
             self._leading.clear()
             self.status.role = "standby"
+            self.status.source_lag = None
             if still_leading and not self.finished.is_set():
                 self.resign()
 
@@ -429,6 +443,17 @@ class PublisherAdapter:
                 line.position.text(),
                 count,
             )
+
+    def source_lag(self) -> int | None:
+        """Bytes of the source beyond the last line published, while leading."""
+        source = self._following
+        if source is None or self.status.role != "active":
+            return None
+        try:
+            after = Position.parse(self.status.position) if self.status.position else None
+            return source.lag(after)
+        except (OSError, ValueError):
+            return None
 
     def _idle(self, seconds: float) -> None:
         """The source has nothing more for now: commit what is pending, then wait."""
@@ -644,6 +669,7 @@ def run(
     try:
         last: tuple[str | None, int] = (None, 0)
         while not stop.wait(1.0):
+            adapter.status.source_lag = adapter.source_lag()
             board.publish(adapter.status)
             now = (adapter.status.role, adapter.status.published)
             if now != last:

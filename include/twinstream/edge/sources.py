@@ -24,6 +24,9 @@ Guarantees:
 positions are the line number and byte offset in this process's stream
 (`stdin@0.L<line>:<offset>`), and a resume skips the lines up to a position's offset, so
 every adapter of a group must be fed the same bytes (see its docstring).
+
+Every source says how far its end is beyond a position (`lag`, bytes; None where that
+cannot be known), for the adapter's status.
 """
 
 from __future__ import annotations
@@ -165,6 +168,35 @@ class FileSource:
             except FileNotFoundError:
                 continue
         return None
+
+    # -- how far behind -------------------------------------------------------------------
+
+    def lag(self, after: Position | None) -> int | None:
+        """Bytes of the source beyond `after` (None: its start): the rest of `after`'s file
+        and, in a folder, every later file's; after a rotation, the old file's rest and the
+        new one's length. None when a file cannot be read just now."""
+        try:
+            folder = self._folder()
+            names = self._names()
+            if after is None:
+                return sum((folder / n).stat().st_size for n in names)
+            try:
+                now: os.stat_result | None = (folder / after.file).stat()
+            except FileNotFoundError:
+                now = None
+            if now is not None and now.st_ino == after.inode:
+                # Cut shorter (copytruncate): the source reads it again from its start.
+                rest = now.st_size - after.offset if now.st_size >= after.offset else now.st_size
+            else:
+                old = self._find(after)
+                rest = max(0, old.stat().st_size - after.offset) if old is not None else 0
+                if now is not None and not self.path.is_dir():
+                    rest += now.st_size  # the file now under the name, read next
+            if self.path.is_dir():
+                rest += sum((folder / n).stat().st_size for n in names if n > after.file)
+            return rest
+        except OSError:
+            return None
 
     # -- reading --------------------------------------------------------------------------
 
@@ -492,3 +524,9 @@ class StreamSource:
                 self._base += 1
                 self._spooled -= size
             self._cond.notify_all()
+
+    def lag(self, after: Position | None) -> int | None:
+        """Bytes read from the stream beyond `after` (what is still in the pipe cannot be
+        known)."""
+        skip_to = after.offset if after is not None and after.file == self.name else 0
+        return max(0, self._read_bytes - skip_to)

@@ -137,17 +137,30 @@ class AuditView(BaseModel):
 
 
 class AdapterView(BaseModel):
-    """A publisher adapter as it says it stands (twinstream.edge.publisher.StatusBoard)."""
+    """A publisher adapter as it says it stands (twinstream.edge.publisher.StatusBoard):
+    the fields of its Status, and its id."""
 
     adapter_id: str
     role: str
     epoch: int | None = None
+    # Its source position right after the last line it published (FILE@INODE.HEAD:OFFSET).
     position: str | None = None
     seq: int = 0
     published: int = 0
+    # Lines over the size limit (skipped), and lines published though not UTF-8.
     too_long: int = 0
+    not_utf8: int = 0
     lost: list[str] = Field(default_factory=list)
     last_error: str | None = None
+    # Bytes of its source beyond `position`: the active's lag to the source's end (None: a
+    # standby, or a source whose end cannot be known, HTTP).
+    source_lag: int | None = None
+
+    def unreadable_text(self) -> str:
+        """ "2 too long, 5 not UTF-8", or "-"."""
+        parts = [f"{self.too_long:,} too long"] if self.too_long else []
+        parts += [f"{self.not_utf8:,} not UTF-8"] if self.not_utf8 else []
+        return ", ".join(parts) or "-"
 
 
 class PipelineView(BaseModel):

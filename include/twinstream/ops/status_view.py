@@ -124,6 +124,32 @@ def engines_table(pipeline: PipelineView) -> Table:
     return table
 
 
+def adapters_table(pipeline: PipelineView) -> Table:
+    """The pipeline's publisher adapters, as their status nodes say: what the operator
+    page's table shows."""
+    table = Table(
+        title=Text(f"publisher adapters of {pipeline.name}", style="bold"),
+        title_justify="left",
+        expand=False,
+    )
+    for column in ("adapter", "role", "epoch", "source position", "lag to source end"):
+        table.add_column(column, no_wrap=True)
+    for column in ("published", "unreadable lines", "last error"):
+        table.add_column(column)
+    for a in pipeline.adapters:
+        table.add_row(
+            a.adapter_id,
+            Text(a.role, style=ROLE_STYLES.get(a.role, "")),
+            "-" if a.epoch is None else str(a.epoch),
+            a.position or "-",
+            "-" if a.source_lag is None else f"{a.source_lag:,} B",
+            f"{a.published:,}",
+            Text(a.unreadable_text(), style="yellow" if a.too_long or a.not_utf8 else ""),
+            Text(a.last_error or "-", style="yellow" if a.last_error else ""),
+        )
+    return table
+
+
 def history(pipeline: PipelineView) -> Text:
     lines = Text()
     if pipeline.takeovers:
@@ -152,18 +178,6 @@ def history(pipeline: PipelineView) -> Text:
             f"{audit.summary}\n",
             style="" if audit.ok else "bold red",
         )
-    if pipeline.adapters:
-        said = ", ".join(
-            f"{a.adapter_id} {a.role}"
-            + (
-                f" (epoch {a.epoch}, {a.published:,} lines, at {a.position or 'the start'})"
-                if a.role == "active"
-                else ""
-            )
-            + (f", error: {a.last_error}" if a.last_error else "")
-            for a in pipeline.adapters
-        )
-        lines.append(f"  publisher adapters: {said}\n")
     for problem in pipeline.problems:
         lines.append(f"  PROBLEM: {problem}\n", style="bold red")
     return lines
@@ -259,6 +273,8 @@ def view(seen: Overview, timelines: Mapping[str, PipelineTimeline] | None = None
     parts: list[Table | Text] = []
     for pipeline in seen.pipelines:
         parts += [engines_table(pipeline)]
+        if pipeline.adapters:
+            parts.append(adapters_table(pipeline))
         timeline = (timelines or {}).get(pipeline.name)
         if timeline is not None:
             roles = {e.engine_id: e.role for e in pipeline.engines}
