@@ -1,14 +1,17 @@
 """Twinstream in the Airflow UI: a "Twinstream" entry in the navigation opens the operator's
-page (every pipeline's engines, takeovers, snapshots, latest audit and its Data Docs, with
-buttons that trigger the operating DAGs), served by the API server at /twinstream/.
+page (every pipeline's engines, publisher adapters, takeovers, snapshots, latest audit and
+its Data Docs, with buttons that trigger the operating DAGs), served by the API server at
+/twinstream/.
 
 This file only wires: the page is `twinstream.ops.operator_ui.app`, its facts come from
 `twinstream.ops.overview`. Importing it does no network work (the plugin manager test checks):
 the engines are read when the page asks, through the connections `twinstream_engine_<id>`
 (their admin APIs, tokens as passwords): the local stack's from the connections file `up`
 rewrites (Airflow's LocalFilesystemBackend reads it at every lookup), compose's from
-`AIRFLOW_CONN_TWINSTREAM_ENGINE_<ID>`. The pipelines file is read again when it changes, so
-a pipeline `up` adds appears on the page without a restart.
+`AIRFLOW_CONN_TWINSTREAM_ENGINE_<ID>`. The publisher adapters are read from their status
+nodes in ZooKeeper (connected on the page's first request, with the stack's ZooKeeper
+settings). The pipelines file is read again when it changes, so a pipeline `up` adds appears
+on the page without a restart.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from airflow.plugins_manager import AirflowPlugin
 
 from twinstream.engine.client import EngineClient
 from twinstream.ops.operator_ui.app import PREFIX, Sources, create_app
+from twinstream.ops.overview import AdapterReader
 from twinstream.platform.settings import Settings
 
 
@@ -43,7 +47,10 @@ def _log_starts(settings: Settings) -> Mapping[int, int]:
     return inbound_log_starts(settings)
 
 
-app = create_app(Sources(engines=_engine, log_starts=_log_starts), auth=requires_authenticated())
+app = create_app(
+    Sources(engines=_engine, log_starts=_log_starts, adapters=AdapterReader()),
+    auth=requires_authenticated(),
+)
 
 
 class TwinstreamPlugin(AirflowPlugin):

@@ -195,3 +195,51 @@ def test_the_page_loads_only_vendored_files_the_manifest_pins():
     manifest = json.loads((VENDOR / "MANIFEST.json").read_text())
     assert set(vendor.PAGE) <= set(manifest)
     assert external_resources(html) == []
+
+
+def test_the_page_shows_each_publisher_adapter_as_its_status_node_says(tmp_path: Path):
+    """The overview the page draws has each pipeline's adapters (read by the reader
+    `twinstream status` uses); the page's table shows fields the view has, in the columns
+    the operator needs."""
+    from twinstream.ops.overview import AdapterView
+
+    settings = load_settings(admin_token="t", state_dir=tmp_path)
+    answers = {"a": ACTIVE, "b": standby({0: 100}, 5), "c": ACTIVE, "d": 401}
+    asked: list[str] = []
+
+    def adapters(pipeline: Settings) -> list[AdapterView]:
+        asked.append(pipeline.pipeline)
+        if pipeline.pipeline != "hostmetrics":
+            return []
+        return [
+            AdapterView(
+                adapter_id="in-1",
+                role="active",
+                epoch=2,
+                position="stdin@0.L40:4000",
+                published=40,
+                source_lag=1200,
+            ),
+            AdapterView(adapter_id="in-2", role="standby", last_error="Fenced: took over"),
+        ]
+
+    sources = Sources(settings=lambda: settings, engines=fake_engines(answers), adapters=adapters)
+    test_client = TestClient(create_app(sources, auth=logged_in))
+    test_client.cookies.set("_token", "good")
+    host, pay = test_client.get("/api/overview").json()["overview"]["pipelines"]
+    assert asked == ["hostmetrics", "payments"]
+    assert [(a["adapter_id"], a["role"], a["source_lag"]) for a in host["adapters"]] == [
+        ("in-1", "active", 1200),
+        ("in-2", "standby", None),
+    ]
+    assert host["adapters"][0]["position"] == "stdin@0.L40:4000"
+    assert host["adapters"][1]["last_error"] == "Fenced: took over"
+    assert pay["adapters"] == []
+    script = (STATIC / "page.js").read_text()
+    row = script[script.index("function adapterRow") : script.index("function adaptersTable")]
+    shown = set(re.findall(r"\ba\.([a-z0-9_]+)", row))
+    assert shown <= set(AdapterView.model_fields), shown - set(AdapterView.model_fields)
+    assert {"adapter_id", "role", "position", "source_lag", "published", "last_error"} <= shown
+    for column in ("source position", "lag to source end", "published", "last error"):
+        assert f'"{column}"' in script
+    assert "adaptersTable(p)" in script[script.index("function pipelineSection") :]

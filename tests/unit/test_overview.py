@@ -226,3 +226,72 @@ def test_the_adapter_view_holds_every_field_of_an_adapters_status():
     status = Status(role="active", epoch=2, position="stdin@0.L3:30", source_lag=7, not_utf8=1)
     view = AdapterView(adapter_id="x", **asdict(status))
     assert (view.source_lag, view.not_utf8, view.unreadable_text()) == (7, 1, "1 not UTF-8")
+
+
+class _Zk:
+    """A kazoo client as AdapterReader uses it: started (or not), connected (or not)."""
+
+    def __init__(self, nodes: dict[str, bytes], fails: bool = False) -> None:
+        self.nodes, self.fails = nodes, fails
+        self.connected = False
+        self.closed = False
+
+    def start(self, timeout: float) -> None:
+        if self.fails:
+            raise TimeoutError("Connection time-out")
+        self.connected = True
+
+    def stop(self) -> None:
+        self.connected = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_children(self, path: str) -> list[str]:
+        return [p.rsplit("/", 1)[1] for p in self.nodes if p.rsplit("/", 1)[0] == path]
+
+    def get(self, path: str) -> tuple[bytes, None]:
+        return self.nodes[path], None
+
+
+def test_the_adapter_reader_reads_the_status_nodes_and_waits_before_trying_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """The one reader of `twinstream status` and the page: a ZooKeeper that does not
+    answer is asked again only after retry_s (the page polls every second), and a lost
+    connection is made again."""
+    import json
+
+    import twinstream.core.election as election
+    from twinstream.ops.overview import AdapterReader
+
+    settings = load_settings(zk_password="pw", state_dir=tmp_path)
+    node = "/twinstream/hostmetrics/publishers/status/in-1"
+    status = {"role": "active", "epoch": 4, "position": "f@1.a:9", "source_lag": 12}
+    made: list[_Zk] = []
+    answering = {"now": False}
+
+    def zk_client(_connection: object, **_kw: object) -> _Zk:
+        made.append(_Zk({node: json.dumps(status).encode()}, fails=not answering["now"]))
+        return made[-1]
+
+    monkeypatch.setattr(election, "zk_client", zk_client)
+    now = {"t": 100.0}
+    read = AdapterReader(retry_s=30.0, clock=lambda: now["t"])
+    assert read(settings) == []
+    assert read(settings) == []  # not asked again yet
+    assert len(made) == 1
+    assert made[0].closed
+    answering["now"] = True
+    now["t"] += 31
+    (view,) = read(settings)
+    assert (view.adapter_id, view.role, view.epoch, view.source_lag) == ("in-1", "active", 4, 12)
+    assert len(made) == 2
+    read(settings)
+    assert len(made) == 2  # one connection for every read
+    made[1].connected = False  # the connection was lost
+    assert [v.adapter_id for v in read(settings)] == ["in-1"]
+    assert len(made) == 3
+    assert made[1].closed
+    read.close()
+    assert made[2].closed

@@ -33,7 +33,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from confluent_kafka import KafkaException
 
@@ -42,7 +42,7 @@ from twinstream.core.rows import PARTITION_SHIFT, positions_text, record_id, rec
 from twinstream.edge.feed import from_file, publish
 from twinstream.edge.reader import Record, read_committed
 from twinstream.engine.client import EngineClient
-from twinstream.ops.overview import AdapterView, Overview, overview
+from twinstream.ops.overview import AdapterReader, Overview, overview
 from twinstream.platform import registry
 from twinstream.platform.kafka import UserClient, user_client
 from twinstream.platform.settings import Settings, SettingsError, load_settings
@@ -413,44 +413,6 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
     else:
         render(seen)
     return 0 if seen.ok else 1
-
-
-class AdapterReader:
-    """Reads pipelines' publisher adapters from ZooKeeper (their status nodes), connecting
-    on first use; none when ZooKeeper does not answer in a few seconds (the engines' table
-    says more) or no ZooKeeper password is configured."""
-
-    def __init__(self, settings: Settings, timeout_s: float = 3.0) -> None:
-        self._settings = settings
-        self._timeout_s = timeout_s
-        self._client: Any = None
-        self._unreachable = False
-
-    def __call__(self, pipeline: Settings) -> list[AdapterView]:
-        from twinstream.edge.publisher import StatusBoard
-
-        if self._client is None and not self._unreachable:
-            from twinstream.core.election import zk_client
-
-            try:
-                client = zk_client(self._settings.zookeeper(), connection_retry={"max_tries": 1})
-                client.start(timeout=self._timeout_s)
-                self._client = client
-            except Exception:
-                self._unreachable = True
-        if self._client is None:
-            return []
-        try:
-            found = StatusBoard.read(self._client, pipeline.topics())
-        except Exception:
-            return []
-        return [AdapterView(adapter_id=name, **asdict(status)) for name, status in found.items()]
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.stop()
-            self._client.close()
-            self._client = None
 
 
 def unusable(seen: Overview, settings: Settings) -> str | None:

@@ -1,5 +1,5 @@
-"""The operator's view of a deployment: every pipeline, its engines, its last takeovers,
-its snapshots and its latest audit, in one typed model.
+"""The operator's view of a deployment: every pipeline, its engines, its publisher adapters,
+its last takeovers, its snapshots and its latest audit, in one typed model.
 
 `twinstream status` prints it as a table (or JSON); the Airflow plugin
 (`twinstream.ops.operator_ui`) shows it as a page. Both build it here, from the engines' admin
@@ -16,12 +16,16 @@ a minute: `falling_behind`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -461,3 +465,79 @@ def overview(
         generated_at=datetime.fromtimestamp(clock(), UTC).isoformat(timespec="seconds"),
         pipelines=views,
     )
+
+
+class AdapterReader:
+    """Reads pipelines' publisher adapters from their status nodes in ZooKeeper
+    (twinstream.edge.publisher.StatusBoard): what `twinstream status` and the operator page
+    both show. It connects on first use, with `settings` or else the first pipeline's
+    (ZooKeeper is the stack's), and again after a lost connection; when ZooKeeper does not
+    answer in `timeout_s` (or no password is configured) it reads none for `retry_s`, so a
+    page that polls every second never waits on it (the engines' table says more)."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        timeout_s: float = 3.0,
+        retry_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._timeout_s = timeout_s
+        self._retry_s = retry_s
+        self._clock = clock
+        self._client: Any = None
+        self._retry_at = 0.0
+        # The page asks from several threads at once: one connection for them all.
+        self._lock = threading.Lock()
+
+    def __call__(self, pipeline: Settings) -> list[AdapterView]:
+        from twinstream.edge.publisher import StatusBoard
+
+        client = self._connected(pipeline)
+        if client is None:
+            return []
+        try:
+            found = StatusBoard.read(client, pipeline.topics())
+        except Exception as exc:
+            log.info("pipeline %s: publisher adapters not read: %s", pipeline.pipeline, exc)
+            return []
+        return [AdapterView(adapter_id=name, **asdict(status)) for name, status in found.items()]
+
+    def _connected(self, pipeline: Settings) -> Any:
+        from twinstream.core.election import zk_client
+
+        with self._lock:
+            if self._client is not None and not self._client.connected:
+                self._drop()
+            if self._client is None and self._clock() >= self._retry_at:
+                settings = self._settings or pipeline
+                client: Any = None
+                try:
+                    client = zk_client(settings.zookeeper(), connection_retry={"max_tries": 1})
+                    client.start(timeout=self._timeout_s)
+                    self._client = client
+                except Exception as exc:
+                    if client is not None:
+                        with contextlib.suppress(Exception):
+                            client.stop()
+                            client.close()
+                    self._retry_at = self._clock() + self._retry_s
+                    log.info(
+                        "publisher adapters unknown: ZooKeeper did not answer (%s); trying "
+                        "again in %s s",
+                        exc,
+                        self._retry_s,
+                    )
+            return self._client
+
+    def _drop(self) -> None:
+        client, self._client = self._client, None
+        with contextlib.suppress(Exception):
+            client.stop()
+            client.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._drop()

@@ -3,7 +3,9 @@
 
 - `GET /`: the page (static HTML and script; it polls the overview every few seconds).
 - `GET /api/overview`: the deployment as `twinstream.ops.overview.Overview` (JSON), the
-  engines read through their admin APIs with the tokens of their Airflow connections.
+  engines read through their admin APIs with the tokens of their Airflow connections, the
+  publisher adapters from their ZooKeeper status nodes (`AdapterReader`, as `twinstream
+  status` reads them).
 - `GET /api/timeline/{pipeline}`: the pipeline's last 15 minutes for its chart, its
   engines' GET /timeline merged into one `twinstream.engine.timeline.PipelineTimeline` (JSON).
 - `GET /datadocs/{pipeline}/{page}`: the pipeline's Great Expectations Data Docs, rewritten
@@ -33,6 +35,7 @@ from twinstream.engine import timeline as timelines
 from twinstream.ops.audit import data_docs_site
 from twinstream.ops.operator_ui.datadocs import VENDOR, external_resources, offline, safe_file
 from twinstream.ops.overview import (
+    AdapterView,
     AuditView,
     EngineFactory,
     Overview,
@@ -74,6 +77,8 @@ class Sources:
     # (pipeline's settings, engine id) -> its admin API's client.
     engines: EngineFactory | None = None
     log_starts: Callable[[Settings], Mapping[int, int] | None] | None = None
+    # (pipeline's settings) -> its publisher adapters (twinstream.ops.overview.AdapterReader).
+    adapters: Callable[[Settings], list[AdapterView]] | None = None
     clock: Callable[[], float] = time.time
     _history: dict[str, _History] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -113,7 +118,13 @@ class Sources:
     def overview(self) -> Overview:
         if self.engines is None:
             raise RuntimeError("no engine client factory given")
-        seen = overview(self.pipelines(), self.engines, clock=self.clock, with_history=False)
+        seen = overview(
+            self.pipelines(),
+            self.engines,
+            clock=self.clock,
+            with_history=False,
+            adapters=self.adapters,
+        )
         for pipeline in seen.pipelines:
             history = self.history(pipeline.name)
             pipeline.snapshots = history.snapshots

@@ -159,6 +159,45 @@ function engineRow(pipeline, e) {
   );
 }
 
+function bytes(value) {
+  return value === null || value === undefined ? "-" : `${num(value)} B`;
+}
+
+// One publisher adapter as its status node says (twinstream.ops.overview.AdapterView), in
+// the columns `twinstream status` prints.
+function adapterRow(a) {
+  const unreadable = [];
+  if (a.too_long) unreadable.push(`${num(a.too_long)} too long`);
+  if (a.not_utf8) unreadable.push(`${num(a.not_utf8)} not UTF-8`);
+  return el(
+    "tr",
+    { "data-adapter": a.adapter_id, "data-role": a.role },
+    el("td", {}, el("b", {}, a.adapter_id)),
+    el("td", {}, el("span", { class: `role role-${a.role}` }, a.role)),
+    el("td", {}, a.epoch ?? "-"),
+    el("td", {}, a.position ?? "-"),
+    el("td", { class: "n", "data-lag": a.source_lag ?? "" }, bytes(a.source_lag)),
+    el("td", { class: "n" }, num(a.published)),
+    el("td", {}, unreadable.length ? el("span", { class: "warn" }, unreadable.join(", ")) : "-"),
+    el("td", {}, a.last_error ? el("span", { class: "warn" }, a.last_error) : "-"),
+  );
+}
+
+function adaptersTable(p) {
+  if (!p.adapters || !p.adapters.length) return null;
+  return el(
+    "div",
+    { class: "adapters" },
+    el("h3", {}, "Publisher adapters"),
+    el(
+      "table",
+      { class: "small" },
+      el("thead", {}, el("tr", {}, ...["adapter", "role", "epoch", "source position", "lag to source end", "published", "unreadable lines", "last error"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, p.adapters.map(adapterRow)),
+    ),
+  );
+}
+
 function pipelineSection(p) {
   const engines = el(
     "table",
@@ -224,6 +263,7 @@ function pipelineSection(p) {
     ),
     p.problems.length ? el("ul", { class: "problems" }, p.problems.map((x) => el("li", { class: "fail" }, x))) : null,
     engines,
+    adaptersTable(p),
     timelineBox(p.name),
     el("div", { class: "columns" },
       el("div", {}, el("h3", {}, "Last takeovers"), takeovers),
