@@ -334,9 +334,9 @@ def ran(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
 
 def test_publish_source_dash_runs_an_adapter_on_standard_input(ran):
     assert cli.main(["publish", "--source", "-", "--format", "csv", "--id", "x"]) == 0
-    assert (ran["source"], ran["stdin_format"]) == ("-", "csv")
-    assert cli.main(["publish", "--source", "-"]) == 0
-    assert ran["stdin_format"] == "jsonl"
+    assert (ran["source"], ran["stdin_format"], ran["metrics_port"]) == ("-", "csv", 0)
+    assert cli.main(["publish", "--source", "-", "--metrics-port", "8811"]) == 0
+    assert (ran["stdin_format"], ran["metrics_port"]) == ("jsonl", 8811)
 
 
 def test_format_is_for_standard_input_only(ran, capsys):

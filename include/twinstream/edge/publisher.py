@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol, cast
+from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -49,6 +49,9 @@ from twinstream.edge.sources import STDIN, FileSource, Line, Lost, Position, Str
 from twinstream.platform.connections import KafkaConnection, PipelineTopics
 from twinstream.platform.kafka_auth import PUBLISHER_GROUP_PREFIX
 from twinstream.platform.settings import Settings
+
+if TYPE_CHECKING:
+    from twinstream.edge.publisher_metrics import MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -556,10 +559,12 @@ def run(
     *,
     stdin_format: str = "jsonl",
     stdin: IO[bytes] | None = None,
+    metrics_port: int = 0,
 ) -> Status:
     """One publisher adapter of the settings' pipeline until `stop` (or, for standard
     input, its end once all of it is committed): in the election, and publishing while it
-    leads; its status in ZooKeeper each second. Returns its last status."""
+    leads; its status in ZooKeeper each second and, with `metrics_port`, at GET /metrics.
+    Returns its last status."""
     import sys
 
     from confluent_kafka import Producer
@@ -660,6 +665,22 @@ def run(
         f"publisher {adapter_id} of pipeline {topics.pipeline}: following {following} "
         f"into {topics.inbound} when elected"
     )
+    served: MetricsServer | None = None
+    if metrics_port:
+        from twinstream.edge.publisher_metrics import MetricsServer, PublisherMetrics
+
+        metrics = PublisherMetrics(adapter_id, topics.pipeline)
+        served = MetricsServer(
+            settings.bind_host,
+            metrics_port,
+            settings.secret("admin_token"),
+            lambda: metrics.page(adapter.status),
+        )
+        served.start()
+        echo(
+            f"publisher {adapter_id}: Prometheus metrics at "
+            f"http://{settings.bind_host}:{served.port}/metrics (the admin token's)"
+        )
     if listening is not None:
         listening.start()
     if reading is not None:
@@ -687,4 +708,6 @@ def run(
         zk.close()
         if listening is not None:
             listening.close()
+        if served is not None:
+            served.close()
     return adapter.status

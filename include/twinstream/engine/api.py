@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import twinstream
+from twinstream.engine.metrics import CONTENT_TYPE
 from twinstream.engine.snapshot import Manifest, SnapshotError
 
 log = logging.getLogger(__name__)
@@ -440,6 +441,6 @@ def create_app(engine: EngineApi, token: str, *, docs: bool = True) -> FastAPI:
         "/metrics", dependencies=auth, response_class=PlainTextResponse, responses=_errors(401)
     )
     def metrics() -> PlainTextResponse:
-        return PlainTextResponse(engine.metrics(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(engine.metrics(), media_type=CONTENT_TYPE)
 
     return app

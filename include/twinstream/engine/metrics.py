@@ -17,13 +17,34 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 ROLES = ("none", "standby", "active")
+# Prometheus' text format, as every /metrics of the platform answers it.
+CONTENT_TYPE = "text/plain; version=0.0.4"
 
 
-class EngineMetrics:
-    def __init__(self, engine_id: str, pipeline: str) -> None:
+class Metrics:
+    """One process's metrics in a registry of its own, every series labelled with who the
+    process is (`labels`): an engine here, a publisher adapter (twinstream.edge)."""
+
+    def __init__(self, labels: Mapping[str, str]) -> None:
         self.registry = CollectorRegistry()
-        labels = {"engine": engine_id, "pipeline": pipeline}
-        self._labels = labels
+        self._labels = dict(labels)
+
+    def _counter(self, name: str, doc: str) -> Any:
+        metric = Counter(name, doc, list(self._labels), registry=self.registry)
+        return metric.labels(**self._labels)
+
+    def _gauge(self, name: str, doc: str) -> Any:
+        metric = Gauge(name, doc, list(self._labels), registry=self.registry)
+        return metric.labels(**self._labels)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class EngineMetrics(Metrics):
+    def __init__(self, engine_id: str, pipeline: str) -> None:
+        super().__init__({"engine": engine_id, "pipeline": pipeline})
+        labels = self._labels
         self._processed = self._counter("twinstream_rows_processed", "Output rows computed")
         self._published = self._counter(
             "twinstream_rows_published", "Output rows committed to Kafka"
@@ -80,14 +101,6 @@ class EngineMetrics:
             "1 while the query is paused for backpressure (rows held at max_buffered_msgs)",
         )
 
-    def _counter(self, name: str, doc: str) -> Any:
-        metric = Counter(name, doc, list(self._labels), registry=self.registry)
-        return metric.labels(**self._labels)
-
-    def _gauge(self, name: str, doc: str) -> Any:
-        metric = Gauge(name, doc, list(self._labels), registry=self.registry)
-        return metric.labels(**self._labels)
-
     def processed(self, rows: int) -> None:
         self._processed.inc(rows)
 
@@ -136,6 +149,3 @@ class EngineMetrics:
     def role(self, role: str) -> None:
         for name in ROLES:
             self._role.labels(**self._labels, role=name).set(1 if name == role else 0)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)

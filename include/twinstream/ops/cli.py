@@ -98,6 +98,8 @@ def _publish_from(settings: Settings, args: argparse.Namespace) -> int:
             "--format is for --source - (standard input); a file's name says its format "
             "(.csv or .jsonl, a folder's --pattern)"
         )
+    if not 0 <= args.metrics_port <= 65535:
+        raise ValueError(f"--metrics-port {args.metrics_port}: give a port (0: no /metrics)")
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _n, _f: stop.set())
@@ -111,6 +113,7 @@ def _publish_from(settings: Settings, args: argparse.Namespace) -> int:
         stop,
         echo=lambda line: print(line, file=sys.stderr),
         stdin_format=args.format or "jsonl",
+        metrics_port=args.metrics_port,
     )
     print(
         f"publisher {adapter_id}: {status.published} lines published, last at "
@@ -571,6 +574,14 @@ def main(argv: list[str] | None = None) -> int:
         "with a header line first (csv, typed by the pipeline's schema)",
     )
     pub.add_argument("--id", help="with --source: this adapter's name (default: host-pid)")
+    pub.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="with --source: serve Prometheus metrics at GET /metrics on this port of "
+        "TWINSTREAM_BIND_HOST, with the engines' admin token (0, the default: none)",
+    )
     pub.add_argument("--rate", type=float, default=1000.0, help="records per second (0: max)")
     pub.add_argument("--count", type=int, default=10_000, help="sample records to send")
     pub.add_argument("--seed", type=int, default=1)

@@ -128,6 +128,11 @@ class Settings(BaseSettings):
     publisher_source: str = ""
     publisher_count: int = Field(default=0, ge=0, le=9)
     publisher_pattern: str = "*.jsonl"
+    # The ports of those adapters' GET /metrics (`twinstream publish --metrics-port`), given
+    # in order to the stack's publisher programs, pipeline by pipeline, as the engines get
+    # their admin ports; empty: no /metrics. Clear of the engines' 87xx and of 8800, the
+    # port an HTTP source is usually given.
+    publisher_metrics_ports: PortList = [8811, 8812, 8813, 8814, 8815, 8816, 8817, 8818]
 
     # The engines: ids and admin API ports, pairwise. `engine_admin_host` is where their admin
     # APIs are reached; "{id}" is replaced by the engine id (compose: "engine-{id}").
@@ -268,6 +273,7 @@ class Settings(BaseSettings):
         "kafka_broker_ports",
         "engine_ids",
         "engine_admin_ports",
+        "publisher_metrics_ports",
         "stack_pipelines",
         mode="before",
     )
@@ -431,6 +437,7 @@ class Settings(BaseSettings):
             *self.kafka_controller_ports,
             *(self.broker_ports if self.kafka_security else []),
             *self.engine_admin_ports,
+            *self.publisher_metrics_ports,
         ]
 
     @property

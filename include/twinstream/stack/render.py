@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from twinstream.platform import registry
 from twinstream.platform.connections import MECHANISM
 from twinstream.platform.kafka_auth import ADMIN_USER
-from twinstream.platform.settings import REPO_ROOT, Settings
+from twinstream.platform.settings import REPO_ROOT, Settings, SettingsError
 from twinstream.stack.layout import Layout
 from twinstream.stack.tls import SERVER_CN, TlsFiles
 
@@ -378,8 +378,11 @@ def programs(
         )
     # Each pipeline's publisher adapters (its `publishers` entry): one elected active, the
     # others standby; started by `up` with the engines, once the topics and users exist.
+    # Each serves its /metrics on a port of its own, as an engine its admin API.
+    metrics_ports = publisher_metrics_ports(settings, stack)
     for pipeline in stack.values():
         for name in publisher_programs(pipeline):
+            metrics = ["--metrics-port", str(metrics_ports[name])] if metrics_ports else []
             result.append(
                 Program(
                     name=name,
@@ -396,6 +399,7 @@ def programs(
                         pipeline.publisher_pattern,
                         "--id",
                         name.removeprefix("publisher-"),
+                        *metrics,
                     ],
                     priority=45,
                     environment=env,
@@ -426,6 +430,30 @@ def publisher_programs(pipeline: Settings) -> list[str]:
     if not pipeline.publisher_source:
         return []
     return [f"publisher-{pipeline.pipeline}-{n}" for n in range(1, pipeline.publisher_count + 1)]
+
+
+def publisher_metrics_ports(settings: Settings, stack: Mapping[str, Settings]) -> dict[str, int]:
+    """Each publisher program of the stack -> the port of its /metrics: the settings'
+    publisher_metrics_ports in order, pipeline by pipeline (none when that list is empty).
+    Refuses too few ports, or one an engine of the stack uses, naming the fix."""
+    ports = settings.publisher_metrics_ports
+    names = [name for pipeline in stack.values() for name in publisher_programs(pipeline)]
+    if not ports or not names:
+        return {}
+    if len(names) > len(ports):
+        raise SettingsError(
+            f"{len(names)} publisher adapters in {settings.pipelines_file} but "
+            f"TWINSTREAM_PUBLISHER_METRICS_PORTS has {len(ports)} ports: give one per adapter "
+            "(or set it empty for no /metrics)"
+        )
+    admin = {p for pipeline in stack.values() for p in pipeline.engine_admin_ports}
+    taken = sorted(admin & set(ports[: len(names)]))
+    if taken:
+        raise SettingsError(
+            f"TWINSTREAM_PUBLISHER_METRICS_PORTS gives publisher adapters the ports {taken}, "
+            "which engines of the stack use as admin ports: choose others"
+        )
+    return dict(zip(names, ports, strict=False))
 
 
 def engine_connections(
