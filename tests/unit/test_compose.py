@@ -888,3 +888,138 @@ def test_compose_airflow_runs_the_dags_scheduled_unless_told_to_pause_them(
     paused = rendered_config(compose_binary, env={"TWINSTREAM_DAGS_PAUSED": "True"})
     scheduler = paused["services"]["airflow-scheduler"]["environment"]
     assert scheduler["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "True"
+
+
+# -- the publisher adapters (profile adapters) ----------------------------------------------
+
+PUBLISHERS = ["publisher-hostmetrics-1", "publisher-hostmetrics-2"]
+SOURCE_DIR = "/opt/twinstream/sources/hostmetrics"
+
+
+@pytest.fixture(scope="module")
+def with_adapters(compose_binary):
+    result = run_compose(compose_binary, "--profile", "adapters", "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_the_publisher_adapters_are_off_unless_their_profile_is_asked_for(services, with_adapters):
+    assert not [name for name in services if name.startswith("publisher-")]
+    found = [name for name in with_adapters["services"] if name.startswith("publisher-")]
+    assert sorted(found) == PUBLISHERS
+    for name in PUBLISHERS:
+        assert with_adapters["services"][name]["profiles"] == ["adapters"]
+
+
+def test_the_publisher_adapters_follow_one_shared_source_read_only(with_adapters):
+    sources = set()
+    for name in PUBLISHERS:
+        service = with_adapters["services"][name]
+        (mount,) = [v for v in service["volumes"] if v["target"] == SOURCE_DIR]
+        assert mount["type"] == "volume"
+        assert mount["read_only"]
+        sources.add(mount["source"])
+        command = service["command"]
+        assert command[command.index("--source") + 1] == SOURCE_DIR
+    # One volume for both: whichever leads reads the same files.
+    assert sources == {"publisher-sources"}
+    assert "publisher-sources" in with_adapters["volumes"]
+
+
+def test_a_host_folder_can_be_the_publishers_source(compose_binary):
+    result = run_compose(
+        compose_binary,
+        "--profile",
+        "adapters",
+        "config",
+        "--format",
+        "json",
+        env={"TWINSTREAM_PUBLISHER_SOURCES": "/data/hostmetrics"},
+    )
+    assert result.returncode == 0, result.stderr
+    for name in PUBLISHERS:
+        volumes = json.loads(result.stdout)["services"][name]["volumes"]
+        (mount,) = [v for v in volumes if v["target"] == SOURCE_DIR]
+        assert (mount["type"], mount["source"], mount["read_only"]) == (
+            "bind",
+            "/data/hostmetrics",
+            True,
+        )
+
+
+def test_the_publisher_adapters_run_what_make_up_runs_for_a_publishers_entry(
+    with_adapters, tmp_path, no_twinstream_env
+):
+    """The same command as the supervisord programs of a pipelines.toml entry
+    `publishers = { source = SOURCE_DIR, count = 2 }` (ids, pattern, /metrics ports)."""
+    from twinstream.stack import render
+    from twinstream.stack.layout import Layout
+
+    text = (REPO / "pipelines.toml").read_text()
+    entry = f'[hostmetrics]\npublishers = {{ source = "{SOURCE_DIR}", count = 2 }}\n'
+    path = tmp_path / "pipelines.toml"
+    path.write_text(text.replace("[hostmetrics]\n", entry, 1))
+    settings = load_settings(pipelines_file=path, state_dir=tmp_path)
+    programs = {
+        p.name: p
+        for p in render.programs(settings, Layout.of(settings), pipelines=registry.stack(settings))
+        if p.name.startswith("publisher-")
+    }
+    assert sorted(programs) == PUBLISHERS
+    for name in PUBLISHERS:
+        command = with_adapters["services"][name]["command"]
+        assert command[0] == "python"
+        assert command[1:] == list(programs[name].command[1:])
+
+
+def test_each_publisher_adapter_logs_in_as_the_publisher_and_is_healthy_by_its_metrics_port(
+    with_adapters, services
+):
+    for name in PUBLISHERS:
+        service = with_adapters["services"][name]
+        env = service["environment"]
+        command = service["command"]
+        port = int(command[command.index("--metrics-port") + 1])
+        assert service["image"] == IMAGE
+        assert service["restart"] == "unless-stopped"
+        assert service["healthcheck"]["test"] == [
+            "CMD",
+            "curl",
+            "-fsS",
+            f"http://localhost:{port}/healthz",
+        ]
+        assert [(p["published"], p["target"], p.get("host_ip")) for p in service["ports"]] == [
+            (str(port), port, "127.0.0.1")
+        ]
+        assert env["TWINSTREAM_BIND_HOST"] == "0.0.0.0"
+        assert env["TWINSTREAM_KAFKA_ROLE"] == "publisher"
+        depends = service["depends_on"]
+        assert depends["zookeeper"]["condition"] == "service_healthy"
+        assert depends["kafka-init"]["condition"] == "service_completed_successfully"
+        # ZooKeeper's password and the admin token (/metrics) as every engine has them.
+        for key in SHARED_ENGINE_SETTINGS:
+            assert env[key] == services["engine-a"]["environment"][key], (name, key)
+        mounts = {v["target"]: v.get("source") for v in service["volumes"]}
+        assert mounts[str(Path(env["TWINSTREAM_KAFKA_CREDENTIALS_FILE"]).parent)] == (
+            "kafka-credentials"
+        )
+        assert mounts[str(Path(env["TWINSTREAM_KAFKA_TLS_CAFILE"]).parent)] == "kafka-ca"
+        assert "kafka-tls" not in mounts.values()  # never the brokers' key
+        assert mounts["/opt/airflow/pipelines.toml"] == str(REPO / "pipelines.toml")
+    ports = [s["ports"][0]["target"] for n, s in with_adapters["services"].items() if "ports" in s]
+    assert len(ports) == len(set(ports))
+
+
+def test_settings_inside_a_publisher_container_reach_kafka_zookeeper_and_the_pipeline(
+    with_adapters, monkeypatch, no_twinstream_env
+):
+    service = with_adapters["services"][PUBLISHERS[0]]
+    for key, value in {**dockerfile_env(), **service["environment"]}.items():
+        if key.startswith("TWINSTREAM_"):
+            monkeypatch.setenv(key, value)
+    settings = registry.settings_for(load_settings(), "hostmetrics")
+    assert settings.bootstrap_servers == ",".join(f"{b}:19092" for b in BROKERS)
+    assert settings.zk_servers == [("zookeeper", 2181)]
+    assert settings.inbound_topic == "hostmetrics.in"
+    assert settings.kafka_role == "publisher"
+    assert settings.secret("admin_token") == service["environment"]["TWINSTREAM_ADMIN_TOKEN"]
