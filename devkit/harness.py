@@ -197,6 +197,9 @@ class EngineProcess:
             if psutil.pid_exists(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        self.close_client()
+
+    def close_client(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -417,6 +420,22 @@ class Pipeline:
             engine.terminate()
         for engine in self.engines.values():
             engine.stop()
+
+    def discard(self) -> None:
+        """The end of a test whose scenario is over: every engine killed at once (SIGKILL),
+        and back once each JVM has gone. A graceful stop waits for the batch in flight, the
+        election and Spark's shutdown, 2-17 s a test, and asserts nothing there: a clean
+        stop is tested where it is the point (the stack's `down` in tests/integration/test_stack.py,
+        an engine's close in tests/unit/test_engine_lifecycle.py)."""
+        engines = [e for e in self.engines.values() if e.proc.poll() is None]
+        for engine in engines:
+            engine.remember_tree()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(engine.pid, signal.SIGKILL)
+        for engine in self.engines.values():
+            engine.proc.wait(timeout=30)
+            wait_gone(engine.tree)
+            engine.close_client()
 
     def load(self, count: int, rate: float, **kwargs: Any) -> Load:
         """Publish `count` example records at `rate`/s in the background: the hostmetrics

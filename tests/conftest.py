@@ -169,7 +169,7 @@ def pipeline(stack_env, tmp_path, request: pytest.FixtureRequest) -> Iterator[Pi
     try:
         yield p
     finally:
-        p.stop_all()
+        p.discard()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -230,4 +230,4 @@ def test_an_outbound_outage_with_and_without_a_kill_of_the_active_loses_and_repe
             wait_back_in_sync([killed] if waits is None else [waits, killed])
         finally:
             if waits is not None:
-                waits.stop_all()
+                waits.discard()

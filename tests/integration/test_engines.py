@@ -323,4 +323,4 @@ def test_a_kill_9_makes_the_in_sync_standby_active_not_one_queued_before_it_far_
         pipeline.wait_published(pipeline.produced - 1)
         assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     finally:
-        pipeline.stop_all()
+        pipeline.discard()

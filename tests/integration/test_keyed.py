@@ -132,4 +132,4 @@ def test_keyed_sessions_of_20_000_users_through_a_kill_9_under_load_as_plain_pyt
         assert sum(r.startswith("over_limit: ") for r in letters) > 100
         assert sum(r.startswith("out_of_range: ") for r in letters) > 100
     finally:
-        pipeline.stop_all()
+        pipeline.discard()

@@ -201,7 +201,7 @@ def test_three_partitions_on_shared_storage_kill_9_and_a_lost_engine_restored_th
         assert_per_key_order(pipeline, outputs)
         assert back.get("/pipeline")["uncovered_ranges"] == []
     finally:
-        pipeline.stop_all()
+        pipeline.discard()
 
 
 def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactly_that_record(
@@ -307,4 +307,4 @@ def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactl
             "the release visible in GET /pipeline",
         )
     finally:
-        pipeline.stop_all()
+        pipeline.discard()

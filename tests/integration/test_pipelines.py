@@ -39,8 +39,8 @@ def two(stack_env, tmp_path: Path) -> Iterator[tuple[Pipeline, Pipeline]]:
     try:
         yield orders, payments
     finally:
-        orders.stop_all()
-        payments.stop_all()
+        orders.discard()
+        payments.discard()
 
 
 def start_engines(

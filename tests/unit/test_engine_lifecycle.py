@@ -74,3 +74,36 @@ def test_a_pipeline_node_someone_else_made_stops_the_pipeline_with_the_fix(engin
     assert info.state == "stopped"
     assert "deleteall" in info.reason
     engine.election.start.assert_not_called()
+
+
+def test_a_session_suspended_as_the_query_starts_is_asked_again_not_a_failed_start(
+    engine, monkeypatch
+):
+    """With the smallest session ZooKeeper grants, a heartbeat missed while JVMs start drops
+    the connection for a moment: the claim and the quarantine's read that raise
+    ConnectionLoss then are asked again (the engine exited on it, and supervisord restarted
+    it: ~25 s of `up`)."""
+    from kazoo.exceptions import ConnectionLoss
+
+    engine.zk.connected = True
+    engine.election.claim.side_effect = [ConnectionLoss(), None]
+    failures = [ConnectionLoss()]
+
+    def entries() -> dict[int, str]:
+        if failures:
+            raise failures.pop()
+        return {7: "raised ValueError"}
+
+    monkeypatch.setattr(engine.quarantine, "entries", entries)
+    assert engine._read_quarantine() == {7: "raised ValueError"}
+    assert engine.election.claim.call_count == 2
+
+
+def test_a_refusal_as_the_query_starts_is_not_asked_again(engine):
+    from twinstream.core.election import ForeignNodeError
+
+    engine.zk.connected = True
+    engine.election.claim.side_effect = ForeignNodeError("node /twinstream/p ... deleteall")
+    with pytest.raises(ForeignNodeError):
+        engine._read_quarantine()
+    assert engine.election.claim.call_count == 1

@@ -37,6 +37,7 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import KeeperState
 from kazoo.security import ACL, Permissions, make_acl
 
@@ -133,10 +134,10 @@ def ensure_chroot(zk: ZooKeeperConnection, acl: list[ACL]) -> None:
     """The connect string's chroot, created if missing (with `acl`, as /twinstream's): a
     client rooted there cannot create it (kazoo only warns that it is missing, and every
     create under it then fails). One someone else made is refused (check_owned)."""
-    chroot = zk.chroot
+    servers_and_ports, chroot = collect_hosts(zk.hosts)
     if not chroot:
         return
-    servers = ",".join(f"{host}:{port}" for host, port in zk.servers)
+    servers = ",".join(f"{host}:{port}" for host, port in servers_and_ports)
     client = zk_client(zk, hosts=servers)
     try:
         client.start(timeout=30)

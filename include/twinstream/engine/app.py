@@ -10,6 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kazoo.retry import KazooRetry
+
 import twinstream
 from twinstream.contract import Pipeline
 from twinstream.core.checkpoint import unread
@@ -60,6 +62,10 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
+
+# How long a query's start (or restart) waits for a suspended ZooKeeper session to come back
+# before it fails as ZooKeeper being away (the recovery's backoff takes it from there).
+_ZK_READ_DEADLINE_S = 30.0
 
 
 class Engine:
@@ -463,9 +469,16 @@ class Engine:
     def _read_quarantine(self) -> dict[int, str]:
         if not self.zk.connected:
             self.zk.start(timeout=30)
+        # A session suspended as the query starts is asked again, not a failed start: with
+        # the smallest session ZooKeeper grants, a heartbeat missed while four JVMs start on
+        # two cores drops the connection for a moment, and the engine used to exit on the
+        # ConnectionLoss (supervisord restarted it: ~25 s of `up`). kazoo's retry repeats
+        # on ConnectionLoss and OperationTimeout only; a refusal (ForeignNodeError) is raised.
+        retry = KazooRetry(max_tries=-1, delay=0.2, max_delay=2.0, deadline=_ZK_READ_DEADLINE_S)
         # Before anything is read under the pipeline's node: it must be Twinstream's.
-        self.election.claim()
-        return self.quarantine.entries()
+        retry(self.election.claim)
+        entries: dict[int, str] = retry(self.quarantine.entries)
+        return entries
 
     def quarantined(self) -> dict[int, str]:
         """The pipeline's quarantine as last read (at most 5 s old), for status reads."""

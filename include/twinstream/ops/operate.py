@@ -23,7 +23,8 @@ from twinstream.engine import snapshot
 from twinstream.engine.api import BufferedRow, EngineApi
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.ops.overview import WORKING, EngineView, engine_view, unanswered_view
-from twinstream.platform.settings import Settings
+from twinstream.platform import registry
+from twinstream.platform.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -455,9 +456,6 @@ def engine_settings(params: Mapping[str, Any]) -> Settings:
     """The settings of the pipeline whose engine the run's `engine` Param names
     (restore_and_resync: engine ids are the stack's, so an engine names its pipeline).
     Reads the environment and the pipelines file only."""
-    from twinstream.platform import registry
-    from twinstream.platform.settings import load_settings
-
     return registry.for_engine(load_settings(), str(params["engine"]))
 
 

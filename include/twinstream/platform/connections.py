@@ -12,6 +12,7 @@ worth asking again (`is_transient`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,8 +131,6 @@ class ZooKeeperConnection:
 
     # kazoo's connect string: every server, and the chroot if there is one.
     hosts: str
-    servers: tuple[tuple[str, int], ...]
-    chroot: str
     session_timeout_s: float
     user: str
     password: str = field(repr=False)
@@ -170,13 +169,20 @@ _TRANSIENT = (
 )
 
 
-def is_transient(exc: KafkaException) -> bool:
-    """Whether asking again may succeed: a retriable error, or one of _TRANSIENT."""
+@functools.cache
+def _transient_codes() -> frozenset[int]:
     # Here, not at the top: whoever holds a KafkaException has loaded the client already,
     # and the settings (which import this module) must not load it for everyone.
+    from confluent_kafka import KafkaError
+
+    return frozenset(getattr(KafkaError, name) for name in _TRANSIENT)
+
+
+def is_transient(exc: KafkaException) -> bool:
+    """Whether asking again may succeed: a retriable error, or one of _TRANSIENT."""
     from confluent_kafka import KafkaError
 
     error = exc.args[0] if exc.args else None
     if not isinstance(error, KafkaError):
         return False
-    return bool(error.retriable()) or error.code() in {getattr(KafkaError, n) for n in _TRANSIENT}
+    return bool(error.retriable()) or error.code() in _transient_codes()

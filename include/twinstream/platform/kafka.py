@@ -67,8 +67,7 @@ def kafka_user(settings: Settings) -> str:
 
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """KafkaConnection.producer of the settings' connection."""
-    config: dict[str, Any] = connection(settings).producer(**overrides)
-    return config
+    return connection(settings).producer(**overrides)
 
 
 def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:

@@ -543,11 +543,8 @@ class Settings(BaseSettings):
     def zookeeper(self) -> ZooKeeperConnection:
         """Where ZooKeeper is and who this process is there; reads the password file (see
         `secret`) once, here."""
-        servers, chroot = self._zk_parts()
         return ZooKeeperConnection(
             hosts=self.zk_hosts,
-            servers=tuple(servers),
-            chroot=chroot,
             session_timeout_s=self.zk_session_timeout_s,
             user=self.zk_user,
             password=self.secret("zk_password"),
