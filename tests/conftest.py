@@ -40,6 +40,7 @@ TEST_ENV = {
     "TWINSTREAM_AIRFLOW_PORT": "28080",
     "TWINSTREAM_DAGS_PAUSED": "true",  # tests trigger DAGs: no scheduled run may disturb them
     "TWINSTREAM_ENGINE_ADMIN_PORTS": "28701,28702",
+    "TWINSTREAM_PUBLISHER_METRICS_PORTS": "28811,28812",
     # Both examples run on the test stack, as on `make up`; payments on 28703 and 28704.
     "TWINSTREAM_PIPELINES_FILE": str(REPO_ROOT / "tests" / "stack-pipelines.toml"),
     # The pipelines file's folder is tests/: the examples import from the repository root.
@@ -98,9 +99,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=order)
 
 
+# Where the test stack's payments adapters follow their source (issue 37): a folder in the
+# stack's state, named in the pipelines file `stack_env` writes there.
+PAYMENTS_SOURCES = "payments-sources"
+
+
 @pytest.fixture(scope="session")
 def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    env = {**TEST_ENV, "TWINSTREAM_STATE_DIR": str(tmp_path_factory.mktemp("stack"))}
+    state = tmp_path_factory.mktemp("stack")
+    # tests/stack-pipelines.toml, and payments' publisher adapters as `make up` runs them
+    # when a pipeline's entry asks for them: two, following a folder of JSON-lines files.
+    sources = state / PAYMENTS_SOURCES
+    sources.mkdir()
+    pipelines = state / "pipelines.toml"
+    pipelines.write_text(
+        (REPO_ROOT / "tests" / "stack-pipelines.toml").read_text()
+        + f'publishers = {{ source = "{sources}", count = 2, pattern = "*.jsonl" }}\n'
+    )
+    env = {
+        **TEST_ENV,
+        "TWINSTREAM_STATE_DIR": str(state),
+        "TWINSTREAM_PIPELINES_FILE": str(pipelines),
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     yield env

@@ -99,6 +99,60 @@ def test_up_runs_every_pipeline_of_the_file_each_with_its_own_engines_and_electi
     ]
 
 
+def test_up_runs_the_publisher_adapters_a_pipelines_entry_asks_for(stack, settings, capsys):
+    """Issue 37: payments' entry asks for two publisher adapters following a folder
+    (tests/conftest.py writes it): `up` runs both under supervisord, one elected active;
+    `twinstream status` shows them; a line appended to the folder's file reaches payments'
+    inbound topic through the active and payments' engines publish it; each adapter serves
+    its /metrics on the port `up` gave it."""
+    from tests.conftest import PAYMENTS_SOURCES
+
+    payments = registry.settings_for(settings, "payments")
+
+    def adapters() -> dict[str, str]:
+        capsys.readouterr()
+        cli.main(["status", "--json"])
+        seen = Overview.model_validate_json(capsys.readouterr().out)
+        (view,) = [p for p in seen.pipelines if p.name == "payments"]
+        return {a.adapter_id: a.role for a in view.adapters}
+
+    roles = wait_for(
+        lambda: (r := adapters()) and sorted(r.values()) == ["active", "standby"] and r,
+        60,
+        "payments' two publisher adapters, one active",
+    )
+    assert set(roles) == {"payments-1", "payments-2"}
+    inbound = _records_in(settings, payments.inbound_topic)
+    progress = _records_in(settings, payments.progress_topic)
+    sample = registry.load(payments).sample
+    assert sample is not None
+    lines = list(sample(3, 11, 0))
+    source = settings.state_dir / PAYMENTS_SOURCES / "payments-1.jsonl"
+    source.write_bytes(b"".join(line + b"\n" for line in lines))
+    # Three records and their transaction's marker, at least (keyed: any partitions).
+    wait_for(
+        lambda: _records_in(settings, payments.inbound_topic) >= inbound + 4,
+        60,
+        "the active adapter publishing the appended lines",
+    )
+    wait_for(
+        lambda: _records_in(settings, payments.progress_topic) > progress,
+        120,
+        "payments' engines publishing what the adapter wrote",
+    )
+    # `up` gave publisher-payments-1 and -2 the first two ports of
+    # TWINSTREAM_PUBLISHER_METRICS_PORTS (tests/conftest.py).
+    token = {"Authorization": f"Bearer {settings.secret('admin_token')}"}
+    for adapter, port in (("payments-1", 28811), ("payments-2", 28812)):
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=token, timeout=10).text
+        labels = f'adapter="{adapter}",pipeline="payments"'
+        active = 1.0 if roles[adapter] == "active" else 0.0
+        assert f"twinstream_publisher_active{{{labels}}} {active}" in text, text
+        if active:
+            assert f"twinstream_publisher_published_total{{{labels}}} 3.0" in text, text
+    assert httpx.get("http://127.0.0.1:28811/metrics", timeout=10).status_code == 401
+
+
 def test_an_optional_member_may_be_absent_or_null_and_is_still_type_checked(stack, settings):
     """Issue 33: a member present on some records only could not be declared (absent it was
     missing_field, null it was wrong_type). payments declares `merchant` optional (a
