@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, cast
@@ -92,20 +92,86 @@ def last_published(
 ) -> ResumePoint:
     """The committed inbound record with the highest `seq` over every partition."""
     consumer = Consumer(
-        kafka.consumer(f"{PUBLISHER_GROUP_PREFIX}{uuid.uuid4()}", **{"enable.partition.eof": True})
+        kafka.consumer(
+            f"{PUBLISHER_GROUP_PREFIX}{uuid.uuid4()}",
+            **{
+                "enable.partition.eof": True,
+                # A takeover waits for this read: a fetch is answered at once with what the
+                # tail holds, not after the default 500 ms of waiting for more.
+                "fetch.wait.max.ms": 10,
+            },
+        )
     )
-    best = ResumePoint()
     try:
         meta = consumer.list_topics(topics.inbound, timeout=timeout_s).topics[topics.inbound]
         if meta.error is not None:
             raise KafkaException(meta.error)
-        for partition in sorted(meta.partitions):
-            found = _last_in(consumer, topics.inbound, partition, timeout_s)
-            if found is not None and found.seq > best.seq:
-                best = found
+        return last_in_tails(consumer, topics.inbound, sorted(meta.partitions), timeout_s)
     finally:
         consumer.close()
+
+
+def last_in_tails(
+    consumer: Consumer, topic: str, partitions: Sequence[int], timeout_s: float
+) -> ResumePoint:
+    """The record with the highest `seq` in the tails of `partitions`, read together: the
+    last TAIL_WINDOW records of each, and a window four times as long further back in a
+    partition whose tail holds no adapter's record (transaction markers, aborted records,
+    records of another producer), until its log's start. (Partition by partition, each a
+    fetch's round trip, this took ~4 s of a takeover on `make up`'s stack.)"""
+    bounds: dict[int, tuple[int, int]] = {}
+    for partition in partitions:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=timeout_s
+        )
+        if high > low:
+            bounds[partition] = (low, high)
+    best = ResumePoint()
+    window = TAIL_WINDOW
+    while bounds:
+        starts = {p: max(low, end - window) for p, (low, end) in bounds.items()}
+        ends = {p: end for p, (_, end) in bounds.items()}
+        found = _read_windows(consumer, topic, starts, ends, timeout_s)
+        for partition, point in found.items():
+            if point is not None:
+                best = max(best, point, key=lambda r: r.seq)
+                del bounds[partition]
+        bounds = {p: (low, starts[p]) for p, (low, _) in bounds.items() if starts[p] > low}
+        window *= 4
     return best
+
+
+def _read_windows(
+    consumer: Consumer,
+    topic: str,
+    starts: Mapping[int, int],
+    ends: Mapping[int, int],
+    timeout_s: float,
+) -> dict[int, ResumePoint | None]:
+    """Each partition's last adapter record in [start, end), read in one assignment."""
+    consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+    last: dict[int, ResumePoint | None] = dict.fromkeys(starts)
+    open_ = set(starts)
+    while open_:
+        msg = consumer.poll(timeout_s)
+        if msg is None:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no answer reading {topic}"))
+        partition = msg.partition()
+        error = msg.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(error)
+            open_.discard(partition)
+            continue
+        if partition not in open_:
+            continue
+        if (msg.offset() or 0) >= ends[partition]:
+            open_.discard(partition)
+            continue
+        seq, source = _header(msg.headers(), SEQ_HEADER), _header(msg.headers(), SOURCE_HEADER)
+        if seq is not None and source is not None:
+            last[partition] = ResumePoint(Position.parse(source), int(seq))
+    return last
 
 
 def recent_sources(
@@ -149,38 +215,6 @@ def recent_sources(
     finally:
         consumer.close()
     return found
-
-
-def _last_in(
-    consumer: Consumer, topic: str, partition: int, timeout_s: float
-) -> ResumePoint | None:
-    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
-    window = TAIL_WINDOW
-    end = high
-    while end > low:
-        start = max(low, end - window)
-        consumer.assign([TopicPartition(topic, partition, start)])
-        last: ResumePoint | None = None
-        while True:
-            msg = consumer.poll(timeout_s)
-            if msg is None:
-                raise KafkaException(
-                    KafkaError(KafkaError._TIMED_OUT, f"no answer reading {topic}")
-                )
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    break
-                raise KafkaException(error)
-            if (msg.offset() or 0) >= end:
-                break
-            seq, source = _header(msg.headers(), SEQ_HEADER), _header(msg.headers(), SOURCE_HEADER)
-            if seq is not None and source is not None:
-                last = ResumePoint(Position.parse(source), int(seq))
-        if last is not None:
-            return last
-        end, window = start, window * 4
-    return None
 
 
 class Source(Protocol):
