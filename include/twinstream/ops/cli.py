@@ -28,6 +28,7 @@ import argparse
 import csv
 import itertools
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -104,6 +105,12 @@ def _publish_from(settings: Settings, args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _n, _f: stop.set())
     adapter_id = args.id or f"{socket.gethostname()}-{os.getpid()}"
+    # A long-running, supervised process: each line of its log with its time and the
+    # adapter's name, as the engines' (a takeover is read off the two adapters' logs).
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s publisher={adapter_id} %(name)s: %(message)s",
+    )
     keep = stdin or args.source.startswith("http://")
     status = publisher.run(
         settings,
@@ -111,7 +118,7 @@ def _publish_from(settings: Settings, args: argparse.Namespace) -> int:
         args.source if keep else Path(args.source),
         args.pattern,
         stop,
-        echo=lambda line: print(line, file=sys.stderr),
+        echo=logging.getLogger(publisher.__name__).info,
         stdin_format=args.format or "jsonl",
         metrics_port=args.metrics_port,
     )
