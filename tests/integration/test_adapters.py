@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from devkit.harness import Pipeline, wait_for
+from devkit.harness import Pipeline, coverage, ranges, wait_for
 from twinstream.core.election import zk_client
 from twinstream.edge.publisher import PUBLISHER_HEADER, SEQ_HEADER, SOURCE_HEADER, StatusBoard
 from twinstream.edge.sources import Position
@@ -67,7 +67,7 @@ def _inbound(pipeline: Pipeline) -> list[Published]:
                     headers[str(key)] = value.decode()
             out.append(
                 Published(
-                    n=json.loads(msg.value() or b"{}")["n"],
+                    n=_line_number(json.loads(msg.value() or b"{}")),
                     seq=int(headers[SEQ_HEADER]),
                     source=Position.parse(headers[SOURCE_HEADER]),
                     publisher=headers[PUBLISHER_HEADER],
@@ -77,6 +77,12 @@ def _inbound(pipeline: Pipeline) -> list[Published]:
         return out
     finally:
         consumer.close()
+
+
+def _line_number(value: dict[str, Any]) -> int:
+    """A line's number in its file: `n` in the JSON lines, the host's digits in the CSV
+    test's readings (a CSV's columns are the pipeline's fields only)."""
+    return int(value["n"]) if "n" in value else int(str(value["host"]).removeprefix("h"))
 
 
 def _adapter(pipeline: Pipeline, name: str, source: Path | str) -> subprocess.Popen[bytes]:
@@ -114,17 +120,28 @@ def _active(pipeline: Pipeline, names: list[str]) -> str | None:
 def test_kill_9_of_the_active_publisher_every_line_once_in_file_order(
     stack, quiet_stack_engines, pipeline
 ):
-    source = pipeline.workdir / "readings.jsonl"
+    """A growing CSV file of hostmetrics readings (each line its own host: 12,000 keys),
+    two adapters and the pipeline's two engines: kill -9 of the active adapter under load.
+    Every line is in `.in` once, in file order, and every offset of `.in` (its records and
+    the transactions' markers) is in exactly one transaction the engines published."""
+    source = pipeline.workdir / "readings.csv"
     total, first = 12_000, 3_000
     written = 0
+    source.write_text("host,ts,cpu_user,cpu_system,mem_used_mb,mem_free_mb\n")
 
     def append(count: int) -> None:
         nonlocal written
         with source.open("a") as out:
             for _ in range(count):
-                out.write(json.dumps({"host": f"h{written % 50}", "n": written}) + "\n")
+                second = written // 1000
+                out.write(
+                    f"h{written:05d},2026-01-01T00:{second // 60:02d}:{second % 60:02d}.000Z,"
+                )
+                out.write(f"{written % 100}.5,1.25,{1024 + written % 7},2048\n")
                 written += 1
 
+    # The engines start beside the adapters: the lines are their first input.
+    engines = [pipeline.start(e) for e in ("a", "b")]
     append(first)
     adapters = {name: _adapter(pipeline, name, source) for name in ("a", "b")}
     stop = threading.Event()
@@ -195,6 +212,19 @@ def test_kill_9_of_the_active_publisher_every_line_once_in_file_order(
     takeover_s = after[0].at_ms / 1000 - killed_at
     print(f"publisher takeover after kill -9 at {RATE} lines/s: {takeover_s:.2f} s")
     assert takeover_s < 10
+
+    # Every offset of `.in`, markers included (the engines took a marker for a gap to
+    # recompute, for ever, before they covered them), in exactly one published transaction.
+    pipeline.wait_running(*engines)
+    active_engine = wait_for(pipeline.active, 60, "one engine active")
+    pipeline.wait_caught_up(active_engine, field="published", timeout_s=180)
+    (end,) = pipeline.inbound_ends().values()
+    assert end > total  # the transactions' markers hold offsets too
+    missing, duplicated = coverage(pipeline.progress(), end)
+    assert ranges(missing) == []
+    assert ranges(duplicated) == []
+    outputs = [r for r in pipeline.outputs() if r.topic == pipeline.settings.outbound_topic]
+    assert len({r.msg_id for r in outputs}) == total  # a reading's output each
 
 
 def test_a_zombie_publisher_cannot_write_once_another_has_taken_over(

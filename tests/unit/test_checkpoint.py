@@ -66,3 +66,18 @@ def test_with_several_partitions_the_rewind_point_is_found_in_the_gaps_partition
     assert rewind_point(tmp_path, TOPIC, 0, 25) == RewindPoint(1, {0: 20, 1: 200})
     # Unread: every partition's records after the last planned batch.
     assert unread(tmp_path, TOPIC, {0: 35, 1: 300, 2: 7}) == 5 + 0 + 7
+
+
+def test_a_batch_starts_where_the_one_before_ended_and_the_first_where_the_query_started(
+    tmp_path: Path,
+):
+    from twinstream.core.checkpoint import batch_start
+
+    assert batch_start(tmp_path, 0, TOPIC) is None  # no checkpoint yet
+    sources = tmp_path / "sources" / "0"
+    sources.mkdir(parents=True)
+    (sources / "0").write_text(f"v1\n{json.dumps({TOPIC: {'0': 40, '1': 7}})}")
+    _batch(tmp_path, 0, {"0": 90, "1": 7})
+    _batch(tmp_path, 1, {"0": 120, "1": 30}, committed=False)
+    assert batch_start(tmp_path, 0, TOPIC) == {0: 40, 1: 7}
+    assert batch_start(tmp_path, 1, TOPIC) == {0: 90, 1: 7}

@@ -107,3 +107,38 @@ def test_a_refusal_as_the_query_starts_is_not_asked_again(engine):
     with pytest.raises(ForeignNodeError):
         engine._read_quarantine()
     assert engine.election.claim.call_count == 1
+
+
+def test_a_batch_gives_the_gate_a_coverage_row_for_each_offset_of_its_range_without_a_record(
+    engine, monkeypatch
+):
+    """Transaction markers in the inbound topic (the publisher adapters write it in
+    transactions): the batch's range comes from the checkpoint's offsets log."""
+    import json
+
+    import twinstream.engine.app as engine_module
+    from twinstream.core.rows import NONE, OUT, Output
+
+    checkpoint = engine.settings.checkpoint_dir(engine.engine_id)
+    topic = engine.settings.inbound_topic
+    (checkpoint / "offsets").mkdir(parents=True)
+    for batch, end in ((4, 10), (5, 14)):
+        (checkpoint / "offsets" / str(batch)).write_text(
+            f"v1\n{{}}\n{json.dumps({topic: {'0': end}})}"
+        )
+    rows = [Output(10, OUT, None, "a"), Output(11, OUT, None, "b"), Output(12, OUT, None, "c")]
+    monkeypatch.setattr(engine_module, "rows_of", lambda *_args: rows)
+    given: list[list[Output]] = []
+
+    def on_batch(_batch: int, batch_rows: list[Output]) -> int:
+        given.append(batch_rows)
+        return 0
+
+    monkeypatch.setattr(engine.gate, "on_batch", on_batch)
+    engine.process_batch(None, 5)
+    assert [(r.msg_id, r.kind) for r in given[0]] == [
+        (10, OUT),
+        (11, OUT),
+        (12, OUT),
+        (13, NONE),  # the transaction's commit marker
+    ]

@@ -45,6 +45,18 @@ def batch_end(checkpoint: Location, batch_id: int, topic: str) -> dict[int, int]
     return end_offsets(path, topic) if path.exists() else None
 
 
+def batch_start(checkpoint: Location, batch_id: int, topic: str) -> dict[int, int] | None:
+    """The first inbound offset of each partition in batch `batch_id`: where the batch
+    before it ended, or, for a query's first batch, where the query started
+    (`sources/0/0`, the offsets Spark resolved its starting offsets to)."""
+    if batch_id > 0:
+        before = batch_end(checkpoint, batch_id - 1, topic)
+        if before is not None:
+            return before
+    path = checkpoint / "sources" / "0" / "0"
+    return end_offsets(path, topic) if path.exists() else None
+
+
 def unread(checkpoint: Location, topic: str, high_watermarks: Mapping[int, int]) -> int:
     """Inbound records a query restarted on `checkpoint` reads before it is level with
     `high_watermarks`: from the end of its last planned batch (Spark replays a planned

@@ -118,6 +118,32 @@ def covered(msg_id: int, partition: int = 0) -> Output:
     return Output(msg_id, NONE, None, "", partition)
 
 
+def with_offsets_without_records(
+    rows: Sequence[Output], starts: Mapping[int, int], ends: Mapping[int, int]
+) -> list[Output]:
+    """A batch's rows (in (partition, msg_id) order) and a coverage row for each offset of
+    the batch's range [starts, ends) that brought no record: a transaction's commit or abort
+    marker, or a record of an aborted transaction (a read_committed consumer skips them). An
+    inbound topic a transactional producer writes (the publisher adapters) has such offsets
+    after every transaction: covered, once, by the batch that read past them, the offsets
+    stay contiguous for the gate (a hole looked like a gap to recompute, for ever) and each
+    is accounted for in a published transaction. A partition whose records fill its range,
+    as a plain producer's do, costs one comparison."""
+    present: dict[int, set[int]] = {}
+    for row in rows:
+        present.setdefault(row.partition, set()).add(row.msg_id)
+    missing: list[Output] = []
+    for partition, end in ends.items():
+        start = starts.get(partition, end)
+        found = present.get(partition, set())
+        if len(found) >= end - start:
+            continue
+        missing.extend(covered(o, partition) for o in range(start, end) if o not in found)
+    if not missing:
+        return list(rows)
+    return sorted([*rows, *missing], key=lambda r: (r.partition, r.msg_id))
+
+
 def encode(value: dict[str, Any]) -> str:
     # Fixed member order and separators: every engine emits the same bytes.
     return json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)

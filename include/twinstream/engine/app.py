@@ -14,7 +14,7 @@ from kazoo.retry import KazooRetry
 
 import twinstream
 from twinstream.contract import Pipeline
-from twinstream.core.checkpoint import unread
+from twinstream.core.checkpoint import batch_end, batch_start, unread
 from twinstream.core.election import (
     Election,
     ForeignNodeError,
@@ -26,7 +26,7 @@ from twinstream.core.election import (
 from twinstream.core.gate import Gate
 from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.quarantine import QuarantineStore, describe
-from twinstream.core.rows import Output, positions_text
+from twinstream.core.rows import Output, positions_text, with_offsets_without_records
 from twinstream.engine import persistence, snapshot
 from twinstream.engine.api import (
     BufferedRow,
@@ -646,6 +646,7 @@ class Engine:
         started = time.perf_counter()
         try:
             rows = rows_of(df, self.recovery.excluded, self.settings.max_message_bytes)
+            rows = self._with_offsets_without_records(batch_id, rows)
         except Exception as exc:
             # The query fails with it; _recover decides whether a record is to blame.
             self.recovery.batch_error = (batch_id, describe(exc))
@@ -666,6 +667,19 @@ class Engine:
             rows[0].msg_id if rows else None,
             rows[-1].msg_id if rows else None,
         )
+
+    def _with_offsets_without_records(self, batch_id: int, rows: list[Output]) -> list[Output]:
+        """The batch's rows and a coverage row for each offset of its range that holds no
+        record (transaction markers, aborted records: twinstream.core.rows.
+        with_offsets_without_records); its range from the checkpoint's offsets log, which
+        Spark writes before it runs the batch."""
+        checkpoint = self.settings.checkpoint_dir(self.engine_id)
+        topic = self.settings.inbound_topic
+        ends = batch_end(checkpoint, batch_id, topic)
+        starts = batch_start(checkpoint, batch_id, topic)
+        if ends is None or starts is None:
+            return rows
+        return with_offsets_without_records(rows, starts, ends)
 
     # -- election callbacks -------------------------------------------------------------
 
