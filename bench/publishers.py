@@ -74,7 +74,7 @@ class Writer(threading.Thread):
         self.path, self.rate, self.hosts = path, rate, hosts
         self.ends: list[int] = []
         self.samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._rng = random.Random(37)  # noqa: S311 - reproducible data, not secrets
         self._start = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -90,13 +90,13 @@ class Writer(threading.Thread):
     def run(self) -> None:
         step = max(1, self.rate // 10)
         due = time.monotonic()
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self.append(step)
             due += step / self.rate
-            self._stop.wait(max(0.0, due - time.monotonic()))
+            self._halt.wait(max(0.0, due - time.monotonic()))
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(10)
 
 
@@ -110,14 +110,14 @@ class Follower(threading.Thread):
         self.starts = starts
         self.seen: list[tuple[float, str, int, Position, int]] = []
         self.foreign = 0  # records without the adapters' headers (another producer's)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         consumer = Consumer(connection(self.settings).consumer(f"twinstream-bench-{uuid.uuid4()}"))
         topic = self.settings.inbound_topic
         try:
             consumer.assign([TopicPartition(topic, p, o) for p, o in self.starts.items()])
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 for msg in consumer.consume(1_000, 0.2):
                     error = msg.error()
                     if error is not None:
@@ -145,7 +145,7 @@ class Follower(threading.Thread):
             consumer.close()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(30)
 
 
@@ -224,6 +224,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     writer = Writer(source, args.rate, args.hosts)
     follower = Follower(settings, starts)
     adapters = Adapters(settings, source, folder)
+    others = StatusBoard.read(adapters.zk, settings.topics())
+    if others:
+        adapters.close()
+        raise SystemExit(
+            f"publisher adapters {sorted(others)} already run on {settings.pipeline}: stop "
+            "them first (`twinstream status` lists them), or the bench would "
+            "measure theirs"
+        )
     t0 = time.monotonic()
     rounds: list[dict[str, Any]] = []
     marks: list[tuple[float, str]] = []
@@ -234,55 +242,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         "stopped_early": None,
     }
     try:
-        follower.start()
-        for name in ("a", "b"):
-            adapters.start(name)
-        wait_for(adapters.active, 120, "one publisher adapter active")
-        writer.start()
-        for n in range(1, args.rounds + 1):
-            deadline = time.monotonic() + args.between
-            while time.monotonic() < deadline:
-                time.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
+        try:
+            follower.start()
+            for name in ("a", "b"):
+                adapters.start(name)
+            wait_for(adapters.active, 120, "one publisher adapter active")
+            writer.start()
+            for n in range(1, args.rounds + 1):
+                deadline = time.monotonic() + args.between
+                while time.monotonic() < deadline:
+                    time.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
+                    print(
+                        f"  round {n}: {len(writer.ends):,} lines written, "
+                        f"{len(follower.seen):,} in the inbound topic, adapters {adapters.roles()}",
+                        flush=True,
+                    )
+                wait_for(
+                    lambda: sorted(adapters.roles().values()) == ["active", "standby"],
+                    60,
+                    "one adapter active and the other standby",
+                )
+                victim = adapters.active()
+                assert victim is not None
+                seen_before = len(follower.seen)
+                killed = time.time()
+                adapters.kill9(victim)
+                marks.append((time.monotonic() - t0, "kill -9 of the active adapter"))
+
+                def taken_over(after: int = seen_before, dead: str = victim) -> Any:
+                    return next((s for s in follower.seen[after:] if s[1] != dead), None)
+
+                first = wait_for(taken_over, 60, "the other adapter's first committed line")
+                adapters.start(victim)  # as supervisord restarts it
+                rounds.append(
+                    {
+                        "killed": victim,
+                        "visible_s": round(first[0] - killed, 3),
+                        "produced_s": round(first[4] / 1000 - killed, 3),
+                    }
+                )
                 print(
-                    f"  round {n}: {len(writer.ends):,} lines written, "
-                    f"{len(follower.seen):,} in the inbound topic, adapters {adapters.roles()}",
+                    f"round {n}: adapter {victim} killed; the other's first line visible "
+                    f"read_committed after {first[0] - killed:.2f} s",
                     flush=True,
                 )
-            wait_for(
-                lambda: sorted(adapters.roles().values()) == ["active", "standby"],
-                60,
-                "one adapter active and the other standby",
-            )
-            victim = adapters.active()
-            assert victim is not None
-            seen_before = len(follower.seen)
-            killed = time.time()
-            adapters.kill9(victim)
-            marks.append((time.monotonic() - t0, "kill -9 of the active adapter"))
-
-            def taken_over(after: int = seen_before, dead: str = victim) -> Any:
-                return next((s for s in follower.seen[after:] if s[1] != dead), None)
-
-            first = wait_for(taken_over, 60, "the other adapter's first committed line")
-            adapters.start(victim)  # as supervisord restarts it
-            rounds.append(
-                {
-                    "killed": victim,
-                    "visible_s": round(first[0] - killed, 3),
-                    "produced_s": round(first[4] / 1000 - killed, 3),
-                }
-            )
-            print(
-                f"round {n}: adapter {victim} killed; the other's first line visible "
-                f"read_committed after {first[0] - killed:.2f} s",
-                flush=True,
-            )
-    except (AssertionError, KeyboardInterrupt) as exc:
-        figures["stopped_early"] = str(exc) or type(exc).__name__
-        print(f"run stopped early: {figures['stopped_early']}", flush=True)
-    finally:
-        writer.stop()
-    try:
+        except (AssertionError, KeyboardInterrupt) as exc:
+            figures["stopped_early"] = str(exc) or type(exc).__name__
+            print(f"run stopped early: {figures['stopped_early']}", flush=True)
+        finally:
+            writer.stop()
         total = len(writer.ends)
         wait_for(lambda: len(follower.seen) >= total, 120, f"all {total:,} lines published")
     finally:
