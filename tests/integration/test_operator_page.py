@@ -103,6 +103,12 @@ def test_the_page_follows_a_kill_and_its_restore_button_starts_a_dag_run(
                 30,
                 f"the page to name {active} active",
             )
+            # Payments' two publisher adapters (the test stack runs them, tests/conftest.py):
+            # a row each, one active, as their status nodes say.
+            rows = frame.locator("tr[data-adapter]")
+            wait_for(lambda: rows.count() == 2, 30, "the page's publisher adapters table")
+            roles = sorted(rows.nth(i).get_attribute("data-role") or "" for i in range(2))
+            assert roles == ["active", "standby"], roles
             # The latency chart has points, and moves: a newer bucket's between two polls.
             box = frame.locator(f'[data-timeline="{settings.pipeline}"]')
             first = wait_for(
