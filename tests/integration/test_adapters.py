@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,22 @@ def _adapter(pipeline: Pipeline, name: str, source: Path | str) -> subprocess.Po
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+
+
+def _stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each adapter still running (thawed first: a zombie test's may be
+    stopped), then each awaited; killed after 20 s."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def _active(pipeline: Pipeline, names: list[str]) -> str | None:
@@ -196,14 +213,7 @@ def test_kill_9_of_the_active_publisher_every_line_once_in_file_order(
         records = _inbound(pipeline)
     finally:
         stop.set()
-        for proc in adapters.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in adapters.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(adapters.values())
     by_seq = sorted(records, key=lambda r: r.seq)
     assert [r.n for r in by_seq] == list(range(total))  # each line once, in file order
     assert [r.seq for r in by_seq] == list(range(1, total + 1))
@@ -272,14 +282,7 @@ def test_a_zombie_publisher_cannot_write_once_another_has_taken_over(
         wait_for(lambda: len(_inbound(pipeline)) > total, 30, "the next line published")
         records = _inbound(pipeline)
     finally:
-        for proc in adapters.values():
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.send_signal(signal.SIGTERM)
-        for proc in adapters.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(adapters.values())
     by_seq = sorted(records, key=lambda r: r.seq)
     assert [r.n for r in by_seq] == list(range(total + 1))
     late = [r for r in by_seq if r.publisher == zombie and r.at_ms >= stopped_at * 1000]
@@ -363,11 +366,7 @@ def test_a_file_subscriber_killed_twice_under_load_holds_every_output_once(
 
         wait_for(lambda: len(lines()) >= len(committed), 60, "every committed record in the file")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop([proc])
     got = [(int(x["partition"]), int(x["offset"])) for x in lines()]
     assert sorted(got) == sorted(committed)  # every committed record once, no aborted one
     for p in range(3):
@@ -416,11 +415,5 @@ def test_an_http_client_that_retries_after_a_timeout_does_not_duplicate_a_record
         assert answers == [200]
         records = _inbound(pipeline)
     finally:
-        for proc in adapters.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc in adapters.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(adapters.values())
     assert sorted(r.n for r in records) == list(range(5_000))
