@@ -57,6 +57,10 @@ def test_no_entry_or_count_0_runs_none(tmp_path):
         ('publishers = "in.jsonl"', "a table with a source"),
         ('publishers = { source = "in", count = 10 }', "count is a whole number from 0"),
         ('publishers = { source = "in", cuont = 2 }', "'cuont' is none of its keys"),
+        (
+            'publishers = { source = "http://0.0.0.0:8800", count = 2 }',
+            "2 adapters cannot all listen: give count = 1",
+        ),
     ],
 )
 def test_a_wrong_entry_is_refused_with_its_form(tmp_path, publishers, said):

@@ -70,6 +70,14 @@ def _publishers(path: Path, name: str, given: object) -> Publishers | None:
     count = given.get("count", 2)
     if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 9:
         raise SettingsError(fix + "count is a whole number from 0 (none) to 9")
+    if given["source"].strip().startswith("http://") and count > 1:
+        # `make up` runs a pipeline's adapters on this one machine: the second could not
+        # listen on the first one's port, and supervisord would restart it for ever.
+        raise SettingsError(
+            fix + f"an HTTP source is one port of one machine, where {count} adapters "
+            "cannot all listen: give count = 1 here, and run the others on other machines "
+            "(`twinstream publish --pipeline ... --source http://0.0.0.0:PORT --id ...`)"
+        )
     pattern = given.get("pattern", "*.jsonl")
     if not isinstance(pattern, str):
         raise SettingsError(fix + "pattern is a glob of a folder's files")
