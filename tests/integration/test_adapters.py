@@ -311,7 +311,8 @@ def test_a_file_subscriber_killed_twice_under_load_holds_every_output_once(
 
     def load() -> None:
         n = 0
-        for txn in range(160):
+        # ~80 transactions, ~10 s: room for two kills 2 s apart and the restarts.
+        for txn in range(80):
             producer.begin_transaction()
             batch: list[tuple[int, int]] = []
 

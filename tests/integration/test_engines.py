@@ -117,9 +117,12 @@ def foreign_fences(engine: EngineProcess) -> float:
     raise AssertionError("no twinstream_foreign_fences_total in /metrics")
 
 
+@pytest.mark.chaos_only
 def test_takeover_by_a_standby_behind_the_active_is_gapless(pipeline: Pipeline):
     """The standby lags the active: it publishes nothing it has not yet recomputed. (A
-    standby ahead of the active: the next test.)"""
+    standby ahead of the active: the next test.) `make chaos` only (72 s of `make test`):
+    in `make test` a standby a batch or two behind under load takes over in this module's
+    zombie test, test_pipelines, test_keyed, test_partitions and the chaos suite's kill."""
     warm = {"TWINSTREAM_WARM_UP_RECORDS": "2000"}
     a, b = pipeline.start_pair(
         {"TWINSTREAM_TRIGGER_INTERVAL_MS": "100", **warm},
