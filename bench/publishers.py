@@ -46,7 +46,13 @@ from devkit.chaos import SupervisedEngines, audit_ranges
 from devkit.harness import inbound_ends, machine, wait_for
 from pipelines.hostmetrics.generate import reading
 from twinstream.core.election import zk_client
-from twinstream.edge.publisher import PUBLISHER_HEADER, SEQ_HEADER, SOURCE_HEADER, StatusBoard
+from twinstream.edge.publisher import (
+    PUBLISHER_HEADER,
+    SEQ_HEADER,
+    SOURCE_HEADER,
+    StatusBoard,
+    text_headers,
+)
 from twinstream.edge.sources import Position
 from twinstream.platform import registry
 from twinstream.platform.kafka import connection
@@ -124,11 +130,7 @@ class Follower(threading.Thread):
                         if error.code() != KafkaError._PARTITION_EOF:
                             print(f"  inbound reader: {error}", flush=True)
                         continue
-                    headers: dict[str, str] = {}
-                    for pair in msg.headers() or ():
-                        key, value = pair[0], pair[1]
-                        if isinstance(value, bytes):
-                            headers[str(key)] = value.decode()
+                    headers = text_headers(msg.headers())
                     if SEQ_HEADER not in headers:
                         self.foreign += 1
                         continue

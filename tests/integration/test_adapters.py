@@ -22,7 +22,13 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from devkit.harness import Pipeline, coverage, ranges, wait_for
 from twinstream.core.election import zk_client
-from twinstream.edge.publisher import PUBLISHER_HEADER, SEQ_HEADER, SOURCE_HEADER, StatusBoard
+from twinstream.edge.publisher import (
+    PUBLISHER_HEADER,
+    SEQ_HEADER,
+    SOURCE_HEADER,
+    StatusBoard,
+    text_headers,
+)
 from twinstream.edge.sources import Position
 from twinstream.platform.kafka import connection, partition_ends
 
@@ -61,11 +67,7 @@ def _inbound(pipeline: Pipeline) -> list[Published]:
                 assert error.code() == KafkaError._PARTITION_EOF, error
                 open_.discard(msg.partition())
                 continue
-            headers: dict[str, str] = {}
-            for pair in msg.headers() or ():
-                key, value = pair[0], pair[1]
-                if isinstance(value, bytes):
-                    headers[str(key)] = value.decode()
+            headers = text_headers(msg.headers())
             out.append(
                 Published(
                     n=_line_number(json.loads(msg.value() or b"{}")),

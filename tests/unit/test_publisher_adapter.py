@@ -121,6 +121,22 @@ def ns(cluster: Cluster) -> list[int]:
     return [json.loads(v)["n"] for v, _k, _h in cluster.committed]
 
 
+def dies_at_third_commit(publisher: PublisherAdapter) -> None:
+    """The adapter's kill -9: its third batch never commits, and it leads no more."""
+    real_commit = publisher._commit
+    commits: list[int] = []
+
+    def commit_then_die() -> None:
+        commits.append(1)
+        if len(commits) == 3:
+            publisher._leading.clear()
+            publisher._batch.clear()
+            raise RuntimeError("killed")
+        real_commit()
+
+    publisher._commit = commit_then_die  # type: ignore[method-assign]
+
+
 def test_the_active_follows_a_growing_file_each_line_once_in_order(tmp_path):
     path = tmp_path / "in.jsonl"
     write_lines(path, 0, 30)
@@ -156,18 +172,7 @@ def test_a_new_active_resumes_right_after_the_last_committed_line(tmp_path):
         me._leading.clear()
 
     first = adapter("p1", path, cluster, die, max_batch=30)
-    real_commit = first._commit
-    commits = []
-
-    def commit_then_die() -> None:
-        commits.append(1)
-        if len(commits) == 3:  # the kill -9: its third batch never commits
-            first._leading.clear()
-            first._batch.clear()
-            raise RuntimeError("killed")
-        real_commit()
-
-    first._commit = commit_then_die  # type: ignore[method-assign]
+    dies_at_third_commit(first)
     lead(first, epoch=1)
     assert ns(cluster) == list(range(60))
 

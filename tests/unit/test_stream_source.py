@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.unit.test_publisher_adapter import TOPICS, Cluster
+from tests.unit.test_publisher_adapter import TOPICS, Cluster, dies_at_third_commit
 from twinstream.edge.publisher import SEQ_HEADER, SOURCE_HEADER, PublisherAdapter, Status
 from twinstream.edge.sources import (
     STDIN,
@@ -240,18 +240,7 @@ def test_a_new_active_fed_the_same_stream_resumes_right_after_the_last_committed
     data = lines_of(40)
     cluster = Cluster()
     first = stdin_adapter("s1", read_all(data), cluster, max_batch=10)
-    real_commit = first._commit
-    commits: list[int] = []
-
-    def commit_then_die() -> None:
-        commits.append(1)
-        if len(commits) == 3:  # the kill -9: its third batch never commits
-            first._leading.clear()
-            first._batch.clear()
-            raise RuntimeError("killed")
-        real_commit()
-
-    first._commit = commit_then_die  # type: ignore[method-assign]
+    dies_at_third_commit(first)
     first._leading.set()
     first.publish(1)
     assert ns(cluster) == list(range(20))

@@ -80,6 +80,12 @@ class ResumePoint:
     seq: int = 0
 
 
+def text_headers(headers: Any) -> dict[str, str]:
+    """A record's headers that hold a value, as text (the adapters' `seq`, `source` and
+    `publisher` among them)."""
+    return {str(key): bytes(value).decode() for key, value in headers or () if value is not None}
+
+
 def _header(headers: Any, name: str) -> str | None:
     for key, value in headers or ():
         if key == name and value is not None:

@@ -111,6 +111,8 @@ class Engine:
         # Failures of the query: the quarantine search, the backoff (twinstream.engine.recovery).
         self.recovery = Recovery(settings, engine_id, self.quarantine)
         self._quarantine_seen: tuple[float, dict[int, str]] = (0.0, {})
+        # The last batch's id and end offsets (_with_offsets_without_records).
+        self._batch_ends: tuple[int, dict[int, int] | None] = (-2, None)
         # Serialises start, stop, persist and restore; status reads never wait for it.
         self._lock = threading.RLock()
         self._spark: SparkSession | None = None
@@ -676,9 +678,14 @@ class Engine:
         checkpoint = self.settings.checkpoint_dir(self.engine_id)
         topic = self.settings.inbound_topic
         ends = batch_end(checkpoint, batch_id, topic)
-        starts = batch_start(checkpoint, batch_id, topic)
+        # The batch before's end, as this engine read it last batch: one read of the log a
+        # batch, not two (a batch planned again after a rewind or a narrowing has another
+        # id before it than the one remembered, and reads it).
+        before, before_ends = self._batch_ends
+        starts = before_ends if before == batch_id - 1 else batch_start(checkpoint, batch_id, topic)
         if ends is None or starts is None:
             return rows
+        self._batch_ends = (batch_id, ends)
         return with_offsets_without_records(rows, starts, ends)
 
     # -- election callbacks -------------------------------------------------------------
