@@ -154,6 +154,8 @@ class PipelineInfo(BaseModel):
     buffer_fills: dict[int, int] = Field(default_factory=dict)
     # None until the engine has sampled its lag over a whole window (a minute after start).
     lag_trend: LagTrend | None = None
+    # Whether this engine's rows equal the active's published ones (a standby's check).
+    agreement: AgreementInfo = Field(default_factory=lambda: AgreementInfo())
 
     def buffer_text(self) -> str:
         return buffer_text(self.buffer_fills, self.buffer_fill, self.buffer_size)
@@ -199,6 +201,59 @@ class BufferedRow(BaseModel):
     key: str | None
     value: str
     partition: int = 0
+
+
+class Difference(BaseModel):
+    """The first msg_id where a standby's rows differ from what the active published for
+    it: the active's transaction it lies in (`first`..`last` of `partition`, at `epoch`),
+    and both sides' rows of that msg_id (none: a record without output)."""
+
+    partition: int
+    msg_id: int
+    first: int
+    last: int
+    epoch: int | None = None
+    active_rows: list[BufferedRow] = Field(default_factory=list)
+    engine_rows: list[BufferedRow] = Field(default_factory=list)
+    # When this engine found it (ISO 8601, UTC).
+    found_at: str = ""
+
+    def text(self) -> str:
+        where = f"{self.partition}:{self.msg_id}" if self.partition else str(self.msg_id)
+        span = (
+            f"{self.partition}:{self.first}..{self.last}"
+            if self.partition
+            else f"{self.first}..{self.last}"
+        )
+        return f"msg_id {where} (the active's transaction of msg_id {span}, epoch {self.epoch})"
+
+
+class AgreementInfo(BaseModel):
+    """Whether this engine's output rows equal the active's published ones
+    (twinstream.core.agreement): each transaction's progress record carries a digest of its
+    rows, and a standby compares it with the digest of its own rows of the same range.
+
+    `state`: `agrees` (every range compared so far was equal), `disagrees` (one was not:
+    `difference` names its first msg_id; sticky until the engine is restored or
+    overridden), `unchecked` (nothing compared yet: a new standby, or the active, whose
+    rows are the published ones)."""
+
+    state: str = "unchecked"
+    # Per partition: the last msg_id of the newest range compared and equal.
+    checked: dict[int, int] = Field(default_factory=dict)
+    # Ranges compared equal, and ranges this engine could not compare (it no longer held
+    # their rows, or never did: a restore, a restart).
+    ranges_agreed: int = 0
+    ranges_unchecked: int = 0
+    difference: Difference | None = None
+    # An operator let this engine lead although it disagrees (POST /pipeline/override).
+    overridden: bool = False
+
+    @property
+    def eligible(self) -> bool:
+        """Whether the engine may win the election: not while it disagrees, unless
+        overridden."""
+        return self.state != "disagrees" or self.overridden
 
 
 class TimelinePoint(BaseModel):

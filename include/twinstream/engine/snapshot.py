@@ -43,6 +43,10 @@ class SnapshotError(Exception):
     """A snapshot that must not be used, or an operation that cannot be done; says why."""
 
 
+# The snapshot selector of the newest snapshot that proves good (Manifest.proven).
+PROVEN = "proven"
+
+
 class Manifest(BaseModel):
     snapshot_id: str
     pipeline: str
@@ -62,6 +66,17 @@ class Manifest(BaseModel):
     # How the checkpoint keeps the pipeline's state (`Pipeline.state_layout`): a checkpoint
     # resumes only the plan that wrote it. Snapshots from before Keyed state had none.
     state_layout: str = "transform"
+    # The persisting engine's agreement with the active when it persisted
+    # (twinstream.core.agreement): "agrees" (the ranges it had compared, up to
+    # `agreed_through` per partition, were all equal to the published ones), "disagrees",
+    # or "unchecked" (nothing compared yet; every snapshot from before agreement existed).
+    # Only an "agrees" snapshot proves good: `choose(..., "proven")`.
+    agreement: str = "unchecked"
+    agreed_through: dict[int, int] = {}
+
+    @property
+    def proven(self) -> bool:
+        return self.agreement == "agrees"
 
     def positions(self) -> dict[int, int]:
         """The inbound offset the restored query reads first, per partition."""
@@ -320,20 +335,28 @@ def list_snapshots(
 def choose(
     snapshot_dir: Location, pipeline: str, requested: str, layout: str | None = None
 ) -> Manifest:
-    """`latest` (the newest snapshot that verifies, skipping damaged ones with a warning) or
-    a snapshot id (refused with the reason when it does not verify)."""
-    if requested == "latest":
+    """`latest` (the newest snapshot that verifies, skipping damaged ones with a warning),
+    `proven` (the newest that verifies and was taken by an engine that agreed with the
+    active then: `Manifest.proven`) or a snapshot id (refused with the reason when it does
+    not verify)."""
+    if requested in ("latest", PROVEN):
         problem = ""
         for info in list_snapshots(snapshot_dir, pipeline, layout):
-            if info.manifest is not None:
+            if info.manifest is not None and (requested == "latest" or info.manifest.proven):
                 return info.manifest
+            if info.manifest is not None:
+                problem = problem or (
+                    f"{info.snapshot_id} was taken by an engine whose agreement with the "
+                    f"active was {info.manifest.agreement!r}"
+                )
+                continue
             problem = info.problem or ""
             log.warning(
                 "pipeline %s: skipping snapshot %s: %s", pipeline, info.snapshot_id, info.problem
             )
         raise SnapshotError(
-            f"no valid snapshot of pipeline {pipeline} in {snapshot_dir}"
-            + (f" (the newest: {problem})" if problem else "")
+            f"no {'proven' if requested == PROVEN else 'valid'} snapshot of pipeline "
+            f"{pipeline} in {snapshot_dir}" + (f" (the newest: {problem})" if problem else "")
         )
     if "/" in requested or requested in ("", ".", ".."):
         raise SnapshotError(f"{requested!r} is not a snapshot id")
