@@ -628,7 +628,7 @@ def test_engines_have_their_own_state_and_share_the_snapshots(config, services):
         assert env["TWINSTREAM_STATE_DIR"] == "/opt/twinstream/state"
         # The engine's own folder of the state, where a cluster's worker mounts it too.
         engine_id = name.removeprefix("engine-")
-        state_volumes.append(named[f"/opt/twinstream/engine/state/engines/{engine_id}"])
+        state_volumes.append(named[f"/opt/twinstream/state/engines/{engine_id}"])
         assert named["/opt/twinstream/snapshots"] == "snapshots"
     assert state_volumes == [f"{name}-state" for name in ENGINES]
     assert set(state_volumes) <= set(config["volumes"])
@@ -868,7 +868,7 @@ def test_the_spark_cluster_profile_runs_a_master_and_a_worker_for_the_engines(co
         engine_mounts = {
             v["target"]: v["source"] for v in services[name]["volumes"] if v["type"] == "volume"
         }
-        target = f"/opt/twinstream/engine/state/engines/{name.removeprefix('engine-')}"
+        target = f"/opt/twinstream/state/engines/{name.removeprefix('engine-')}"
         assert mounts[target] == engine_mounts[target] == f"{name}-state"
 
 
@@ -1190,3 +1190,43 @@ def test_a_compose_file_without_a_blocks_markers_is_refused_by_name(tmp_path):
     text = COMPOSE_FILE.read_text().replace("# <<< engine volumes", "# (gone)")
     with pytest.raises(stack_compose.ComposeFileError, match="# <<< engine volumes"):
         stack_compose.with_engines(text, stack_compose.compose_pipelines())
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, str]:
+    """A service's named volumes: target -> volume."""
+    return {v["target"]: v["source"] for v in service["volumes"] if v["type"] == "volume"}
+
+
+def _settings_of(service: dict[str, Any], monkeypatch) -> Settings:
+    for key, value in {**dockerfile_env(), **service["environment"]}.items():
+        if key.startswith("TWINSTREAM_"):
+            monkeypatch.setenv(key, value)
+    return load_settings()
+
+
+def test_every_volume_of_state_is_mounted_where_the_settings_look_for_it(
+    compose_binary, monkeypatch, no_twinstream_env
+):
+    """An engine's checkpoint is on its own volume (not in the container, lost with it),
+    kafka-init finds the brokers' certificate kafka-tls made, the Spark worker works on its
+    volume: each where the service's own settings (TWINSTREAM_STATE_DIR) put it."""
+    result = run_compose(compose_binary, "--profile", "spark-cluster", "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    for name in ENGINES:
+        engine_id = name.removeprefix("engine-")
+        settings = _settings_of(services[name], monkeypatch)
+        mounts = _mounts(services[name])
+        folder = str(PurePosixPath(settings.engine_dir(engine_id)))
+        assert mounts.get(folder) == f"{name}-state", (folder, mounts)
+        assert PurePosixPath(settings.checkpoint_uri(engine_id)).is_relative_to(folder)
+    init = services["kafka-init"]
+    tls_dir = str(PurePosixPath(_settings_of(init, monkeypatch).tls_dir))
+    assert _mounts(init).get(tls_dir) == "kafka-tls", (tls_dir, _mounts(init))
+    made = services["kafka-tls"]
+    assert made["command"][-2] in _mounts(made)
+    assert _mounts(made)[made["command"][-2]] == "kafka-tls"
+    worker = services["spark-worker"]
+    state = str(PurePosixPath(_settings_of(worker, monkeypatch).state_dir))
+    # The worker's --work-dir (twinstream.stack.render.spark_standalone).
+    assert _mounts(worker).get(f"{state}/spark") == "spark-work", _mounts(worker)

@@ -146,7 +146,7 @@ COMPOSE_PIPELINES_FILE = REPO_ROOT / "pipelines.toml"
 RENDER_COMMAND = "python -m twinstream.stack.compose engines"
 # An engine's own state volume, where the engine and the Spark worker (whose executors
 # write the state store under the engine's checkpoint) both mount it.
-ENGINE_STATE = "/opt/twinstream/engine/state/engines"
+ENGINE_STATE = "/opt/twinstream/state/engines"
 BIND = "${TWINSTREAM_BIND_HOST:-127.0.0.1}"
 # As everywhere else in the file: compose refuses to start without the token.
 ADMIN_TOKEN = (
