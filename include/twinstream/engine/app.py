@@ -708,9 +708,9 @@ class Engine:
         self.recovery.batch_passed()
         collected = time.perf_counter()
         published = self.gate.on_batch(batch_id, rows)
-        self.batch_timings.sink(
-            1000 * (collected - started), 1000 * (time.perf_counter() - collected)
-        )
+        done = time.perf_counter()
+        self.batch_timings.sink(1000 * (collected - started), 1000 * (done - collected))
+        self.meters.batch(done - started)
         log.debug(
             "engine %s pipeline %s: batch %s, %s rows, %s published, msg_id %s..%s",
             self.engine_id,

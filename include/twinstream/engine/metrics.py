@@ -122,10 +122,18 @@ class EngineMetrics(Metrics):
             "twinstream_disagreement_msg_id",
             "The first msg_id where this engine's rows differ from the published ones (-1: none)",
         )
+        self._batch_seconds = self._counter(
+            "twinstream_batch_seconds",
+            "Seconds the query's batches spent in the engine's sink (the batch's Spark job, "
+            "its rows' transfer and the gate): what the agreement check's cost is measured against",
+        )
         self._digest_seconds = self._gauge(
             "twinstream_digest_seconds",
             "Seconds spent digesting output rows for the agreement check, since the start",
         )
+
+    def batch(self, seconds: float) -> None:
+        self._batch_seconds.inc(seconds)
 
     def processed(self, rows: int) -> None:
         self._processed.inc(rows)

@@ -1,0 +1,141 @@
+"""Replicas that prove they agree (issue 38): a standby compares its rows with the active's
+published ones, range by range (twinstream.core.agreement). The pipeline is
+pipelines/skewed.py: every 1,000th msg_id's row carries the id of the engine that computed
+it, as a transform reading the wall clock or `random` would differ."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from devkit.harness import EngineProcess, Pipeline, coverage, ranges, wait_for
+from pipelines.skewed import EVERY
+from tests.integration.engines import assert_exactly_once_and_as_reference
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
+
+LOAD = 2_500
+RATE = 500
+
+
+def published(engine: EngineProcess) -> int:
+    value = engine.get("/pipeline")["last_msg_id_published"]
+    return -1 if value is None else int(value)
+
+
+def agreeing(engine: EngineProcess) -> dict[str, Any] | None:
+    info: dict[str, Any] = engine.get("/pipeline")["agreement"]
+    return info if info["state"] == "agrees" else None
+
+
+def test_a_standby_that_computes_other_rows_says_where_and_never_leads(stack_env, tmp_path):
+    """The standby reports its disagreement at the first skewed msg_id, with both rows,
+    within seconds of the active publishing it; kill -9 of the active then leaves the
+    pipeline without an active rather than let the disagreeing standby lead, until an
+    operator overrides it: then it takes over and every offset is published once."""
+    pipeline = Pipeline(stack_env, tmp_path, module="pipelines.skewed")
+    try:
+        active, standby = pipeline.start_pair()
+        first = pipeline.produced
+        skewed = first + (EVERY - 1 - first % EVERY) % EVERY
+        load = pipeline.load(LOAD, rate=RATE)
+
+        wait_for(lambda: published(active) >= skewed, 60, f"msg_id {skewed} published")
+        seen_published = time.monotonic()
+
+        def disagreement():
+            info = standby.get("/pipeline")["agreement"]
+            return info if info["state"] == "disagrees" else None
+
+        agreement = wait_for(disagreement, 30, "the standby reporting its disagreement", 0.2)
+        reported_s = time.monotonic() - seen_published
+        print(f"disagreement at msg_id {skewed} reported {reported_s:.1f} s after its publish")
+        assert reported_s < 10, reported_s
+        found = agreement["difference"]
+        assert found["msg_id"] == skewed, found
+        assert found["first"] <= skewed <= found["last"], found
+        assert [json.loads(r["value"])["engine"] for r in found["active_rows"]] == [
+            active.engine_id
+        ]
+        assert [json.loads(r["value"])["engine"] for r in found["engine_rows"]] == [
+            standby.engine_id
+        ]
+        # Before it, the ranges agreed (the rows equal but every 1,000th).
+        assert agreement["ranges_agreed"] >= 1, agreement
+        metrics = standby.get_text("/metrics")
+        assert f'twinstream_disagreement_msg_id{{engine="{standby.engine_id}"' in metrics
+        assert "twinstream_eligible{" in metrics
+
+        # kill -9 of the active: the disagreeing standby wins the lock and gives it up.
+        active.kill9()
+        wait_for(
+            lambda: "not eligible to lead" in standby.log_path.read_text(),
+            30,
+            "the standby refusing to lead",
+        )
+        assert standby.role() == "standby"
+        assert standby.get("/pipeline")["takeovers"] == []
+        assert pipeline.active() is None
+
+        # The operator decides the standby's rows are good enough: it leads, from the
+        # active's last published msg_id on.
+        overridden = standby.post("/pipeline/override")
+        assert overridden.status_code == 200, overridden.text
+        assert overridden.json()["agreement"]["overridden"] is True
+        wait_for(lambda: standby.role() == "active", 30, "the overridden standby active")
+        pipeline.join_load(load)
+        pipeline.wait_published(pipeline.produced - 1)
+        missing, duplicated = coverage(pipeline.progress(), pipeline.produced)
+        assert ranges(missing) == []
+        assert ranges(duplicated) == []
+    finally:
+        pipeline.discard()
+
+
+def test_three_engines_two_kills_exactly_once_and_every_engine_agreeing_after(stack_env, tmp_path):
+    """1 + 2: kill -9 of the active under load, then of the new active: the third engine
+    publishes, every msg_id once and as the reference computes it. The two killed engines
+    come back (as supervisord restarts them) from their checkpoints, catch up, and every
+    engine agrees with the published output again."""
+    pipeline = Pipeline(stack_env, tmp_path, engine_ids=("a", "b", "c"))
+    try:
+        engines = [pipeline.start(e) for e in ("a", "b", "c")]
+        pipeline.wait_running(*engines)
+        first = wait_for(pipeline.active, 90, "one engine active")
+        pipeline.warm_up(*engines)
+        load = pipeline.load(8_000, rate=RATE)
+        killed = []
+        for _ in range(2):
+            active = wait_for(pipeline.active, 30, "an active")
+            target = published(active) + 1_000
+            wait_for(
+                lambda a=active, t=target: published(a) >= t,  # type: ignore[misc]
+                60,
+                f"engine {active.engine_id} publishing",
+            )
+            active.kill9()
+            killed.append(active)
+        survivor = wait_for(pipeline.active, 30, "the third engine active")
+        assert survivor not in killed
+        assert killed[0] is first
+        back = [pipeline.start(e.engine_id) for e in killed]
+        pipeline.wait_running(*back)
+        pipeline.join_load(load)
+        pipeline.wait_published(pipeline.produced - 1, timeout_s=180)
+        pipeline.wait_caught_up(*back, timeout_s=180)
+        # Ranges published while every engine runs: each standby compares them.
+        pipeline.join_load(pipeline.load(1_000, rate=0))
+        pipeline.wait_published(pipeline.produced - 1)
+        for engine in [survivor, *back]:
+            agreement = wait_for(
+                lambda e=engine: agreeing(e),  # type: ignore[misc]
+                60,
+                f"engine {engine.engine_id} agreeing",
+            )
+            assert agreement["difference"] is None, agreement
+        assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
+    finally:
+        pipeline.discard()
