@@ -36,6 +36,8 @@ def test_the_restore_form_accepts_good_input_and_rejects_a_bad_engine(dags):
     assert ok["engine"] == "a"
     assert ok["snapshot"] == "cold"
     assert _form(dag, snapshot="20261122T031500.123456Z-b-b42")["snapshot"].endswith("b42")
+    # What watch_engines asks for (operate.restore_conf).
+    assert _form(dag, snapshot="proven")["snapshot"] == "proven"
     with pytest.raises(ParamValidationError, match="engine"):
         _form(dag, engine="zzz")
     with pytest.raises(ParamValidationError, match="snapshot"):
