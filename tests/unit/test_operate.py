@@ -578,6 +578,27 @@ def test_watch_engines_asks_for_the_proven_snapshot():
     assert operate.restore_conf("b") == {"engine": "b", "snapshot": "proven"}
 
 
+def test_the_agreement_check_fails_naming_the_range_and_logs_an_unreachable_engine(caplog):
+    views = [view("a", role="active"), view("b", agreement=AgreementInfo(state="agrees")), DOWN]
+    with caplog.at_level("INFO"):
+        summary = operate.agreement_verdict(PIPELINE, views)
+    assert summary == (
+        "pipeline hostmetrics: no engine disagrees with the published output (a unchecked, "
+        "b agrees)"
+    )
+    assert "engine b of pipeline hostmetrics: agreement not known, it does not answer" in (
+        caplog.text
+    )
+    with pytest.raises(OperateError) as failed:
+        operate.agreement_verdict(PIPELINE, [view("a", role="active"), disagreeing("c"), DOWN])
+    assert str(failed.value) == (
+        "engine c disagrees with the published output at msg_id 1000 (the active's transaction "
+        'of msg_id 950..1040, epoch 3): active rows [out key=h1 value={"avg": 0.5}], engine '
+        'rows [out key=h1 value={"avg": 0.7}], found at 2026-11-28T02:00:00+00:00; restore it '
+        "(restore_and_resync, snapshot proven) or override (POST /pipeline/override)"
+    )
+
+
 # -- the admin API client -----------------------------------------------------------------
 
 

@@ -478,6 +478,36 @@ def check_buffer(engine: EngineApi, settings: Settings, last: int) -> Comparison
     return result
 
 
+# -- audit_output_topic: agreement -------------------------------------------------------
+
+
+def agreement_verdict(pipeline: str, views: Sequence[EngineView]) -> str:
+    """Whether every engine of `pipeline` that answers agrees with the published output (or
+    has not compared yet): OperateError naming each disagreement's msg_id, the active's
+    transaction it lies in and both sides' rows, else a one-line summary. An engine that
+    does not answer is logged, not a failure: watch_engines restores one that stays down."""
+    for view in views:
+        if view.problem is not None:
+            log.info(
+                "engine %s of pipeline %s: agreement not known, it does not answer (%s); "
+                "watch_engines restores an engine that stays down",
+                view.engine_id,
+                pipeline,
+                view.problem,
+            )
+    found = [text for v in views if (text := v.disagreement()) is not None]
+    if found:
+        raise OperateError("; ".join(found))
+    answered = [v for v in views if v.problem is None]
+    summary = (
+        f"pipeline {pipeline}: no engine disagrees with the published output ("
+        + (", ".join(f"{v.engine_id} {v.agreement_text()}" for v in answered) or "none answers")
+        + ")"
+    )
+    log.info("%s", summary)
+    return summary
+
+
 # -- watch_engines ----------------------------------------------------------------------
 
 
