@@ -43,7 +43,7 @@ RUN set -eux; \
     # Engine state and the snapshots volume: the named volume copies this folder's owner, so
     # the airflow user (uid 50000, gid 0) can write there.
     mkdir -p /opt/twinstream/state /opt/twinstream/snapshots /opt/twinstream/src \
-      /opt/twinstream/engine/state/tls /opt/twinstream/kafka-ca /opt/twinstream/kafka-credentials; \
+      /opt/twinstream/state/tls /opt/twinstream/kafka-ca /opt/twinstream/kafka-credentials; \
     chown -R airflow:0 /opt/twinstream; \
     chmod -R g+rwX /opt/twinstream
 ENV JAVA_HOME=/usr/lib/jvm/twinstream-java

@@ -28,6 +28,7 @@ def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> engine_module.Eng
         "InboundWatermarks",
         "LastPublishedReader",
         "KafkaPublisher",
+        "ProgressFollower",
         "Election",
         "ArrivalSampler",
     ):

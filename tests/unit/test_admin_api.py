@@ -103,6 +103,9 @@ class FakeEngine:
             snapshot=snapshot, next_offset=70, log_start_offset=0, pipeline=self.pipeline()
         )
 
+    def override(self) -> PipelineInfo:
+        raise Conflict("this engine does not disagree with the active: nothing to override")
+
     def buffer(self, last: int) -> list[BufferedRow]:
         rows = [BufferedRow(msg_id=i, kind="out", key="h", value="{}") for i in range(60, 70)]
         return rows[-last:]

@@ -20,6 +20,7 @@ import pytest
 
 from twinstream.platform import registry
 from twinstream.platform.settings import Settings, load_settings
+from twinstream.stack import compose as stack_compose
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yaml"
@@ -627,7 +628,7 @@ def test_engines_have_their_own_state_and_share_the_snapshots(config, services):
         assert env["TWINSTREAM_STATE_DIR"] == "/opt/twinstream/state"
         # The engine's own folder of the state, where a cluster's worker mounts it too.
         engine_id = name.removeprefix("engine-")
-        state_volumes.append(named[f"/opt/twinstream/engine/state/engines/{engine_id}"])
+        state_volumes.append(named[f"/opt/twinstream/state/engines/{engine_id}"])
         assert named["/opt/twinstream/snapshots"] == "snapshots"
     assert state_volumes == [f"{name}-state" for name in ENGINES]
     assert set(state_volumes) <= set(config["volumes"])
@@ -867,7 +868,7 @@ def test_the_spark_cluster_profile_runs_a_master_and_a_worker_for_the_engines(co
         engine_mounts = {
             v["target"]: v["source"] for v in services[name]["volumes"] if v["type"] == "volume"
         }
-        target = f"/opt/twinstream/engine/state/engines/{name.removeprefix('engine-')}"
+        target = f"/opt/twinstream/state/engines/{name.removeprefix('engine-')}"
         assert mounts[target] == engine_mounts[target] == f"{name}-state"
 
 
@@ -1023,3 +1024,209 @@ def test_settings_inside_a_publisher_container_reach_kafka_zookeeper_and_the_pip
     assert settings.inbound_topic == "hostmetrics.in"
     assert settings.kafka_role == "publisher"
     assert settings.secret("admin_token") == service["environment"]["TWINSTREAM_ADMIN_TOKEN"]
+
+
+# -- N engines per pipeline: the engines' blocks are rendered from pipelines.toml ------------
+
+
+def test_the_compose_file_runs_the_engines_the_pipelines_file_names():
+    """Every engine's service, volume, Airflow connection and Spark worker mount is what
+    `python -m twinstream.stack.compose engines` renders from pipelines.toml: a pipeline's
+    engines changed there without rendering fail here."""
+    text = COMPOSE_FILE.read_text()
+    rendered = stack_compose.with_engines(text, stack_compose.compose_pipelines())
+    assert rendered == text, (
+        f"docker-compose.yaml does not follow pipelines.toml: run `{stack_compose.RENDER_COMMAND}`"
+    )
+
+
+# payments with a third engine, e: 1 active + 2 hot standbys.
+THREE = {"c": 8703, "d": 8704, "e": 8705}
+
+
+@pytest.fixture
+def three_engines(compose_binary, tmp_path, no_twinstream_env):
+    """pipelines.toml with payments on engines c, d, e, the compose file rendered for it
+    and read back by `docker-compose config` (with the Spark worker's profile)."""
+    text = (REPO / "pipelines.toml").read_text()
+    two = 'engines = ["c", "d"]\nadmin_ports = [8703, 8704]\n'
+    assert two in text
+    pipelines_file = tmp_path / "pipelines.toml"
+    pipelines_file.write_text(
+        text.replace(two, 'engines = ["c", "d", "e"]\nadmin_ports = [8703, 8704, 8705]\n')
+    )
+    compose_file = tmp_path / "docker-compose.yaml"
+    compose_file.write_text(COMPOSE_FILE.read_text())
+    assert "wrote the engines" in stack_compose.write_engines(compose_file, pipelines_file)
+    # Rendering again changes nothing.
+    assert "already runs" in stack_compose.write_engines(compose_file, pipelines_file)
+    result = run_compose(
+        compose_binary,
+        "--profile",
+        "spark-cluster",
+        "config",
+        "--format",
+        "json",
+        compose_file=compose_file,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "", f"compose warned:\n{result.stderr}"
+    return pipelines_file, json.loads(result.stdout)
+
+
+def test_three_engines_of_a_pipeline_are_three_services_with_their_own_ports_and_state(
+    three_engines,
+):
+    _, config = three_engines
+    services = config["services"]
+    engines = sorted(n for n in services if n.startswith("engine-"))
+    assert engines == [f"engine-{e}" for e in "abcde"]
+    ports, volumes = set(), set()
+    for engine_id, port in THREE.items():
+        service = services[f"engine-{engine_id}"]
+        assert service["command"][-2:] == ["--engine-id", engine_id]
+        assert [(p["published"], p["target"]) for p in service["ports"]] == [(str(port), port)]
+        assert service["healthcheck"]["test"][-1] == f"http://localhost:{port}/healthz"
+        assert service["restart"] == "unless-stopped"
+        assert service["depends_on"]["kafka-init"]["condition"] == (
+            "service_completed_successfully"
+        )
+        named = {v["target"]: v["source"] for v in service["volumes"] if v["type"] == "volume"}
+        target = f"{stack_compose.ENGINE_STATE}/{engine_id}"
+        assert named[target] == f"engine-{engine_id}-state"
+        assert named["/opt/twinstream/snapshots"] == "snapshots"
+        ports.add(port)
+        volumes.add(named[target])
+    assert len(ports) == len(volumes) == 3
+    assert volumes <= set(config["volumes"])
+    # The Spark worker's executors write each engine's state store where the engine reads it.
+    worker = {
+        v["target"]: v["source"]
+        for v in services["spark-worker"]["volumes"]
+        if v["type"] == "volume"
+    }
+    for engine_id in "abcde":
+        assert worker[f"{stack_compose.ENGINE_STATE}/{engine_id}"] == f"engine-{engine_id}-state"
+    # The rest of the platform is the repository's file, service for service.
+    others = {n for n in services if not n.startswith("engine-")}
+    assert others >= {"zookeeper", *BROKERS, *ONE_SHOT, "postgres", *AIRFLOW_LONG_RUNNING}
+
+
+def test_airflow_has_a_connection_to_each_of_three_engines(three_engines):
+    _, config = three_engines
+    for name in AIRFLOW_SERVICES:
+        env = config["services"][name]["environment"]
+        conns = {
+            key: json.loads(value)
+            for key, value in env.items()
+            if key.startswith("AIRFLOW_CONN_TWINSTREAM_ENGINE_")
+        }
+        assert sorted(conns) == [f"AIRFLOW_CONN_TWINSTREAM_ENGINE_{e.upper()}" for e in "abcde"]
+        for engine_id, port in THREE.items():
+            conn = conns[f"AIRFLOW_CONN_TWINSTREAM_ENGINE_{engine_id.upper()}"]
+            assert (conn["host"], conn["port"], conn["schema"]) == (
+                f"engine-{engine_id}",
+                port,
+                "http",
+            )
+            assert conn["password"] == SECRETS["TWINSTREAM_ADMIN_TOKEN"]
+
+
+def test_each_of_three_engines_finds_its_pipeline_and_a_checkpoint_of_its_own(
+    three_engines, monkeypatch
+):
+    """The settings each engine's container builds (the image's ENV, the service's
+    environment, the pipelines file it mounts): payments, its own admin URL, and a
+    checkpoint no other engine shares; Airflow's settings reach all three."""
+    pipelines_file, config = three_engines
+    services = config["services"]
+    checkpoints = set()
+    for engine_id, port in THREE.items():
+        for key, value in {
+            **dockerfile_env(),
+            **services[f"engine-{engine_id}"]["environment"],
+        }.items():
+            if key.startswith("TWINSTREAM_"):
+                monkeypatch.setenv(key, value)
+        monkeypatch.setenv("TWINSTREAM_PIPELINES_FILE", str(pipelines_file))
+        mine = registry.for_engine(load_settings(), engine_id)
+        assert (mine.pipeline, mine.engine_ids) == ("payments", list(THREE))
+        assert mine.engine_admin_url(engine_id) == f"http://engine-{engine_id}:{port}"
+        checkpoints.add(mine.checkpoint_uri(engine_id))
+    assert len(checkpoints) == 3
+    airflow = services["airflow-scheduler"]["environment"]
+    for key, value in {**dockerfile_env(), **airflow}.items():
+        if key.startswith("TWINSTREAM_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TWINSTREAM_PIPELINES_FILE", str(pipelines_file))
+    payments = registry.pipeline_settings("payments")
+    assert [payments.engine_admin_url(e) for e in payments.engine_ids] == [
+        f"http://engine-{e}:{p}" for e, p in THREE.items()
+    ]
+
+
+def test_a_pipeline_taken_out_of_the_file_takes_its_engines_out_of_compose(
+    compose_binary, tmp_path, no_twinstream_env
+):
+    pipelines_file = tmp_path / "pipelines.toml"
+    pipelines_file.write_text('[hostmetrics]\nmodule = "pipelines.hostmetrics.pipeline"\n')
+    compose_file = tmp_path / "docker-compose.yaml"
+    compose_file.write_text(COMPOSE_FILE.read_text())
+    stack_compose.write_engines(compose_file, pipelines_file)
+    result = run_compose(compose_binary, "config", "--format", "json", compose_file=compose_file)
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout)
+    assert sorted(n for n in config["services"] if n.startswith("engine-")) == [
+        "engine-a",
+        "engine-b",
+    ]
+    assert not {"engine-c-state", "engine-d-state"} & set(config["volumes"])
+    env = config["services"]["airflow-scheduler"]["environment"]
+    assert "AIRFLOW_CONN_TWINSTREAM_ENGINE_C" not in env
+    assert "AIRFLOW_CONN_TWINSTREAM_ENGINE_A" in env
+
+
+def test_a_compose_file_without_a_blocks_markers_is_refused_by_name(tmp_path):
+    text = COMPOSE_FILE.read_text().replace("# <<< engine volumes", "# (gone)")
+    with pytest.raises(stack_compose.ComposeFileError, match="# <<< engine volumes"):
+        stack_compose.with_engines(text, stack_compose.compose_pipelines())
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, str]:
+    """A service's named volumes: target -> volume."""
+    return {v["target"]: v["source"] for v in service["volumes"] if v["type"] == "volume"}
+
+
+def _settings_of(service: dict[str, Any], monkeypatch) -> Settings:
+    for key, value in {**dockerfile_env(), **service["environment"]}.items():
+        if key.startswith("TWINSTREAM_"):
+            monkeypatch.setenv(key, value)
+    return load_settings()
+
+
+def test_every_volume_of_state_is_mounted_where_the_settings_look_for_it(
+    compose_binary, monkeypatch, no_twinstream_env
+):
+    """An engine's checkpoint is on its own volume (not in the container, lost with it),
+    kafka-init finds the brokers' certificate kafka-tls made, the Spark worker works on its
+    volume: each where the service's own settings (TWINSTREAM_STATE_DIR) put it."""
+    result = run_compose(compose_binary, "--profile", "spark-cluster", "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    for name in ENGINES:
+        engine_id = name.removeprefix("engine-")
+        settings = _settings_of(services[name], monkeypatch)
+        mounts = _mounts(services[name])
+        folder = str(PurePosixPath(settings.engine_dir(engine_id)))
+        assert mounts.get(folder) == f"{name}-state", (folder, mounts)
+        assert PurePosixPath(settings.checkpoint_uri(engine_id)).is_relative_to(folder)
+    init = services["kafka-init"]
+    tls_dir = str(PurePosixPath(_settings_of(init, monkeypatch).tls_dir))
+    assert _mounts(init).get(tls_dir) == "kafka-tls", (tls_dir, _mounts(init))
+    made = services["kafka-tls"]
+    assert made["command"][-2] in _mounts(made)
+    assert _mounts(made)[made["command"][-2]] == "kafka-tls"
+    worker = services["spark-worker"]
+    state = str(PurePosixPath(_settings_of(worker, monkeypatch).state_dir))
+    # The worker's --work-dir (twinstream.stack.render.spark_standalone).
+    assert _mounts(worker).get(f"{state}/spark") == "spark-work", _mounts(worker)

@@ -81,6 +81,9 @@ class Engine:
     def buffer(self, last: int) -> list[BufferedRow]:
         raise NotImplementedError
 
+    def override(self) -> PipelineInfo:
+        raise NotImplementedError  # the drill never overrides
+
     def metrics(self) -> str:
         raise NotImplementedError
 

@@ -391,6 +391,9 @@ FAR_BEHIND = Standing(False, 250_000)
         (FAR_BEHIND, {}, None),
         # In sync with an unknown lag: nothing to compare.
         (Standing(True, None), {"b": Standing(True, 0)}, None),
+        # One that may not lead (its output disagrees with the active's) is never preferred.
+        (FAR_BEHIND, {"b": Standing(True, 0, eligible=False)}, None),
+        (FAR_BEHIND, {"b": Standing(True, 0, eligible=False), "c": Standing(True, 90)}, "c"),
     ],
 )
 def test_preferred_over(me, others, expected):
@@ -399,6 +402,10 @@ def test_preferred_over(me, others, expected):
 
 def test_standing_round_trips_and_a_damaged_node_is_ignored():
     assert Standing.from_json(FAR_BEHIND.to_json()) == FAR_BEHIND
+    ineligible = Standing(True, 3, eligible=False)
+    assert Standing.from_json(ineligible.to_json()) == ineligible
+    # An engine of the version before says nothing of it: eligible.
+    assert Standing.from_json(b'{"in_sync": true, "lag": 3}') == Standing(True, 3)
     assert Standing.from_json(b"not json") is None
     assert Standing.from_json(b'{"lag": 3}') is None
 
@@ -427,6 +434,37 @@ def test_a_winner_far_behind_hands_on_without_an_epoch_then_leads_when_nobody_ta
     election.stop()
     assert events[0] == ("elected", 1)  # one epoch: the handed-on wins took none
     assert client.runs == MAX_HAND_ONS + 1
+
+
+def test_an_engine_that_may_not_lead_stays_out_then_leads_once_it_may():
+    """Ineligible (it disagrees with the active): it takes no epoch, win or not; once it
+    may lead (restored, overridden) it enters the election and leads."""
+    FakeCounter.value = 0
+    client = FakeClient()
+    events: list[tuple[str, object]] = []
+    may_lead = threading.Event()
+    led = threading.Event()
+
+    def sleep(_seconds: float) -> None:
+        if ("elected", 1) in events:
+            led.set()
+            election.stop()
+
+    election = _election(client, events, sleep, eligible=may_lead.is_set)
+    election.start()
+    time.sleep(0.3)  # the election's thread waits out its ineligibility (polls every 0.5 s)
+    assert events == []
+    assert client.runs == 0
+    assert FakeCounter.value == 0
+    # A win it had queued for is given up before the epoch.
+    election._election = client.Election("/twinstream/p/election")
+    election._lead()
+    assert FakeCounter.value == 0
+    assert events == []
+    may_lead.set()
+    assert led.wait(5)
+    election.stop()
+    assert events[0] == ("elected", 1)
 
 
 def test_a_winner_in_sync_leads_at_once():

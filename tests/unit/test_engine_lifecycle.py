@@ -2,8 +2,13 @@
 close its clients even when Spark is already going down around it (SIGTERM reaches the
 whole process group, JVM included); a standby tracks how far the active has published."""
 
+from unittest import mock
+
 import pytest
 
+from twinstream.core.agreement import PublishedRange, digest
+from twinstream.core.rows import NONE, Output
+from twinstream.engine import app as engine_module
 from twinstream.engine.api import Conflict
 
 
@@ -37,26 +42,76 @@ def test_close_goes_on_when_the_jvm_already_stopped_the_spark_context(engine, ca
 
 
 def test_a_standby_tells_its_gate_how_far_the_active_has_published(engine):
+    """The first look reads how far the active had published (the floor); later ones follow
+    the progress topic, and the gate forgets a range's rows only once compared."""
     engine.gate.joined()
+    engine._active_position.partitions.return_value = [0, 1]
     engine._active_position.return_value = {0: 41, 1: 7}
-    engine.track_active_position(every_s=2.0)
+    engine._follower.poll.return_value = []
+    engine.track_active_position()
+    engine._follower.start.assert_called_once_with([0, 1])
     assert {p: part.published_elsewhere for p, part in engine.gate._parts.items()} == {0: 41, 1: 7}
-    engine._active_position.return_value = {0: 50, 1: 7}
-    engine.track_active_position(every_s=2.0)  # too soon: no second read
-    assert engine._active_position.call_count == 1
+    rows = [Output(42, "out", "k", "x"), Output(43, NONE, None, "")]
+    engine.gate.on_batch(1, rows)
+    engine._follower.poll.return_value = [PublishedRange(0, 42, 43, digest(rows), 2, "b")]
+    engine.track_active_position()
+    assert engine._active_position.call_count == 1  # the tail is read once, then followed
+    assert engine.gate._parts[0].published_elsewhere == 43
+    info = engine.pipeline().agreement
+    assert (info.state, info.checked, info.ranges_agreed) == ("agrees", {0: 43}, 1)
+
+
+def test_a_range_not_processed_yet_keeps_its_rows_until_compared(engine):
+    engine.gate.joined()
+    engine._active_position.partitions.return_value = [0]
+    engine._active_position.return_value = {0: 9}
+    engine._follower.poll.return_value = [PublishedRange(0, 10, 12, "d", 2, "b")]
+    engine.track_active_position()
+    # The active published 10..12; this standby has not computed them: kept when they come.
+    assert engine.gate._parts[0].published_elsewhere == 9
+    assert engine.pipeline().agreement.state == "unchecked"
+
+
+def test_a_difference_makes_the_standby_ineligible_until_overridden_or_restored(engine):
+    engine.gate.joined()
+    engine._active_position.partitions.return_value = [0]
+    engine._active_position.return_value = {0: 41}
+    engine.gate.on_batch(1, [Output(42, "out", "k", "mine")])
+    published = [Output(42, "out", "k", "theirs")]
+    engine._follower.poll.return_value = [PublishedRange(0, 42, 42, digest(published), 5, "b")]
+    with mock.patch.object(engine_module, "read_published_rows", return_value=published):
+        engine.track_active_position()
+    info = engine.pipeline().agreement
+    assert info.state == "disagrees"
+    assert info.difference is not None
+    assert (info.difference.msg_id, info.difference.epoch) == (42, 5)
+    assert [r.value for r in info.difference.active_rows] == ["theirs"]
+    assert [r.value for r in info.difference.engine_rows] == ["mine"]
+    assert not info.eligible
+    assert engine.standing().eligible is False
+    assert engine.override().agreement.overridden
+    assert engine.standing().eligible is True
+    engine.agreement.reset("restored from s1")
+    assert engine.pipeline().agreement.state == "unchecked"
+
+
+def test_override_is_refused_when_the_engine_does_not_disagree(engine):
+    with pytest.raises(Conflict, match="does not disagree"):
+        engine.override()
 
 
 def test_the_active_does_not_look_for_its_own_position(engine):
     engine.gate._role = "active"
-    engine.track_active_position(every_s=0.0)
+    engine.track_active_position()
     engine._active_position.assert_not_called()
+    engine._follower.start.assert_not_called()
 
 
 def test_a_failed_read_is_logged_and_retried_later(engine, caplog):
     engine.gate.joined()
     engine._active_position.side_effect = RuntimeError("broker down")
-    engine.track_active_position(every_s=0.0)
-    assert "could not read the active's last published msg_id: broker down" in caplog.text
+    engine.track_active_position()
+    assert "could not follow the active's published ranges: broker down" in caplog.text
     assert engine.gate._parts == {}
 
 

@@ -116,6 +116,10 @@ class FakeEngine:
     def buffer(self, last: int) -> list[BufferedRow]:
         return self.buffered[-last:]
 
+    def override(self) -> PipelineInfo:
+        self.calls.append("override")
+        return self.pipeline()
+
     def metrics(self) -> str:
         raise NotImplementedError  # no operation of the DAGs reads it
 

@@ -12,7 +12,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 import twinstream.core.outbound as outbound
-from twinstream.core.gate import Fenced, TransientPublishError
+from twinstream.core.agreement import digest
+from twinstream.core.gate import Fenced, TransientPublishError, by_partition
 from twinstream.core.rows import Output, covered
 from twinstream.platform.connections import KafkaConnection
 from twinstream.platform.settings import Settings
@@ -137,14 +138,28 @@ def test_each_transaction_ends_with_its_progress_record_and_coverage_rows_stay_u
     ]
     topic, value = committed[-1]
     assert topic == "hostmetrics.progress"
-    assert json.loads(value) == {"first": 7, "last": 12, "outputs": 3, "dead_letters": 1}
+    assert json.loads(value) == {
+        "first": 7,
+        "last": 12,
+        "outputs": 3,
+        "dead_letters": 1,
+        # The rows' digest, for the standbys' agreement check (coverage rows do not count).
+        "digest": digest(rows),
+    }
+    assert digest(rows) == digest(rows[::-1]) != digest(rows[:-2])
 
 
 def test_only_coverage_rows_still_commit_their_progress(publisher):
     pub, producer = publisher
     pub.publish([covered(1), covered(2)], epoch=1)
     assert producer.committed == [
-        [("hostmetrics.progress", b'{"first":1,"last":2,"outputs":0,"dead_letters":0}')]
+        [
+            (
+                "hostmetrics.progress",
+                b'{"first":1,"last":2,"outputs":0,"dead_letters":0,"digest":"%s"}'
+                % digest([]).encode(),
+            )
+        ]
     ]
 
 
@@ -282,11 +297,14 @@ def test_each_row_goes_to_its_inbound_partition_with_a_progress_record_per_parti
         ("hostmetrics.progress", 2, "2"),
     ]
     progress = [json.loads(v) for t, v in committed if t == "hostmetrics.progress"]
-    assert progress == [
+    assert [{k: v for k, v in p.items() if k != "digest"} for p in progress] == [
         {"first": 4, "last": 5, "outputs": 1, "dead_letters": 0},
         {"first": 9, "last": 10, "outputs": 2, "dead_letters": 0},
         {"first": 2, "last": 2, "outputs": 0, "dead_letters": 1},
     ]
+    # Each partition's digest is of that partition's rows alone.
+    groups = by_partition(rows)
+    assert [p["digest"] for p in progress] == [digest(groups[p]) for p in (0, 1, 2)]
 
 
 def test_a_refused_row_of_one_partition_is_replaced_there_not_in_another(publisher):

@@ -21,6 +21,11 @@ pipeline without an active.
 Clients authenticate by SASL (DIGEST-MD5, no password on the wire) and every znode carries
 an ACL for Twinstream's user alone: others can neither read, create nor delete them. A node
 Twinstream needs that someone else created is refused with the fix (`check_owned`).
+
+Guarantee (eligibility): an engine that may not lead (`eligible` says no: its output
+disagrees with the active's, twinstream.core.agreement) never takes an epoch: it leaves the
+queue, gives up a win it had queued for before it takes an epoch, and enters again only once
+it may lead (restored, or overridden). No winner hands its win to such an engine.
 """
 
 from __future__ import annotations
@@ -152,20 +157,29 @@ def ensure_chroot(zk: ZooKeeperConnection, acl: list[ACL]) -> None:
 
 @dataclass(frozen=True)
 class Standing:
-    """How far an engine is: in sync (twinstream.engine.positions.is_in_sync) and its lag."""
+    """How far an engine is: in sync (twinstream.engine.positions.is_in_sync) and its lag;
+    and whether it may lead at all (an engine whose output disagrees with the active's,
+    twinstream.core.agreement, may not)."""
 
     in_sync: bool
     lag: int | None
+    eligible: bool = True
 
     def to_json(self) -> bytes:
-        return json.dumps({"in_sync": self.in_sync, "lag": self.lag}).encode()
+        return json.dumps(
+            {"in_sync": self.in_sync, "lag": self.lag, "eligible": self.eligible}
+        ).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Standing | None:
         try:
             value = json.loads(data)
             lag = value.get("lag")
-            return cls(bool(value["in_sync"]), None if lag is None else int(lag))
+            return cls(
+                bool(value["in_sync"]),
+                None if lag is None else int(lag),
+                bool(value.get("eligible", True)),
+            )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 
@@ -175,8 +189,9 @@ def preferred_over(me: Standing, others: Mapping[str, Standing], margin: int) ->
 
     An in-sync engine is preferred to one that is not; among in-sync engines, one more than
     `margin` records (a batch) less behind. Engines that are not in sync are never preferred:
-    after a double failure whoever wins first leads, the fastest way back to any output."""
-    in_sync = {e: s for e, s in others.items() if s.in_sync}
+    after a double failure whoever wins first leads, the fastest way back to any output.
+    Nor is one that may not lead (`eligible`: it disagrees with the active's output)."""
+    in_sync = {e: s for e, s in others.items() if s.in_sync and s.eligible}
     if not in_sync:
         return None
     if not me.in_sync:
@@ -208,9 +223,14 @@ class Election:
         standing: Callable[[], Standing] | None = None,
         prefer_margin: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        eligible: Callable[[], bool] | None = None,
     ) -> None:
         # How this engine stands now, asked on each win (None: never hand on).
         self._standing = standing
+        # Whether this engine may lead now (None: always). One that may not stays out of
+        # the queue until it may, and gives up a win it had queued for.
+        self._eligible = eligible
+        self._ineligible_said = False
         self._prefer_margin = prefer_margin
         self._clock = clock
         self._hand_ons: list[float] = []
@@ -345,7 +365,7 @@ class Election:
             return None
         try:
             others = self.standings()
-            if not any(s.in_sync for s in others.values()):
+            if not any(s.in_sync and s.eligible for s in others.values()):
                 return None  # the usual takeover (a pair): no look at this engine's lag
             me = self._standing()
             other = preferred_over(me, others, self._prefer_margin)
@@ -425,8 +445,27 @@ class Election:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    def may_lead(self) -> bool:
+        """Whether this engine may lead now; said once in the log each time it may not."""
+        if self._eligible is None or self._eligible():
+            if self._ineligible_said:
+                log.warning("election %s: may lead again; contending", self._identifier)
+            self._ineligible_said = False
+            return True
+        if not self._ineligible_said:
+            log.warning(
+                "election %s: not eligible to lead (its output disagrees with the active's); "
+                "out of the election until it is restored or overridden",
+                self._identifier,
+            )
+            self._ineligible_said = True
+        return False
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            if not self.may_lead():
+                self._stop.wait(0.5)
+                continue
             self._lost.clear()
             self._resign.clear()
             try:
@@ -486,6 +525,8 @@ class Election:
                 "election %s: won with a node that is gone; queueing again", self._identifier
             )
             return
+        if not self.may_lead():
+            return  # before the epoch: nothing fenced; it queues again once it may lead
         if self._hand_on_to() is not None:
             return  # before the epoch: nothing fenced, the next contender wins at once
         counter = self._client.Counter(self._epoch_path)

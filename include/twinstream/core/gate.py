@@ -47,6 +47,7 @@ from dataclasses import dataclass, field, replace
 from itertools import takewhile
 from typing import Protocol
 
+from twinstream.core.agreement import NOT_HELD, NOT_YET, Held
 from twinstream.core.rows import Output, range_text, span
 
 log = logging.getLogger(__name__)
@@ -514,6 +515,33 @@ class Gate:
             buffer_fills={p: len(v.buffer) for p, v in sorted(parts.items())},
         )
 
+    def rows_between(self, partition: int, first: int, last: int) -> Held:
+        """This engine's rows of msg_id first..last of a partition, in msg_id order (for the
+        agreement check, twinstream.core.agreement); NOT_YET when it has not processed
+        `last` yet, NOT_HELD when its buffer does not start at or before `first` (the ring
+        drops whole msg_ids only, so a msg_id it holds, it holds whole)."""
+        with self._lock:
+            part = self._parts.get(partition)
+            if part is None or part.last_processed is None or part.last_processed < last:
+                return NOT_YET
+            if not part.buffer or part.buffer[0].msg_id > first:
+                return NOT_HELD
+            # The range is near the end of the ring (what the active published last):
+            # read back from the end, not through the whole ring.
+            found: list[Output] = []
+            for row in reversed(part.buffer):
+                if row.msg_id < first:
+                    break
+                if row.msg_id <= last:
+                    found.append(row)
+            found.reverse()
+            return found
+
+    def bound(self) -> int:
+        """The most rows the buffers hold before the query pauses (max_buffered_msgs)."""
+        with self._lock:
+            return self._bound()
+
     def buffered(self) -> list[Output]:
         """Every buffered row, in (partition, msg_id) order."""
         with self._lock:
@@ -598,12 +626,22 @@ class Gate:
         on a standby those the active has published (none while its position is unknown),
         on the active all of them (it keeps its unpublished ones in `_held`), outside the
         election all of them. Never a row a takeover may need: past `max_buffered_msgs`
-        the query pauses instead."""
+        the query pauses instead. A msg_id's rows are dropped together or not at all (a
+        fan-out may keep a few rows more than `buffer_size`): a msg_id the ring holds, it
+        holds whole."""
         for part in self._parts.values():
-            while len(part.buffer) > self._buffer_size:
+            buffer = part.buffer
+            while len(buffer) > self._buffer_size:
                 if self._role == "standby" and part.floor_blocks():
                     break
-                part.buffer.popleft()
+                head = buffer[0].msg_id
+                rows = 1
+                while rows < len(buffer) and buffer[rows].msg_id == head:
+                    rows += 1
+                if len(buffer) - rows < self._buffer_size:
+                    break
+                for _ in range(rows):
+                    buffer.popleft()
 
     def _set_role(self, role: str) -> None:
         self._role = role

@@ -9,14 +9,23 @@ one: `twinstream.platform.kafka.topic_specs`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
+from twinstream.core.agreement import DigestCost, PublishedRange, digest
 from twinstream.core.gate import Fenced, TransientPublishError, by_partition
 from twinstream.core.rows import DLQ, NONE, OUT, Output, dead_letter, encode
 from twinstream.platform.connections import KafkaConnection, PipelineTopics
@@ -85,9 +94,13 @@ class KafkaPublisher:
         engine_id: str,
         max_message_bytes: int,
         timeout_s: float = 10.0,
+        digest_cost: DigestCost | None = None,
     ) -> None:
         self._kafka = kafka
         self._topics = topics
+        # Time spent digesting the published rows (the agreement check's cost on the
+        # active), shared by an engine's successive publishers.
+        self.digest_cost = digest_cost or DigestCost()
         self._max_message_bytes = max_message_bytes
         self._engine_id = engine_id.encode()
         self._timeout_s = timeout_s
@@ -145,8 +158,14 @@ class KafkaPublisher:
         and the transaction retried once: one record never stalls the others."""
         rows = list(rows)
         refused: dict[tuple[int, int], KafkaError] = {}
+        # The digests of the rows as computed (twinstream.core.agreement), before any is
+        # replaced by its dead letter below: the standbys computed the same rows.
+        started = time.perf_counter()
+        digests = {p: digest(group) for p, group in by_partition(rows).items()}
+        self.digest_cost.seconds += time.perf_counter() - started
+        self.digest_cost.rows += len(rows)
         try:
-            self._transaction(rows, epoch, refused)
+            self._transaction(rows, epoch, refused, digests)
         except TransientPublishError:
             if not refused:
                 raise
@@ -159,7 +178,7 @@ class KafkaPublisher:
                 ", ".join(f"{p}:{o}" if p else str(o) for p, o in sorted(refused)),
                 "; ".join(sorted({e.name() for e in refused.values()})),
             )
-            self._transaction(rows, epoch, {})
+            self._transaction(rows, epoch, {}, digests)
 
     def _replace_refused(
         self, rows: list[Output], refused: dict[tuple[int, int], KafkaError]
@@ -185,7 +204,11 @@ class KafkaPublisher:
         )
 
     def _transaction(
-        self, rows: list[Output], epoch: int, refused: dict[tuple[int, int], KafkaError]
+        self,
+        rows: list[Output],
+        epoch: int,
+        refused: dict[tuple[int, int], KafkaError],
+        digests: dict[int, str],
     ) -> None:
         topics = {OUT: self._topics.outbound, DLQ: self._topics.dlq}
         epoch_header = str(epoch).encode()
@@ -241,7 +264,7 @@ class KafkaPublisher:
                     self._topics.progress,
                     partition=partition,
                     key=None,
-                    value=progress_record(group).encode(),
+                    value=progress_record(group, digests.get(partition)).encode(),
                     headers=headers(group[-1].msg_id),
                 )
             self._commit()
@@ -335,19 +358,21 @@ class KafkaPublisher:
         self._producer = None  # type: ignore[assignment]
 
 
-def progress_record(rows: Sequence[Output]) -> str:
+def progress_record(rows: Sequence[Output], rows_digest: str | None = None) -> str:
     """What one transaction covers in one partition (`rows` are that partition's): every
     msg_id from `first` to `last` has its rows in this transaction (outputs, dead letters)
-    or had none; with the counts, for the audit. The records of partition p of the progress
+    or had none; with the counts, for the audit, and the rows' digest, for the standbys'
+    agreement check (twinstream.core.agreement). The records of partition p of the progress
     topic tile the offsets of inbound partition p, each exactly once."""
-    return encode(
-        {
-            "first": rows[0].msg_id,
-            "last": rows[-1].msg_id,
-            "outputs": sum(r.kind == OUT for r in rows),
-            "dead_letters": sum(r.kind == DLQ for r in rows),
-        }
-    )
+    record: dict[str, object] = {
+        "first": rows[0].msg_id,
+        "last": rows[-1].msg_id,
+        "outputs": sum(r.kind == OUT for r in rows),
+        "dead_letters": sum(r.kind == DLQ for r in rows),
+    }
+    if rows_digest is not None:
+        record["digest"] = rows_digest
+    return encode(record)
 
 
 def header(headers: HeadersType | None, name: str) -> str | None:
@@ -475,3 +500,138 @@ class LastPublishedReader:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def published_range(
+    partition: int, value: bytes | str | None, headers: HeadersType | None, timestamp_ms: int
+) -> PublishedRange | None:
+    """A progress record as the range it covers (None: not one, e.g. unreadable)."""
+    try:
+        record = json.loads(value or b"")
+        epoch = header(headers, "epoch")
+        return PublishedRange(
+            partition,
+            int(record["first"]),
+            int(record["last"]),
+            record.get("digest"),
+            None if epoch is None else int(epoch),
+            header(headers, "engine_id"),
+            timestamp_ms,
+        )
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+class ProgressFollower:
+    """Reads the progress topic as it is written (read_committed), every partition: the
+    ranges the active publishes, for a standby's agreement check
+    (twinstream.core.agreement). Starts at the topic's end: what was published before is
+    checked by no one (the standby's buffer did not survive its restart anyway)."""
+
+    def __init__(self, kafka: KafkaConnection, topics: PipelineTopics, engine_id: str) -> None:
+        self._topics = topics
+        self._consumer = Consumer(
+            kafka.consumer(
+                f"twinstream-agreement-{topics.pipeline}-{engine_id}-{uuid.uuid4()}",
+                # A standby looks once a second; an empty fetch need not wait 500 ms.
+                **{"fetch.wait.max.ms": 100},
+            )
+        )
+        self._assigned = False
+
+    def start(self, partitions: list[int]) -> None:
+        """Follow from the end of each partition (the records published from now on)."""
+        self._consumer.assign(
+            [TopicPartition(self._topics.progress, p, OFFSET_END) for p in partitions]
+        )
+        self._assigned = True
+
+    def stop(self) -> None:
+        if self._assigned:
+            self._consumer.unassign()
+            self._assigned = False
+
+    def poll(self, max_records: int = 10_000) -> list[PublishedRange]:
+        """The ranges published since the last poll (at most `max_records`; the rest next
+        time), without waiting."""
+        if not self._assigned:
+            return []
+        found: list[PublishedRange] = []
+        while len(found) < max_records:
+            batch = self._consumer.consume(num_messages=500, timeout=0)
+            if not batch:
+                break
+            for msg in batch:
+                error = msg.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("progress topic: %s", error)
+                    continue
+                _kind, timestamp_ms = msg.timestamp()
+                r = published_range(msg.partition() or 0, msg.value(), msg.headers(), timestamp_ms)
+                if r is not None:
+                    found.append(r)
+        return found
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def read_published_rows(
+    kafka: KafkaConnection, topics: PipelineTopics, r: PublishedRange, timeout_s: float = 30.0
+) -> list[Output]:
+    """The committed rows of msg_id r.first..r.last of r.partition in the outbound and
+    dead-letter topics (a difference's read-back). They were written in the transaction
+    the range's progress record closed: the read starts a few minutes of timestamps before
+    it and ends at each partition's end."""
+    consumer = Consumer(
+        kafka.consumer(
+            f"twinstream-readback-{uuid.uuid4()}",
+            **{"enable.partition.eof": True, "fetch.wait.max.ms": 10},
+        )
+    )
+    kinds = {topics.outbound: OUT, topics.dlq: DLQ}
+    # A transaction may take minutes to commit in an outage; its records carry the time
+    # they were produced.
+    since_ms = max(0, r.timestamp_ms - 600_000)
+    found: list[Output] = []
+    try:
+        wanted = [TopicPartition(t, r.partition, since_ms) for t in kinds]
+        starts = consumer.offsets_for_times(wanted, timeout=timeout_s)
+        ends = {
+            t: consumer.get_watermark_offsets(TopicPartition(t, r.partition), timeout=timeout_s)[1]
+            for t in kinds
+        }
+        assign = [tp for tp in starts if tp.offset >= 0 and tp.offset < ends[tp.topic]]
+        if not assign:
+            return []
+        consumer.assign(assign)
+        open_ = {tp.topic for tp in assign}
+        deadline = time.monotonic() + timeout_s
+        while open_ and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    open_.discard(msg.topic() or "")
+                    continue
+                raise KafkaException(error)
+            value = header(msg.headers(), MSG_ID_HEADER)
+            if value is None or not r.first <= int(value) <= r.last:
+                continue
+            key = msg.key()
+            payload = msg.value() or b""
+            found.append(
+                Output(
+                    int(value),
+                    kinds[msg.topic() or ""],
+                    None if key is None else key.decode("utf-8", "backslashreplace"),
+                    payload.decode("utf-8", "backslashreplace"),
+                    r.partition,
+                )
+            )
+    finally:
+        consumer.close()
+    return found

@@ -307,6 +307,7 @@ class EngineApi(Protocol):
     def restore(self, snapshot: str) -> RestoreReport: ...
     def buffer(self, last: int) -> list[BufferedRow]: ...
     def metrics(self) -> str: ...
+    def override(self) -> PipelineInfo: ...
 
 
 class Conflict(Exception):
@@ -486,6 +487,13 @@ def create_app(engine: EngineApi, token: str, *, docs: bool = True) -> FastAPI:
     def restore(request: RestoreRequest) -> RestoreReport:
         """Stopped pipeline only (409 otherwise); 422 for a snapshot that must not be used."""
         return engine.restore(request.snapshot)
+
+    @app.post("/pipeline/override", dependencies=auth, responses=_errors(401, 409))
+    def override() -> PipelineInfo:
+        """Let this engine lead although it disagrees with the active (409 when it does
+        not disagree): an operator's decision, e.g. when it is the active that is wrong.
+        A restore ends it."""
+        return engine.override()
 
     @app.get("/pipeline/buffer", dependencies=auth, responses=_errors(401, 422))
     def buffer(last: int = Query(default=100, ge=1, le=1_000_000)) -> list[BufferedRow]:

@@ -14,6 +14,7 @@ from kazoo.retry import KazooRetry
 
 import twinstream
 from twinstream.contract import Pipeline
+from twinstream.core.agreement import Agreement, DigestCost
 from twinstream.core.checkpoint import batch_end, batch_start, unread
 from twinstream.core.election import (
     Election,
@@ -24,7 +25,12 @@ from twinstream.core.election import (
     zk_client,
 )
 from twinstream.core.gate import Gate
-from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
+from twinstream.core.outbound import (
+    KafkaPublisher,
+    LastPublishedReader,
+    ProgressFollower,
+    read_published_rows,
+)
 from twinstream.core.quarantine import QuarantineStore, describe
 from twinstream.core.rows import Output, positions_text, with_offsets_without_records
 from twinstream.engine import persistence, snapshot
@@ -106,6 +112,9 @@ class Engine:
             # a takeover then never waits for a restoring or cold engine to catch up.
             standing=self.standing,
             prefer_margin=settings.in_sync_lag,
+            # An engine whose output disagrees with the active's never leads, until
+            # restored or overridden (twinstream.core.agreement).
+            eligible=lambda: self.agreement.eligible,
         )
         self.quarantine = QuarantineStore(self.zk, settings.quarantine_path)
         # Failures of the query: the quarantine search, the backoff (twinstream.engine.recovery).
@@ -128,7 +137,19 @@ class Engine:
         # A second reader for the standby's periodic look at the active's position: the
         # takeover's must never wait behind it.
         self._active_position = LastPublishedReader(self.kafka, self.topics)
-        self._active_position_read = 0.0
+        # The agreement check (twinstream.core.agreement): the active's published ranges,
+        # followed on the progress topic, against this engine's own rows.
+        self.agreement = Agreement(
+            engine_id,
+            settings.pipeline,
+            self.gate.rows_between,
+            lambda r: read_published_rows(self.kafka, self.topics, r),
+            self.gate.bound,
+        )
+        self._follower = ProgressFollower(self.kafka, self.topics, engine_id)
+        # What digesting its transactions' rows has cost this engine as the active.
+        self.published_digests = DigestCost()
+        self._following = False
         self.batch_timings = BatchTimings()
         # What this engine's batches process a second, for the next query's batch size.
         self.drain_rate = DrainRate(settings.engine_dir(engine_id) / "drain-rate.json")
@@ -171,6 +192,18 @@ class Engine:
         if state not in ("running", "restoring", "recovering"):
             raise Conflict(f"the pipeline is {state}, not running")
         self._stop("stopped through the admin API")
+        return self.pipeline()
+
+    def override(self) -> PipelineInfo:
+        """Let this engine lead although it disagrees with the active; 409 when it does
+        not disagree."""
+        if not self.agreement.override():
+            raise Conflict("this engine does not disagree with the active: nothing to override")
+        log.warning(
+            "engine %s pipeline %s: an operator overrode its disagreement; it may lead",
+            self.engine_id,
+            self.settings.pipeline,
+        )
         return self.pipeline()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -335,21 +368,31 @@ class Engine:
         self.watermarks.close()
         self._last_published.close()
         self._active_position.close()
+        self._follower.close()
         if self._spark is not None:
             self._spark.stop()
 
-    def track_active_position(self, every_s: float = 2.0) -> None:
-        """On a standby, tell the gate how far the active has published, so that it keeps
-        what the active has not published yet (called from the engine's main loop)."""
-        now = time.monotonic()
-        if self.gate.role != "standby" or now - self._active_position_read < every_s:
-            return
-        self._active_position_read = now
+    def track_active_position(self) -> None:
+        """Follow the ranges the active publishes (the progress topic), compare them with
+        this engine's own rows while it is a standby (the agreement check), and tell the gate
+        how far the active has published, so that it keeps what the active has not
+        published and what is not compared yet (called from the engine's main loop once a
+        second). The first look reads how far the active had published before."""
+        standby = self.gate.role == "standby"
         try:
-            self.gate.note_published(self._active_position())
+            if not self._following:
+                if not standby:
+                    return
+                self._follower.start(self._active_position.partitions())
+                self._following = True
+                self.gate.note_published(self._active_position())
+            self.agreement.offer(self._follower.poll())
+            floors = self.agreement.check(standby)
+            if standby and floors:
+                self.gate.note_published(floors)
         except Exception as exc:  # the next look retries; the buffer keeps its floor of N
             log.warning(
-                "engine %s pipeline %s: could not read the active's last published msg_id: %s",
+                "engine %s pipeline %s: could not follow the active's published ranges: %s",
                 self.engine_id,
                 self.settings.pipeline,
                 exc,
@@ -535,11 +578,14 @@ class Engine:
                     time.monotonic() - started,
                 )
                 # The query is stopped: the buffer and the checkpoint agree and stay put.
+                agreement = self.agreement.status()
                 manifest = persistence.write(
                     self.settings,
                     self.engine_id,
                     self.definition.state_layout,
                     self.gate.buffered(),
+                    agreement.state,
+                    agreement.checked,
                 )
             finally:
                 log.info(
@@ -583,6 +629,8 @@ class Engine:
             )
             self.gate.restore(ready.buffer)
             source, next_offsets = ready.source, ready.next_offsets
+            # Its state is replaced: what it computes from now on is compared afresh.
+            self.agreement.reset(f"restored from {source}")
             self._restored_from = source
             self._restore_started = time.monotonic()
             self._run(
@@ -609,7 +657,11 @@ class Engine:
 
     def _publisher(self) -> KafkaPublisher:
         return KafkaPublisher(
-            self.kafka, self.topics, self.engine_id, self.settings.max_message_bytes
+            self.kafka,
+            self.topics,
+            self.engine_id,
+            self.settings.max_message_bytes,
+            digest_cost=self.published_digests,
         )
 
     def buffer(self, last: int) -> list[BufferedRow]:
@@ -759,7 +811,7 @@ class Engine:
         in_sync = is_in_sync(
             self._state, lag, self.settings.in_sync_lag, self._query_position() is not None
         )
-        return Standing(in_sync, lag)
+        return Standing(in_sync, lag, self.agreement.eligible)
 
     def publish_standing(self) -> None:
         """Tell the other engines how far this one is (the main loop, once a second), while
@@ -798,6 +850,15 @@ class Engine:
             behind=lag is not None and lag > self.settings.in_sync_lag,
             lag_growing=trend is not None and trend.growing,
         )
+        agreement = self.agreement.status()
+        self.meters.agreement(
+            state=agreement.state,
+            eligible=self.agreement.eligible,
+            agreed=agreement.ranges_agreed,
+            unchecked=agreement.ranges_unchecked,
+            msg_id=None if agreement.difference is None else agreement.difference.msg_id,
+            digest_s=agreement.digest_s + self.published_digests.seconds,
+        )
         if in_sync and self._state == "restoring":
             self._state, self._reason = "running", ""
             log.warning(
@@ -817,6 +878,7 @@ class Engine:
             quarantined,
             events_per_s=self._events_per_s(),
             restored_from=self._restored_from,
+            agreement=agreement,
         )
 
     def metrics(self) -> str:

@@ -190,6 +190,9 @@ class EngineClient:
         )
         return RestoreReport.model_validate(result)
 
+    def override(self) -> PipelineInfo:
+        return PipelineInfo.model_validate(self._call("POST", "/pipeline/override"))
+
     def buffer(self, last: int) -> list[BufferedRow]:
         rows = self._call("GET", "/pipeline/buffer", params={"last": last})
         return [BufferedRow.model_validate(row) for row in rows]

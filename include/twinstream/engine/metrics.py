@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+AGREEMENT_STATES = ("agrees", "disagrees", "unchecked")
 ROLES = ("none", "standby", "active")
 # Prometheus' text format, as every /metrics of the platform answers it.
 CONTENT_TYPE = "text/plain; version=0.0.4"
@@ -100,6 +101,31 @@ class EngineMetrics(Metrics):
             "twinstream_paused",
             "1 while the query is paused for backpressure (rows held at max_buffered_msgs)",
         )
+        self._agreement = Gauge(
+            "twinstream_agreement",
+            "1 for the engine's agreement with the active's output (agrees, disagrees, "
+            "unchecked): twinstream.core.agreement",
+            [*labels, "state"],
+            registry=self.registry,
+        )
+        self._eligible = self._gauge(
+            "twinstream_eligible", "1 while the engine may lead (0: it disagrees, not overridden)"
+        )
+        self._ranges = Gauge(
+            "twinstream_agreement_ranges",
+            "The active's published ranges this engine compared equal (agreed) or could not "
+            "compare (unchecked)",
+            [*labels, "result"],
+            registry=self.registry,
+        )
+        self._disagreement_msg_id = self._gauge(
+            "twinstream_disagreement_msg_id",
+            "The first msg_id where this engine's rows differ from the published ones (-1: none)",
+        )
+        self._digest_seconds = self._gauge(
+            "twinstream_digest_seconds",
+            "Seconds spent digesting output rows for the agreement check, since the start",
+        )
 
     def processed(self, rows: int) -> None:
         self._processed.inc(rows)
@@ -145,6 +171,24 @@ class EngineMetrics(Metrics):
         self._in_sync.set(1 if in_sync else 0)
         self._behind.set(1 if behind else 0)
         self._lag_growing.set(1 if lag_growing else 0)
+
+    def agreement(
+        self,
+        *,
+        state: str,
+        eligible: bool,
+        agreed: int,
+        unchecked: int,
+        msg_id: int | None,
+        digest_s: float,
+    ) -> None:
+        for name in AGREEMENT_STATES:
+            self._agreement.labels(**self._labels, state=name).set(1 if name == state else 0)
+        self._eligible.set(1 if eligible else 0)
+        self._ranges.labels(**self._labels, result="agreed").set(agreed)
+        self._ranges.labels(**self._labels, result="unchecked").set(unchecked)
+        self._disagreement_msg_id.set(-1 if msg_id is None else msg_id)
+        self._digest_seconds.set(digest_s)
 
     def role(self, role: str) -> None:
         for name in ROLES:

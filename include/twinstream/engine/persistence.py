@@ -67,9 +67,15 @@ def checkpoint_problem(
 
 
 def write(
-    settings: Settings, engine_id: str, state_layout: str, buffer: list[Output]
+    settings: Settings,
+    engine_id: str,
+    state_layout: str,
+    buffer: list[Output],
+    agreement: str = "unchecked",
+    agreed_through: Mapping[int, int] | None = None,
 ) -> snapshot.Manifest:
-    """Snapshot the engine's (stopped) checkpoint and its buffer."""
+    """Snapshot the engine's (stopped) checkpoint and its buffer, with its agreement with
+    the active then (a snapshot proves good only from an engine that agreed)."""
     return snapshot.write_snapshot(
         settings.snapshot_dir,
         pipeline=settings.pipeline,
@@ -79,6 +85,8 @@ def write(
         topic=settings.inbound_topic,
         buffer=buffer,
         state_layout=state_layout,
+        agreement=agreement,
+        agreed_through=agreed_through,
     )
 
 

@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -206,6 +206,8 @@ def write_snapshot(
     topic: str,
     buffer: Sequence[Output],
     state_layout: str = "transform",
+    agreement: str = "unchecked",
+    agreed_through: Mapping[int, int] | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> Manifest:
     """Copy a stopped query's checkpoint and the buffer into a new snapshot, atomically."""
@@ -239,6 +241,8 @@ def write_snapshot(
             buffer_last_msg_id=buffer[-1].msg_id if buffer else None,
             files=files,
             state_layout=state_layout,
+            agreement=agreement,
+            agreed_through=dict(agreed_through or {}),
         )
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2))
         storage.sync_tree(tmp)

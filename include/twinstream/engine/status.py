@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from twinstream.core.agreement import AgreementStatus
 from twinstream.core.election import Standing
 from twinstream.core.gate import GateStatus
-from twinstream.core.rows import split_record_id
+from twinstream.core.rows import Output, split_record_id
 from twinstream.engine.api import (
+    AgreementInfo,
+    BufferedRow,
+    Difference,
     LagTrend,
     PipelineInfo,
     QuarantinedOffset,
@@ -28,6 +32,7 @@ def pipeline_info(
     quarantined: dict[int, str],
     events_per_s: float | None,
     restored_from: str | None,
+    agreement: AgreementStatus | None = None,
 ) -> PipelineInfo:
     """The engine's pipeline as GET /pipeline answers it; `quarantined` maps record ids
     (twinstream.core.rows.record_id) to reasons."""
@@ -71,4 +76,38 @@ def pipeline_info(
             )
             for t in status.takeovers
         ],
+        agreement=AgreementInfo() if agreement is None else agreement_info(agreement),
+    )
+
+
+def agreement_info(status: AgreementStatus) -> AgreementInfo:
+    """The agreement check's status as GET /pipeline says it."""
+    found = status.difference
+
+    def rows(outputs: list[Output]) -> list[BufferedRow]:
+        return [
+            BufferedRow(
+                msg_id=o.msg_id, kind=o.kind, key=o.key, value=o.value, partition=o.partition
+            )
+            for o in outputs
+        ]
+
+    return AgreementInfo(
+        state=status.state,
+        checked=status.checked,
+        ranges_agreed=status.ranges_agreed,
+        ranges_unchecked=status.ranges_unchecked,
+        overridden=status.overridden,
+        difference=None
+        if found is None
+        else Difference(
+            partition=found.range_.partition,
+            msg_id=found.msg_id,
+            first=found.range_.first,
+            last=found.range_.last,
+            epoch=found.range_.epoch,
+            active_rows=rows(found.active_rows),
+            engine_rows=rows(found.engine_rows),
+            found_at=datetime.fromtimestamp(found.found_at, UTC).isoformat(timespec="seconds"),
+        ),
     )

@@ -9,22 +9,32 @@ the twinstream image:
 and the brokers' security settings, docker/kafka/server.properties (`kafka_properties`;
 tests/unit/test_compose.py compares; `python -m twinstream.stack.compose properties` writes).
 
-Guarantee: the brokers' key is readable by its owner and group 0 only (the brokers run as
+The engines' parts of docker-compose.yaml are rendered from pipelines.toml, as many engines
+per pipeline as its entry names (`engines = ["a", "b", "c"]`: 1 active + 2 standbys):
+
+    python -m twinstream.stack.compose engines   # rewrites the file's rendered blocks
+
+Guarantees: the brokers' key is readable by its owner and group 0 only (the brokers run as
 apache/kafka's user in group 0; kafka-init as Airflow's user, group 0); clients get the CA's
-certificate alone, in a volume of its own.
+certificate alone, in a volume of its own. Every engine of every pipeline has its service (its
+admin port published and probed, its own state volume, the Spark worker's mount of it) and
+its Airflow connection; rendering changes nothing outside the marked blocks, and
+tests/unit/test_compose.py fails on a file that does not follow pipelines.toml.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from twinstream.platform import registry
 from twinstream.platform.connections import MECHANISM
 from twinstream.platform.kafka_auth import ADMIN_USER, PASSWORD, CredentialsError
-from twinstream.platform.settings import REPO_ROOT, Settings
+from twinstream.platform.settings import REPO_ROOT, Settings, SettingsError, load_settings
 from twinstream.stack.tls import SERVER_CN, TlsFiles, ensure_tls
 
 # Every name a client reaches a broker by: the service names, and the host's localhost.
@@ -120,7 +130,6 @@ def admin_password(environ: dict[str, str]) -> str:
 def kafka_init(settings: Settings, environ: dict[str, str], echo: Callable[[str], None]) -> None:
     """Every pipeline's users (the admin's password the one given), ACLs and topics, as
     `make up` makes them (twinstream.stack.core.provision_kafka)."""
-    from twinstream.platform import registry
     from twinstream.stack.core import provision_kafka
 
     pipelines = registry.stack(settings)
@@ -128,9 +137,134 @@ def kafka_init(settings: Settings, environ: dict[str, str], echo: Callable[[str]
     provision_kafka(settings, pipelines, echo, fixed={ADMIN_USER: password})
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from twinstream.platform.settings import load_settings
+# -- the engines -------------------------------------------------------------------------
 
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yaml"
+# What the compose file mounts at /opt/airflow/pipelines.toml: the engines it renders are
+# the ones its containers find there, whatever TWINSTREAM_PIPELINES_FILE says on the host.
+COMPOSE_PIPELINES_FILE = REPO_ROOT / "pipelines.toml"
+RENDER_COMMAND = "python -m twinstream.stack.compose engines"
+# An engine's own state volume, where the engine and the Spark worker (whose executors
+# write the state store under the engine's checkpoint) both mount it.
+ENGINE_STATE = "/opt/twinstream/state/engines"
+BIND = "${TWINSTREAM_BIND_HOST:-127.0.0.1}"
+# As everywhere else in the file: compose refuses to start without the token.
+ADMIN_TOKEN = (
+    "${TWINSTREAM_ADMIN_TOKEN:?set a secret of your own in the environment or .env - "  # noqa: S105 (the variable, no secret)
+    "README, Security}"
+)
+# The rendered blocks of docker-compose.yaml, in the file's order: each between a line
+# `# >>> NAME ...` and a line `# <<< NAME`, indented as its opening line.
+BLOCKS = ("engine connections", "engine services", "engine state mounts", "engine volumes")
+
+
+class ComposeFileError(ValueError):
+    """docker-compose.yaml lacks a block's markers; the message names them."""
+
+
+def compose_pipelines(pipelines_file: Path = COMPOSE_PIPELINES_FILE) -> dict[str, Settings]:
+    """The pipelines compose runs, name -> settings, as its containers see them: every one
+    of the file (kafka-init's registry.stack); a pipeline without `engines` of its own runs
+    the file's TWINSTREAM_ENGINE_IDS on _ENGINE_ADMIN_PORTS, which are the settings'
+    defaults (tests/unit/test_compose.py), whatever the caller's environment says."""
+    defaults = Settings.model_fields
+    base = load_settings(
+        pipelines_file=pipelines_file,
+        pipeline=defaults["pipeline"].default,
+        pipeline_module="",
+        stack_pipelines=[],
+        engine_ids=defaults["engine_ids"].default,
+        engine_admin_ports=defaults["engine_admin_ports"].default,
+        engine_admin_host="engine-{id}",
+    )
+    return registry.stack(base)
+
+
+def engine_blocks(pipelines: Mapping[str, Settings]) -> dict[str, list[str]]:
+    """Each rendered block's lines (unindented) for every engine of every pipeline: N
+    engines of a pipeline are N services, N connections, N volumes, whatever N is."""
+    connections = ["# One connection per engine: its admin API and bearer token (the password)."]
+    services: list[str] = []
+    mounts: list[str] = []
+    volumes: list[str] = []
+    for name, pipeline in pipelines.items():
+        for engine_id in pipeline.engine_ids:
+            port = pipeline.engine_admin_port(engine_id)
+            service, volume = f"engine-{engine_id}", f"engine-{engine_id}-state"
+            fields = {
+                "conn_type": "http",
+                "host": service,
+                "port": port,
+                "schema": "http",
+                "password": ADMIN_TOKEN,
+            }
+            conn = f"AIRFLOW_CONN_{pipeline.engine_conn_id(engine_id).upper()}"
+            connections.append(f"{conn}: '{json.dumps(fields, separators=(',', ':'))}'")
+            if services:
+                services.append("")
+            services += [
+                f"# Engine {engine_id} of {name}, its admin API on {port}.",
+                f"{service}:",
+                "  <<: *engine-common",
+                '  command: ["python", "/opt/airflow/spark_jobs/engine.py", "--engine-id", '
+                f'"{engine_id}"]',
+                "  ports:",
+                f"    - {BIND}:{port}:{port}",
+                "  volumes:",
+                "    - ./include:/opt/airflow/include:ro",
+                "    - ./spark_jobs:/opt/airflow/spark_jobs:ro",
+                "    # The pipelines file and the pipelines it lists "
+                "(twinstream.platform.registry).",
+                "    - ./pipelines.toml:/opt/airflow/pipelines.toml:ro",
+                "    - ./pipelines:/opt/airflow/pipelines:ro",
+                f"    - {volume}:{ENGINE_STATE}/{engine_id}",
+                "    - snapshots:/opt/twinstream/snapshots",
+                "    - kafka-ca:/opt/twinstream/kafka-ca:ro",
+                "    - kafka-credentials:/opt/twinstream/kafka-credentials:ro",
+                "  healthcheck:",
+                "    <<: *engine-healthcheck",
+                f'    test: ["CMD", "curl", "-fsS", "http://localhost:{port}/healthz"]',
+            ]
+            mounts.append(f"- {volume}:{ENGINE_STATE}/{engine_id}")
+            volumes.append(f"{volume}:")
+    blocks = dict(zip(BLOCKS, (connections, services, mounts, volumes), strict=True))
+    return blocks
+
+
+def with_engines(text: str, pipelines: Mapping[str, Settings]) -> str:
+    """The compose file's `text` with its rendered blocks made for `pipelines`; every line
+    outside them as it was."""
+    lines = text.splitlines()
+    for name, body in engine_blocks(pipelines).items():
+        begins = [i for i, line in enumerate(lines) if line.strip().startswith(f"# >>> {name}")]
+        ends = [i for i, line in enumerate(lines) if line.strip() == f"# <<< {name}"]
+        if len(begins) != 1 or len(ends) != 1 or ends[0] < begins[0]:
+            raise ComposeFileError(
+                f"the compose file needs one line `# >>> {name}` and, after it, one line "
+                f"`# <<< {name}` around the block `{RENDER_COMMAND}` renders (found "
+                f"{len(begins)} and {len(ends)}): put them back where the block belongs"
+            )
+        begin, end = begins[0], ends[0]
+        indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
+        lines[begin + 1 : end] = [indent + line if line else "" for line in body]
+    return "\n".join(lines) + "\n"
+
+
+def write_engines(
+    compose_file: Path = COMPOSE_FILE, pipelines_file: Path = COMPOSE_PIPELINES_FILE
+) -> str:
+    """Rewrite the compose file's rendered blocks from the pipelines file; says what."""
+    pipelines = compose_pipelines(pipelines_file)
+    before = compose_file.read_text()
+    after = with_engines(before, pipelines)
+    engines = "; ".join(f"{n}: {', '.join(p.engine_ids)}" for n, p in pipelines.items())
+    if after == before:
+        return f"{compose_file} already runs the engines of {pipelines_file} ({engines})"
+    compose_file.write_text(after)
+    return f"wrote the engines of {pipelines_file} into {compose_file} ({engines})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args else ""
     try:
@@ -141,10 +275,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             lines = ["kafka-init: users, ACLs and topics ready"]
         elif command == "properties" and len(args) == 1:
             lines = [f"wrote {p}" for p in write_properties()]
+        elif command == "engines" and len(args) == 1:
+            lines = [write_engines()]
         else:
             print(__doc__, file=sys.stderr)
             return 2
-    except CredentialsError as exc:
+    except (CredentialsError, ComposeFileError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for line in lines:

@@ -1,0 +1,316 @@
+"""Whether a standby's output rows are the active's, checked while both run.
+
+Guarantee: for every range of msg_ids the active published in one transaction (one
+partition's part of it) whose rows a standby holds whole, the standby says whether its own
+rows for that range equal the published ones: every output and dead letter, its kind, key
+and value, byte for byte, and as many of each. When they differ it names the first msg_id
+that differs, with both sides' rows, and stays `disagrees` until it is restored (`reset`)
+or an operator overrides it; a disagreeing engine is not eligible to lead (the election
+asks `eligible`). Equal rows are never reported as a difference. A range whose rows the
+standby does not hold whole (computed before a restart or restore, trimmed already, or
+larger than its buffer may hold) is counted as unchecked, never guessed.
+
+How: the active writes, into each transaction's progress record of each partition, the
+digest of that partition's rows in the transaction (`digest`: BLAKE2b over the rows'
+texts, sorted, so that the order a fan-out's rows came in does not count, and coverage
+rows left out: the range itself says every msg_id of it is accounted for). A standby reads
+the progress topic (read_committed) as it is written, queues the ranges, and once it has
+processed a range's last msg_id takes its own rows of the range from its buffer, digests
+them the same way and compares. Until then the gate keeps the range's rows (`check`
+returns the positions the standby may forget up to). Only on a difference does it read the
+active's rows of the range back from the outbound and dead-letter topics, to find the
+first msg_id that differs.
+
+Cost: the active digests each transaction's rows once; each standby digests the same rows
+once, and reads one progress record per partition per transaction. Both are counted in
+`AgreementStatus.digest_s` (docs/design.md, "Replica agreement", has the figures).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from twinstream.core.rows import NONE, Output, range_text
+
+log = logging.getLogger(__name__)
+
+# What a standby's buffer says of a range (Gate.rows_between): its rows, or that it has not
+# processed the range's end yet, or that it does not hold the range's start (any more).
+NOT_YET: Literal["not yet"] = "not yet"
+NOT_HELD: Literal["not held"] = "not held"
+Held = list[Output] | Literal["not yet", "not held"]
+
+# Ranges queued for comparison, over all partitions, before the oldest are given up on as
+# unchecked: a standby far behind (restoring) would otherwise queue one per transaction.
+MAX_PENDING = 100_000
+
+
+def row_text(row: Output) -> str:
+    """One row as the digest reads it: msg_id, kind, key and value, each length-prefixed
+    where it is free text, so that no two different rows give the same text."""
+    key = "-" if row.key is None else f"{len(row.key)}:{row.key}"
+    return f"{row.msg_id}|{row.kind}|{key}|{len(row.value)}:{row.value}"
+
+
+def digest(rows: Iterable[Output]) -> str:
+    """The digest of rows (of one partition's range): BLAKE2b-128 of their texts, sorted;
+    coverage rows do not count."""
+    texts = sorted(row_text(r) for r in rows if r.kind != NONE)
+    h = hashlib.blake2b(digest_size=16)
+    h.update("\n".join(texts).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+@dataclass
+class DigestCost:
+    """Time spent digesting rows, and how many: the check's cost, for the metrics."""
+
+    seconds: float = 0.0
+    rows: int = 0
+
+
+@dataclass(frozen=True)
+class PublishedRange:
+    """One transaction's part in one partition, as its progress record says: msg_id
+    first..last, the digest of its rows (None: written before digests were), the epoch
+    and the engine that published it, and the record's timestamp (ms)."""
+
+    partition: int
+    first: int
+    last: int
+    digest: str | None
+    epoch: int | None = None
+    engine_id: str | None = None
+    timestamp_ms: int = 0
+
+    def text(self) -> str:
+        return range_text(self.partition, self.first, self.last)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The first msg_id of `range_` where the rows differ: the active's as published, this
+    engine's as computed (each empty for none); `found_at` in epoch seconds."""
+
+    range_: PublishedRange
+    msg_id: int
+    active_rows: list[Output]
+    engine_rows: list[Output]
+    found_at: float
+
+    def text(self) -> str:
+        where = f"{self.range_.partition}:{self.msg_id}" if self.range_.partition else self.msg_id
+        return (
+            f"msg_id {where} (the "
+            f"active's transaction of msg_id {self.range_.text()}, epoch {self.range_.epoch})"
+        )
+
+
+@dataclass
+class AgreementStatus:
+    state: str
+    # Per partition: the last msg_id of the newest range compared and equal.
+    checked: dict[int, int] = field(default_factory=dict)
+    ranges_agreed: int = 0
+    ranges_unchecked: int = 0
+    difference: Difference | None = None
+    overridden: bool = False
+    # Seconds this engine spent digesting its rows for comparison, in all.
+    digest_s: float = 0.0
+    digested_rows: int = 0
+
+
+def first_difference(
+    range_: PublishedRange,
+    mine: Sequence[Output],
+    theirs: Sequence[Output],
+    found_at: float,
+) -> Difference:
+    """The lowest msg_id of the range whose rows (sorted texts, coverage rows left out)
+    differ between `mine` and `theirs`; the range's first msg_id when none does (the
+    active's rows could not all be read back: the digests still differ)."""
+
+    def grouped(rows: Sequence[Output]) -> dict[int, list[Output]]:
+        groups: dict[int, list[Output]] = {}
+        for row in rows:
+            if row.kind != NONE and range_.first <= row.msg_id <= range_.last:
+                groups.setdefault(row.msg_id, []).append(row)
+        return groups
+
+    mine_by, theirs_by = grouped(mine), grouped(theirs)
+    for msg_id in sorted(set(mine_by) | set(theirs_by)):
+        a, b = theirs_by.get(msg_id, []), mine_by.get(msg_id, [])
+        if sorted(map(row_text, a)) != sorted(map(row_text, b)):
+            return Difference(range_, msg_id, a, b, found_at)
+    return Difference(range_, range_.first, [], [], found_at)
+
+
+class Agreement:
+    """A standby's running comparison with the active (the module's guarantee).
+
+    `rows_between(partition, first, last)`: the engine's rows of the range, or NOT_YET /
+    NOT_HELD (`Gate.rows_between`). `published_rows(range)`: the active's committed rows of
+    the range, read back from Kafka, only on a difference. `bound()`: the most msg_ids a
+    range may span to be compared (what the buffer may hold)."""
+
+    def __init__(
+        self,
+        engine_id: str,
+        pipeline: str,
+        rows_between: Callable[[int, int, int], Held],
+        published_rows: Callable[[PublishedRange], list[Output]],
+        bound: Callable[[], int],
+        wall_clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.engine_id = engine_id
+        self.pipeline = pipeline
+        self._rows_between = rows_between
+        self._published_rows = published_rows
+        self._bound = bound
+        self._wall_clock = wall_clock
+        self._timer = timer
+        self._pending: dict[int, deque[PublishedRange]] = {}
+        self._status = AgreementStatus("unchecked")
+
+    # -- what the engine calls ----------------------------------------------------------
+
+    def offer(self, ranges: Iterable[PublishedRange]) -> None:
+        """Queue the active's published ranges, in the order the progress topic has them."""
+        for r in ranges:
+            self._pending.setdefault(r.partition, deque()).append(r)
+        excess = sum(len(q) for q in self._pending.values()) - MAX_PENDING
+        while excess > 0:
+            oldest = min((q for q in self._pending.values() if q), key=lambda q: q[0].timestamp_ms)
+            oldest.popleft()
+            self._status.ranges_unchecked += 1
+            excess -= 1
+
+    def check(self, standby: bool) -> dict[int, int]:
+        """Compare every queued range this engine has processed. Returns, per partition,
+        the msg_id up to which the gate may forget rows: the end of the ranges settled, or
+        just before the first range still waiting (the active has published everything
+        below it, and its rows are kept until compared). Not a standby (the active, or out
+        of the election): the ranges are its own, or cannot be compared; they are settled
+        unchecked."""
+        floors: dict[int, int] = {}
+        for partition, queue in self._pending.items():
+            while queue:
+                r = queue[0]
+                if standby and self._status.state != "disagrees" and r.digest is not None:
+                    if r.last - r.first + 1 > self._bound():
+                        self._unchecked(r, "larger than the buffer may hold")
+                    else:
+                        held = self._rows_between(partition, r.first, r.last)
+                        if held == NOT_YET:
+                            floors[partition] = r.first - 1
+                            break
+                        if held == NOT_HELD:
+                            self._unchecked(r, "its rows are not (or no longer) in the buffer")
+                        else:
+                            self._compare(r, held)
+                elif standby and r.digest is None:
+                    self._unchecked(r, "its progress record has no digest")
+                queue.popleft()
+                floors[partition] = r.last
+        return floors
+
+    def status(self) -> AgreementStatus:
+        s = self._status
+        return AgreementStatus(
+            s.state,
+            dict(s.checked),
+            s.ranges_agreed,
+            s.ranges_unchecked,
+            s.difference,
+            s.overridden,
+            s.digest_s,
+            s.digested_rows,
+        )
+
+    @property
+    def eligible(self) -> bool:
+        """Whether this engine may lead: not while it disagrees, unless overridden."""
+        return self._status.state != "disagrees" or self._status.overridden
+
+    def override(self) -> bool:
+        """An operator lets a disagreeing engine lead; False when it does not disagree."""
+        if self._status.state != "disagrees":
+            return False
+        self._status.overridden = True
+        return True
+
+    def reset(self, why: str) -> None:
+        """Forget every comparison and queued range (the engine's state was replaced: a
+        restore): what it computes from now on is compared afresh."""
+        if self._status.state == "disagrees":
+            log.warning(
+                "engine %s pipeline %s: agreement reset (%s); it disagreed at %s",
+                self.engine_id,
+                self.pipeline,
+                why,
+                self._status.difference.text() if self._status.difference else "?",
+            )
+        digest_s, rows = self._status.digest_s, self._status.digested_rows
+        self._status = AgreementStatus("unchecked", digest_s=digest_s, digested_rows=rows)
+        self._pending = {}
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _unchecked(self, r: PublishedRange, why: str) -> None:
+        self._status.ranges_unchecked += 1
+        log.debug(
+            "engine %s pipeline %s: msg_id %s not compared: %s",
+            self.engine_id,
+            self.pipeline,
+            r.text(),
+            why,
+        )
+
+    def _compare(self, r: PublishedRange, mine: list[Output]) -> None:
+        started = self._timer()
+        ours = digest(mine)
+        self._status.digest_s += self._timer() - started
+        self._status.digested_rows += len(mine)
+        if ours == r.digest:
+            self._status.ranges_agreed += 1
+            self._status.checked[r.partition] = r.last
+            if self._status.state == "unchecked":
+                self._status.state = "agrees"
+                log.info(
+                    "engine %s pipeline %s: agrees with the active (msg_id %s compared)",
+                    self.engine_id,
+                    self.pipeline,
+                    r.text(),
+                )
+            return
+        try:
+            theirs = self._published_rows(r)
+        except Exception as exc:  # the difference stands; only its msg_id is unknown
+            log.warning(
+                "engine %s pipeline %s: could not read back the active's rows of msg_id %s: %s",
+                self.engine_id,
+                self.pipeline,
+                r.text(),
+                exc,
+            )
+            theirs = []
+        found = first_difference(r, mine, theirs, self._wall_clock())
+        self._status.state = "disagrees"
+        self._status.difference = found
+        log.error(
+            "engine %s pipeline %s: DISAGREES with the active at %s: the active published %s, "
+            "this engine computed %s. It will not lead until restored (restore_and_resync, "
+            "snapshot proven) or overridden (POST /pipeline/override)",
+            self.engine_id,
+            self.pipeline,
+            found.text(),
+            [(o.kind, o.key, o.value[:200]) for o in found.active_rows],
+            [(o.kind, o.key, o.value[:200]) for o in found.engine_rows],
+        )
