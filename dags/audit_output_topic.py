@@ -36,7 +36,12 @@ the state folder from the `TWINSTREAM_*` settings. Spark's Kafka connector comes
 **Tasks.** `audit_output` runs the job, which writes its verdict to `last-audit.json`
 beside the cursor; `verdict` fails the run when the audit found a problem. A crashed or
 unreachable job is retried; a finding is not (the same data gives the same finding, and
-the next scheduled run checks the range again).
+the next scheduled run checks the range again). `agreement`, beside them, asks every
+engine of the pipeline (`GET /pipeline` `agreement`) and fails when one says its rows
+disagree with the published output, naming the msg_id, the active's transaction it lies
+in and both sides' rows; an engine that does not answer is logged, not failed
+(`watch_engines` deals with it). It needs the engines' connections,
+`twinstream_engine_<id>`.
 
 **Recovery.** A failed audit names the missing and the duplicated msg_id ranges, merged,
 and each expectation that failed (its suite, type, column, bounds and observed value). Its
@@ -45,7 +50,9 @@ engines' logs, `GET /pipeline` `uncovered_ranges`), then move the cursor past th
 hand (`<state>/audit/<pipeline>/cursor.json`) once it is understood. To audit other
 copies of one pipeline's topics, trigger with `pipeline` and the Params `outbound_topic`,
 `dlq_topic`, `progress_topic` (topic names) and `cursor`: an id, not a path; that audit's
-cursor and report are kept in `<state>/audit/<pipeline>/cursors/<id>/`.
+cursor and report are kept in `<state>/audit/<pipeline>/cursors/<id>/`. A failed
+`agreement` says which engine disagrees: `watch_engines` restores it (`restore_and_resync`,
+snapshot `proven`); or override it (`POST /pipeline/override`) to let it lead.
 """
 
 from __future__ import annotations
@@ -144,6 +151,15 @@ def audit_output_topic() -> None:
         except AuditFailed as exc:
             raise AirflowFailException(str(exc)) from exc
 
+    @task
+    def agreement(pipeline: str) -> str:
+        from twinstream.ops.operate import agreement_verdict, observe_engines, refusals_fail_fast
+
+        with refusals_fail_fast():
+            return agreement_verdict(
+                pipeline, observe_engines(registry.pipeline_settings(pipeline))
+            )
+
     # One group per pipeline: each pipeline's audit passes or fails on its own.
     @task_group
     def each_pipeline(pipeline: str) -> None:
@@ -159,6 +175,9 @@ def audit_output_topic() -> None:
             name="twinstream-audit",
         )
         audit_output >> verdict(pipeline)
+        # Not after the job: the engines' word needs no Spark, and a failed job does not
+        # hide a disagreement.
+        agreement(pipeline)
 
     each_pipeline.expand(pipeline=pipelines())
 

@@ -2,16 +2,19 @@
 ### restore_and_resync
 
 **Purpose.** Bring a failed engine back as a hot standby: from the newest valid snapshot
-(`latest`), a named snapshot, or `cold` (replay from the inbound offset at now minus the
-window retention), then wait until it has caught up with the inbound topic and prove it:
-its buffered outputs for the last `compare_last` msg_ids must equal, byte for byte, what
-the active already published. Triggered from the UI (the Params form) or by
-`watch_engines`.
+(`latest`), the newest taken by an engine that agreed with the active (`proven`; a cold
+rebuild when there is none Kafka can still replay), a named snapshot, or `cold` (replay
+from the inbound offset at now minus the window retention), then wait until it has caught
+up with the inbound topic and prove it: its buffered outputs for the last `compare_last`
+msg_ids must equal, byte for byte, what the active already published. Triggered from the
+UI (the Params form) or by `watch_engines` (with `proven`).
 
-Tasks: assess (refuses a healthy, in-sync engine unless `force`, and always the active)
-→ choose_snapshot (checksums, and Kafka still holds its next offset) → restore →
-wait_in_sync (a reschedule-mode sensor; its log shows the lag shrinking) → check_buffer →
-summary (a teardown: it reports, and never turns a failed run into a success).
+Tasks: assess (refuses a healthy, in-sync engine unless `force`, and always the active; a
+standby whose rows disagree with the published ones is restored without `force`) →
+choose_snapshot (checksums, and Kafka still holds its next offset) → restore →
+wait_in_sync (a reschedule-mode sensor; its log shows the lag shrinking and the engine's
+agreement, and it fails if the engine disagrees again) → check_buffer → summary (a
+teardown: it reports, and never turns a failed run into a success).
 
 **Connections.** `twinstream_engine_<id>` per engine (HTTP: admin API host and port, the
 bearer token as password), usually `AIRFLOW_CONN_TWINSTREAM_ENGINE_<ID>` JSON. Kafka and
@@ -20,8 +23,10 @@ the snapshot folder come from the `TWINSTREAM_*` settings.
 **Recovery.** Every failure names the engine and the reason. A snapshot Kafka can no
 longer replay is refused: choose a newer one or `cold`. If the wait runs out, the engine
 keeps replaying: rerun with the same engine once `GET /pipeline` shows it in sync, or
-raise `wait_minutes`. Rerunning is safe: a restore only ever replaces a stopped engine's
-checkpoint.
+raise `wait_minutes`. An engine that disagrees again after a `proven` restore: restore it
+`cold`; if it still disagrees, the pipeline's transform is not deterministic. Rerunning
+is safe: a restore only ever replaces a stopped engine's checkpoint (or, stopping it
+first, a disagreeing standby's).
 """
 
 from __future__ import annotations
@@ -69,7 +74,11 @@ DEFAULT_ARGS = {
             type="string",
             pattern=SNAPSHOT_PARAM_PATTERN,
             title="Snapshot",
-            description="'latest' (newest valid), 'cold' (replay the window), or a snapshot id.",
+            description=(
+                "'latest' (newest valid), 'proven' (newest taken by an engine that agreed "
+                "with the active; 'cold' when there is none), 'cold' (replay the window), or "
+                "a snapshot id."
+            ),
         ),
         "wait_minutes": Param(
             30,
@@ -82,7 +91,9 @@ DEFAULT_ARGS = {
             False,
             type="boolean",
             title="Force",
-            description="Restore even a healthy, in-sync standby.",
+            description=(
+                "Restore even a healthy, in-sync standby (one that disagrees needs no force)."
+            ),
         ),
         "compare_last": Param(
             1000,

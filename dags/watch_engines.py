@@ -4,8 +4,12 @@
 **Purpose.** Every minute, look at every engine of every pipeline through its admin API.
 An engine that is unreachable, or whose pipeline is stopped or failed, for longer than
 the grace period (`TWINSTREAM_WATCH_GRACE_S`, default 120 s) gets one
-`restore_and_resync` run (latest snapshot) per incident: not one per minute. An
-incident ends when the engine is seen running (or restoring) again.
+`restore_and_resync` run per incident: not one per minute. A running standby whose rows
+disagree with the published ones (`GET /pipeline` `agreement`) gets one at once: it does
+not heal by itself, and takes no part in the election meanwhile; one an operator
+overrode (`POST /pipeline/override`) is left alone. Every run restores the newest
+`proven` snapshot (taken by an agreeing engine), or rebuilds cold when there is none. An
+incident ends when the engine is seen running (or restoring) again, and not disagreeing.
 
 **Connections.** `twinstream_engine_<id>` per engine (HTTP: admin API host and port, the
 bearer token as password). The incidents are remembered in the Airflow Variable
@@ -51,7 +55,7 @@ def watch_engines() -> None:
 
         from airflow.sdk import Variable
 
-        from twinstream.ops.operate import engines_to_restore, observe_engines
+        from twinstream.ops.operate import engines_to_restore, observe_engines, restore_conf
         from twinstream.platform import registry
         from twinstream.platform.settings import load_settings
 
@@ -63,7 +67,7 @@ def watch_engines() -> None:
             views, remembered, time.time(), settings.watch_grace_s
         )
         Variable.set(INCIDENTS, json.dumps(incidents))
-        return [{"engine": engine_id, "snapshot": "latest"} for engine_id in to_restore]
+        return [restore_conf(engine_id) for engine_id in to_restore]
 
     TriggerDagRunOperator.partial(
         task_id="trigger_restore",

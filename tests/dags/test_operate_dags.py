@@ -36,6 +36,8 @@ def test_the_restore_form_accepts_good_input_and_rejects_a_bad_engine(dags):
     assert ok["engine"] == "a"
     assert ok["snapshot"] == "cold"
     assert _form(dag, snapshot="20261122T031500.123456Z-b-b42")["snapshot"].endswith("b42")
+    # What watch_engines asks for (operate.restore_conf).
+    assert _form(dag, snapshot="proven")["snapshot"] == "proven"
     with pytest.raises(ParamValidationError, match="engine"):
         _form(dag, engine="zzz")
     with pytest.raises(ParamValidationError, match="snapshot"):
@@ -198,6 +200,45 @@ def test_a_finding_fails_the_audit_without_a_retry(dags, tmp_path, monkeypatch):
     # Another run's report: the job did not finish, an error Airflow retries.
     with pytest.raises(RuntimeError, match="did not finish"):
         verdict(pipeline="payments", params=params, run_id="r2")
+
+
+def test_the_audit_fails_when_an_engine_disagrees_and_not_when_one_is_down(dags, monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tests.unit.fakes import disagreement
+    from twinstream.engine.api import AgreementInfo
+    from twinstream.ops import operate
+    from twinstream.ops.overview import EngineView
+
+    dag = dags["audit_output_topic"]
+    check = dag.task_dict["each_pipeline.agreement"]
+    # Beside the Spark job, not after it: a failed job hides no disagreement.
+    assert "each_pipeline.audit_output" not in check.upstream_task_ids
+    # Each pipeline the run audits.
+    assert "pipelines" in check.task_group.upstream_task_ids
+    seen = [
+        EngineView(pipeline="payments", engine_id="c", role="active", state="running"),
+        EngineView(pipeline="payments", engine_id="d", problem="GET /server: refused"),
+    ]
+    asked: list[str] = []
+
+    def observe_engines(settings):
+        asked.append(settings.pipeline)
+        return seen
+
+    monkeypatch.setattr(operate, "observe_engines", observe_engines)
+    assert "no engine disagrees" in check.python_callable(pipeline="payments")
+    seen[1] = EngineView(
+        pipeline="payments",
+        engine_id="d",
+        agreement=AgreementInfo.model_validate(disagreement()),
+        role="standby",
+        state="running",
+        in_sync=True,
+    )
+    with pytest.raises(AirflowFailException, match=r"engine d disagrees .* at msg_id 1000 \("):
+        check.python_callable(pipeline="payments")
+    assert asked == ["payments", "payments"]
 
 
 def test_the_retention_guard_runs_hourly_and_fixes_only_when_asked(dags):

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from twinstream.engine.api import PipelineInfo, ServerInfo
+from twinstream.engine.api import AgreementInfo, BufferedRow, Difference, PipelineInfo, ServerInfo
 
 
 class FakeClock:
@@ -79,3 +79,26 @@ def timeline(now: float = 1_000.0, **fields: Any) -> dict[str, Any]:
         "takeovers": [{"t": now - 8, "epoch": 3}],
     }
     return {**base, **fields}
+
+
+def disagreement(
+    partition: int = 0, msg_id: int = 1000, overridden: bool = False
+) -> dict[str, Any]:
+    """GET /pipeline's `agreement` of a standby whose rows of msg_id 1000 differ from the
+    active's transaction 950..1040 at epoch 3 (partition 0 unless told)."""
+    return AgreementInfo(
+        state="disagrees",
+        checked={partition: msg_id - 51},
+        ranges_agreed=12,
+        difference=Difference(
+            partition=partition,
+            msg_id=msg_id,
+            first=msg_id - 50,
+            last=msg_id + 40,
+            epoch=3,
+            active_rows=[BufferedRow(msg_id=msg_id, kind="out", key="h1", value='{"avg": 0.5}')],
+            engine_rows=[BufferedRow(msg_id=msg_id, kind="out", key="h1", value='{"avg": 0.7}')],
+            found_at="2026-11-28T02:00:00+00:00",
+        ),
+        overridden=overridden,
+    ).model_dump()

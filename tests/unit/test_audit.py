@@ -243,6 +243,7 @@ def test_param_patterns_refuse_a_trailing_newline_that_pythons_dollar_lets_throu
     assert re.search("^(latest)$", "latest\n"), "Python's $ (the reason for param_pattern)"
     for pattern, good, bad in [
         (SNAPSHOT_PARAM_PATTERN, "latest", "latest\n"),
+        (SNAPSHOT_PARAM_PATTERN, "proven", "proven\n"),
         (SNAPSHOT_PARAM_PATTERN, "20261126T101010.123456Z-a-b7", "cold\n"),
         (CURSOR_ID_PATTERN, "mine", "mine\n"),
         (TOPIC_NAME_PATTERN, "a.out", "a.out\n"),

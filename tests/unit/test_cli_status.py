@@ -87,6 +87,14 @@ def row(lines: list[str], engine: str) -> list[str]:
     raise AssertionError(f"no row of engine {engine} in:\n" + "\n".join(lines))
 
 
+def cell(lines: list[str], engine: str, column: str) -> str:
+    """One cell of an engine's row, by its column's header (an empty last cell is not
+    drawn as one)."""
+    header = next(line for line in lines if "┃ engine" in line)
+    names = [c.strip() for c in header.strip("┃ ").split("┃")]
+    return row(lines, engine)[names.index(column)]
+
+
 def status(settings: Settings, *args: str) -> int:
     return cli.cmd_status(settings, cli_args(*args))
 
@@ -142,6 +150,23 @@ def test_status_covers_every_pipeline_and_names_one_without_a_single_active(
     assert "pipeline payments  NO SINGLE ACTIVE" in out
     assert "hostmetrics" not in out
     assert [row(out.splitlines(), e)[1] for e in "cd"] == ["active", "active"]
+
+
+def test_status_shows_each_engines_agreement_and_a_disagreement_is_a_problem(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], settings: Settings
+) -> None:
+    fake_engines(monkeypatch, actives={"a", "c"})
+    monkeypatch.setitem(PIPELINES, "b", PIPELINES["b"] | {"agreement": {"state": "agrees"}})
+    assert status(settings) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [cell(lines, e, "agreement") for e in "ab"] == ["unchecked", "agrees"]
+    monkeypatch.setitem(PIPELINES, "d", PIPELINES["d"] | {"agreement": fakes.disagreement(1)})
+    assert status(settings) == 1
+    out = capsys.readouterr().out
+    assert cell(out.splitlines(), "d", "agreement") == "DISAGREES at msg_id 1:1000"
+    problem = out[out.index("PROBLEM: engine d disagrees") :]
+    assert "at msg_id 1:1000 (the active's transaction of msg_id 1:950..1040, epoch 3)" in problem
+    assert "restore_and_resync, snapshot proven" in problem
 
 
 def test_status_as_json_is_the_overview_model(

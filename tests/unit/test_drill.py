@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.unit.fakes import FakeClock, pipeline_info, server_info
+from tests.unit.fakes import FakeClock, disagreement, pipeline_info, server_info
 from twinstream.engine.api import (
+    AgreementInfo,
     BufferedRow,
     EngineApi,
     PipelineInfo,
@@ -114,6 +115,10 @@ def test_the_plan_needs_one_active_agreed_by_zookeeper_and_an_in_sync_standby():
         drill.plan([view("a", role="active"), view("b", in_sync=False)], "a")
     with pytest.raises(OperateError, match="exactly one running active"):
         drill.plan([view("a"), view("b")], None)
+    # A standby whose rows disagree takes no part in the election: it cannot take over.
+    disagrees = AgreementInfo.model_validate(disagreement())
+    with pytest.raises(OperateError, match=r"no in-sync standby that may take over.*DISAGREES"):
+        drill.plan([view("a", role="active"), view("b", agreement=disagrees)], "a")
     with pytest.raises(OperateError, match="exactly one running active"):
         drill.plan([view("a", role="active", zk_state="SUSPENDED"), view("b")], "a")
 

@@ -5,15 +5,17 @@ how an engine is seen and described; the settings a restore run works on."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.unit.fakes import pipeline_info, server_info
+from tests.unit.fakes import disagreement, pipeline_info, server_info
 from tests.unit.test_snapshot import Clock, fake_checkpoint, write
 from twinstream.engine.api import (
+    AgreementInfo,
     BufferedRow,
     EngineApi,
     PipelineInfo,
@@ -42,6 +44,12 @@ def view(engine_id: str, role="standby", state="running", in_sync=True, **kw) ->
         lag=0,
         **kw,
     )
+
+
+def disagreeing(engine_id: str = "b", overridden: bool = False, **kw: Any) -> EngineView:
+    """A running, in-sync standby whose rows of msg_id 1000 differ from the published ones."""
+    agreement = AgreementInfo.model_validate(disagreement(overridden=overridden))
+    return view(engine_id, agreement=agreement, **kw)
 
 
 DOWN = EngineView(
@@ -149,6 +157,24 @@ def test_no_in_sync_standby_fails_with_what_each_engine_is(b):
     assert "restore_and_resync" in str(refused.value)
 
 
+def test_a_disagreeing_standby_is_never_persisted_and_an_agreeing_one_comes_first():
+    agrees = AgreementInfo(state="agrees", checked={0: 900}, ranges_agreed=3)
+    # Three engines: b disagrees, c agrees.
+    views = [view("a", role="active"), disagreeing("b"), view("c", agreement=agrees)]
+    assert operate.pick_standby(views, leader="a") == "c"
+    # Overridden, it may lead, but its state is still the suspect one.
+    views = [view("a", role="active"), disagreeing("b", overridden=True)]
+    with pytest.raises(
+        OperateError,
+        match=r"does not disagree.*engine b: .*disagrees at msg_id 1000.*\(overridden\)",
+    ):
+        operate.pick_standby(views, leader="a")
+    # Of two fit standbys, the one whose snapshot would be proven.
+    views = [view("a", role="active"), view("b"), view("c", agreement=agrees)]
+    assert operate.pick_standby(views, leader="a") == "c"
+    assert operate.pick_standby(views[:2], leader="a") == "b"
+
+
 def test_a_persisted_snapshot_is_verified_on_shared_storage(settings, tmp_path):
     manifest = write(settings.snapshot_dir, fake_checkpoint(tmp_path / "e"), Clock())
     # As the verify task gets it: through an XCom, JSON (partition keys become strings).
@@ -174,6 +200,48 @@ def test_assess_refuses_the_active_a_healthy_standby_and_an_unreachable_engine()
         operate.assess(DOWN, force=True)
     stopped = view("b", role="none", state="stopped", in_sync=False, reason="no checkpoint")
     assert "no checkpoint" in operate.assess(stopped, force=False)
+
+
+def test_a_disagreeing_standby_is_restored_without_force_and_stopped_for_it():
+    assert "DISAGREES" in operate.assess(disagreeing("b"), force=False)
+    # Overridden: an operator chose to keep it; restoring it takes force, as for any other.
+    with pytest.raises(OperateError, match="healthy and in sync"):
+        operate.assess(disagreeing("b", overridden=True), force=False)
+    with pytest.raises(OperateError, match="is the active"):
+        operate.assess(disagreeing("b", role="active"), force=False)
+    engine = FakeEngine(state="running", in_sync=True)
+    engine.info["agreement"] = disagreement()
+    operate.start_restore(engine, PIPELINE, "s1", force=False)
+    assert engine.calls == ["stop", "restore s1"]
+
+
+def proven(settings, manifest: Manifest) -> None:
+    """Marks a written snapshot as taken by an agreeing engine, as the engine writes it."""
+    path = settings.snapshot_dir / manifest.snapshot_id / "manifest.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "agreement": "agrees", "agreed_through": {"0": 60}}))
+
+
+def test_choose_proven_takes_the_newest_snapshot_of_an_agreeing_engine(settings, tmp_path, caplog):
+    clock = Clock()
+    cp = fake_checkpoint(tmp_path / "e")
+    old = write(settings.snapshot_dir, cp, clock)
+    write(settings.snapshot_dir, cp, clock)  # newer, unchecked: not proven
+    # None proven yet: a cold rebuild, and the log says why.
+    with caplog.at_level("WARNING"):
+        assert operate.choose_snapshot(settings, "proven", {0: 0}) == "cold"
+    assert "no proven snapshot of pipeline hostmetrics" in caplog.text
+    assert "cold rebuild instead" in caplog.text
+    proven(settings, old)
+    assert operate.choose_snapshot(settings, "proven", {0: 0}) == old.snapshot_id
+    assert operate.choose_snapshot(settings, "latest", {0: 0}) != old.snapshot_id
+    # Kafka deleted what the proven one replays: cold too, saying so.
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert operate.choose_snapshot(settings, "proven", {0: 67}) == "cold"
+    assert f"the newest proven snapshot {old.snapshot_id} continues at inbound offset 66" in (
+        caplog.text
+    )
 
 
 def test_choose_snapshot_checks_checksums_and_kafkas_log_start(settings, tmp_path):
@@ -219,10 +287,16 @@ def test_sync_check_reports_progress_then_done_then_times_out():
     engine = FakeEngine(state="restoring")
     check = operate.sync_check(engine, started_at=100.0, wait_s=60, now=110.0)
     assert not check.done
-    assert check.message == ("engine b: restoring, lag 500, 900.0 events/s, 10 s since the restore")
+    assert check.message == (
+        "engine b: restoring, lag 500, 900.0 events/s, agreement unchecked (0 ranges agreed), "
+        "10 s since the restore"
+    )
     engine.info["events_per_s"] = None
     check = operate.sync_check(engine, 100.0, wait_s=60, now=110.0, since="its start")
-    assert check.message == "engine b: restoring, lag 500, - events/s, 10 s since its start"
+    assert check.message == (
+        "engine b: restoring, lag 500, - events/s, agreement unchecked (0 ranges agreed), "
+        "10 s since its start"
+    )
     with pytest.raises(OperateError, match="not in sync after the 60 s allowed"):
         operate.sync_check(engine, started_at=100.0, wait_s=60, now=161.0)
     engine.info.update(state="running", in_sync=True, lag=3)
@@ -230,6 +304,26 @@ def test_sync_check_reports_progress_then_done_then_times_out():
     engine.info.update(state="failed", reason="streaming query stopped: boom")
     with pytest.raises(OperateError, match="pipeline is failed: streaming query stopped"):
         operate.sync_check(engine, started_at=100.0, wait_s=60, now=120.0)
+
+
+def test_sync_check_fails_when_the_restored_engine_disagrees_again():
+    found = datetime.fromisoformat(str(disagreement()["difference"]["found_at"])).timestamp()
+    engine = FakeEngine(state="running", in_sync=True)
+    engine.info["agreement"] = {"state": "agrees", "checked": {0: 70}, "ranges_agreed": 4}
+    check = operate.sync_check(engine, started_at=found - 5, wait_s=60, now=found + 1)
+    assert check.done
+    assert "agreement agrees (4 ranges agreed)" in check.message
+    engine.info["agreement"] = disagreement()
+    # Found after the restore began: a new difference, the restore did not cure it.
+    with pytest.raises(OperateError) as again:
+        operate.sync_check(engine, started_at=found - 5, wait_s=60, now=found + 1)
+    assert "agreement disagrees" in str(again.value)
+    assert "disagrees with the published output again at msg_id 1000 (the active's" in str(
+        again.value
+    )
+    assert "snapshot 'cold'" in str(again.value)
+    # Found before it: the engine still shows the one being cured; no verdict yet.
+    assert operate.sync_check(engine, started_at=found + 5, wait_s=60, now=found + 6).done
 
 
 def _row(msg_id: int, value: str = "v", kind: str = "out") -> BufferedRow:
@@ -379,6 +473,15 @@ def test_an_engine_is_seen_as_the_overview_sees_it_and_described_in_one_line():
     assert operate.observe(engine, PIPELINE).describe() == (
         "engine b: active, pipeline running, in sync"
     )
+    engine.role = "standby"
+    engine.info["agreement"] = disagreement()
+    disagrees = operate.observe(engine, PIPELINE)
+    assert (disagrees.healthy, disagrees.agreement.state) == (False, "disagrees")
+    assert disagrees.describe() == (
+        "engine b: standby, pipeline running, in sync, DISAGREES with the published output at "
+        "msg_id 1000 (the active's transaction of msg_id 950..1040, epoch 3): restore it "
+        "(restore_and_resync, snapshot proven) or override (POST /pipeline/override)"
+    )
 
 
 def test_an_engine_that_does_not_answer_is_described_with_the_whole_error():
@@ -445,6 +548,59 @@ def test_an_engine_down_past_the_grace_period_is_restored_once_per_incident():
     )
     assert todo == ["b"]
     json.dumps(memory)  # what the DAG stores in its Variable
+
+
+def test_a_disagreeing_standby_is_restored_at_once_and_once_per_incident(caplog):
+    healthy_a = view("a", role="active")
+    with caplog.at_level("WARNING"):
+        todo, memory = operate.engines_to_restore(
+            [healthy_a, disagreeing("b")], {}, now=1000.0, grace_s=120
+        )
+    assert todo == ["b"]
+    assert "engine b of pipeline hostmetrics: triggering restore_and_resync (snapshot proven)" in (
+        caplog.text
+    )
+    assert "msg_id 1000" in caplog.text
+    for minute in range(1, 5):
+        todo, memory = operate.engines_to_restore(
+            [healthy_a, disagreeing("b")], memory, 1000.0 + 60 * minute, 120
+        )
+        assert todo == []
+    # Restored (agreement starts over): the incident closes.
+    todo, memory = operate.engines_to_restore(
+        [healthy_a, view("b", state="restoring")], memory, 1400.0, 120
+    )
+    assert (todo, memory) == ([], {})
+    # Overridden by an operator: left alone.
+    todo, memory = operate.engines_to_restore(
+        [healthy_a, disagreeing("b", overridden=True)], {}, 2000.0, 120
+    )
+    assert (todo, memory) == ([], {})
+
+
+def test_watch_engines_asks_for_the_proven_snapshot():
+    assert operate.restore_conf("b") == {"engine": "b", "snapshot": "proven"}
+
+
+def test_the_agreement_check_fails_naming_the_range_and_logs_an_unreachable_engine(caplog):
+    views = [view("a", role="active"), view("b", agreement=AgreementInfo(state="agrees")), DOWN]
+    with caplog.at_level("INFO"):
+        summary = operate.agreement_verdict(PIPELINE, views)
+    assert summary == (
+        "pipeline hostmetrics: no engine disagrees with the published output (a unchecked, "
+        "b agrees)"
+    )
+    assert "engine b of pipeline hostmetrics: agreement not known, it does not answer" in (
+        caplog.text
+    )
+    with pytest.raises(OperateError) as failed:
+        operate.agreement_verdict(PIPELINE, [view("a", role="active"), disagreeing("c"), DOWN])
+    assert str(failed.value) == (
+        "engine c disagrees with the published output at msg_id 1000 (the active's transaction "
+        'of msg_id 950..1040, epoch 3): active rows [out key=h1 value={"avg": 0.5}], engine '
+        'rows [out key=h1 value={"avg": 0.7}], found at 2026-11-28T02:00:00+00:00; restore it '
+        "(restore_and_resync, snapshot proven) or override (POST /pipeline/override)"
+    )
 
 
 # -- the admin API client -----------------------------------------------------------------

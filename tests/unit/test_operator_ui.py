@@ -243,3 +243,47 @@ def test_the_page_shows_each_publisher_adapter_as_its_status_node_says(tmp_path:
     for column in ("source position", "lag to source end", "published", "last error"):
         assert f'"{column}"' in script
     assert "adaptersTable(p)" in script[script.index("function pipelineSection") :]
+
+
+def test_the_page_shows_each_engines_agreement_and_a_disagreement_in_full(tmp_path: Path):
+    """The overview the page draws has each engine's agreement, a disagreement's msg_id, the
+    active's transaction and both sides' rows; the page's script shows them (reading only
+    fields the models have), in red, and restores such an engine from a proven snapshot."""
+    from twinstream.engine.api import AgreementInfo, BufferedRow, Difference
+
+    settings = load_settings(admin_token="t", state_dir=tmp_path)
+    answers = {
+        "a": ACTIVE,
+        "b": standby({0: 100}, 5, in_sync=True, agreement=fakes.disagreement()),
+        "c": ACTIVE,
+        "d": standby({0: 100}, 5, in_sync=True, agreement={"state": "agrees"}),
+    }
+    sources = Sources(settings=lambda: settings, engines=fake_engines(answers))
+    test_client = TestClient(create_app(sources, auth=logged_in))
+    test_client.cookies.set("_token", "good")
+    body = test_client.get("/api/overview").json()
+    host, pay = body["overview"]["pipelines"]
+    assert not body["ok"]
+    b = host["engines"][1]
+    assert b["agreement"]["state"] == "disagrees"
+    difference = b["agreement"]["difference"]
+    assert (difference["msg_id"], difference["first"], difference["last"]) == (1000, 950, 1040)
+    assert [r["value"] for r in difference["active_rows"]] == ['{"avg": 0.5}']
+    assert [r["value"] for r in difference["engine_rows"]] == ['{"avg": 0.7}']
+    assert any("engine b disagrees" in p for p in host["problems"])
+    assert pay["engines"][1]["agreement"]["state"] == "agrees"
+
+    script = (STATIC / "page.js").read_text()
+    drawn = script[script.index("function msgId") : script.index("function engineRow")]
+    assert set(re.findall(r"\ba\.([a-z_]+)", drawn)) <= set(AgreementInfo.model_fields)
+    assert set(re.findall(r"\bd\.([a-z_]+)", drawn)) <= set(Difference.model_fields)
+    assert set(re.findall(r"\br\.([a-z_]+)", drawn)) <= set(BufferedRow.model_fields)
+    for shown in ("msg_id", "first", "last", "epoch", "active_rows", "engine_rows"):
+        assert f"d.{shown}" in drawn, shown
+    assert 'class: "fail" }, `DISAGREES${where}`' in drawn
+    assert '"agreement"' in script[script.index("const ENGINE_COLUMNS") :]
+    row = script[script.index("function engineRow") : script.index("function bytes")]
+    assert "agreementCell(e)" in row
+    assert 'snapshot: "proven"' in row
+    section = script[script.index("function pipelineSection") :]
+    assert "disagreementRow(e, ENGINE_COLUMNS.length)" in section

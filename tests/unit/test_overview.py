@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.unit.fakes import pipeline_info, server_info
+from tests.unit.fakes import disagreement, pipeline_info, server_info
 from twinstream.engine import snapshot
 from twinstream.engine.client import EngineClient
 from twinstream.ops.overview import FAIL, WARN, covers, latest_audit, overview
@@ -100,6 +100,52 @@ def test_a_healthy_pair_has_no_problem_and_a_lagging_standby_is_a_warning(tmp_pa
     assert [p.problems for p in seen.pipelines] == [[], []]
     assert seen.pipelines[1].engines[1].health == WARN
     assert seen.ok
+
+
+def test_a_disagreeing_standby_is_a_problem_naming_the_msg_id_both_rows_and_the_fix(
+    tmp_path: Path,
+):
+    answers = {
+        "a": ACTIVE,
+        "b": standby({0: 100, 1: 50}, 50, in_sync=True, agreement=disagreement()),
+        "c": ACTIVE,
+        "d": standby({0: 100, 1: 50}, 50, in_sync=True, agreement={"state": "agrees"}),
+    }
+    seen = overview(pipelines(tmp_path), fake_engines(answers), with_history=False)
+    host, pay = seen.pipelines
+    a, b = host.engines
+    assert (a.agreement_text(), b.agreement_text()) == ("unchecked", "DISAGREES at msg_id 1000")
+    assert b.agreement.difference is not None
+    assert b.agreement.difference.epoch == 3
+    assert (b.health, b.healthy, b.disagrees) == (FAIL, False, True)
+    assert host.problems == [
+        "engine b disagrees with the published output at msg_id 1000 (the active's transaction "
+        'of msg_id 950..1040, epoch 3): active rows [out key=h1 value={"avg": 0.5}], engine '
+        'rows [out key=h1 value={"avg": 0.7}], found at 2026-11-28T02:00:00+00:00; restore '
+        "it (restore_and_resync, snapshot proven) or override (POST /pipeline/override)"
+    ]
+    assert not seen.ok
+    d = pay.engines[1]
+    assert (d.agreement_text(), d.health, d.healthy, pay.problems) == ("agrees", "ok", True, [])
+
+
+def test_an_overridden_disagreement_is_a_warning_not_a_problem(tmp_path: Path):
+    """The operator let it lead: nothing more to act on, but the table still says so."""
+    answers = {
+        "a": ACTIVE,
+        "b": standby({0: 100}, 50, in_sync=True, agreement=disagreement(2, 7, overridden=True)),
+        "c": ACTIVE,
+        "d": standby({0: 100}, 50, in_sync=True),
+    }
+    host = overview(pipelines(tmp_path), fake_engines(answers), with_history=False).pipelines[0]
+    b = host.engines[1]
+    assert host.problems == []
+    assert (b.health, b.healthy, b.agreement_text()) == (
+        WARN,
+        True,
+        "disagrees at msg_id 2:7 (overridden)",
+    )
+    assert "overridden by an operator" in str(b.disagreement())
 
 
 def test_takeovers_are_merged_from_every_engine_newest_first(tmp_path: Path):

@@ -620,7 +620,7 @@ UP_TO_PATTERN = param_pattern(r"committed|margin|\d{1,5}:\d{1,19}(,\d{1,5}:\d{1,
 # Kafka's own rule for a topic name (the DAG's Params for other copies of the topics).
 TOPIC_NAME_PATTERN = param_pattern(r"([A-Za-z0-9._-]{1,249})?")
 # What restore_and_resync's snapshot Param takes: latest, cold, or a snapshot's id.
-SNAPSHOT_PARAM_PATTERN = param_pattern(r"latest|cold|\d{8}T\d{6}\.\d{6}Z-[a-z0-9-]+-b\d+")
+SNAPSHOT_PARAM_PATTERN = param_pattern(r"latest|proven|cold|\d{8}T\d{6}\.\d{6}Z-[a-z0-9-]+-b\d+")
 
 
 def cursor_file(audit_dir: Path, cursor: str = "") -> Path:

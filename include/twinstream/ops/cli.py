@@ -383,8 +383,9 @@ def properties(client: UserClient, kind: str, key_by: str | None = None) -> str:
 def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
     """Every engine of every pipeline of the stack (or of --pipeline) as a table, with each
     pipeline's last takeovers, newest snapshot and last audit; exit 1 if a pipeline has a
-    problem (not exactly one active, a gap, a standby that cannot cover a takeover, a failed
-    audit), 2 if the engines refuse the token or none answers (one line saying so)."""
+    problem (not exactly one active, a gap, a standby that cannot cover a takeover, an engine
+    whose rows disagree with the published ones, a failed audit), 2 if the engines refuse
+    the token or none answers (one line saying so)."""
     from twinstream.engine import timeline
     from twinstream.engine.timeline import PipelineTimeline
     from twinstream.ops.status_view import render, watch

@@ -47,15 +47,21 @@ def plan(views: Iterable[EngineView], leader: str | None) -> dict[str, Any]:
             f"ZooKeeper names {leader} the leader, but {active.engine_id} says it is active "
             f"(a takeover is under way?); rerun when they agree: {seen}"
         )
+    # A disagreeing standby takes no part in the election: it could not take over.
     standbys = [
         v.engine_id
         for v in views
-        if v.problem is None and v.role == "standby" and v.state == "running" and v.in_sync
+        if v.problem is None
+        and v.role == "standby"
+        and v.state == "running"
+        and v.in_sync
+        and not v.disagrees
     ]
     if not standbys:
         raise OperateError(
-            f"no in-sync standby: stopping the active now would stop the output. Restore one "
-            f"(restore_and_resync) first: {seen}"
+            f"no in-sync standby that may take over (one whose rows disagree with the "
+            f"published ones takes no part in the election): stopping the active now would "
+            f"stop the output. Restore one (restore_and_resync) first: {seen}"
         )
     log.info("drill: will stop active %s; in-sync standbys %s", active.engine_id, standbys)
     return {"active": active.engine_id, "standbys": standbys}

@@ -15,12 +15,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 from twinstream.core.rows import positions_text, range_text, record_id, record_text, span
 from twinstream.edge.reader import Record
 from twinstream.engine import snapshot
-from twinstream.engine.api import BufferedRow, EngineApi
+from twinstream.engine.api import AgreementInfo, BufferedRow, EngineApi
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.ops.overview import WORKING, EngineView, engine_view, unanswered_view
 from twinstream.platform import registry
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 COLD = "cold"
 LATEST = "latest"
+# The newest snapshot taken by an engine that agreed with the active (Manifest.proven):
+# what a restore after a disagreement, and watch_engines, ask for.
+PROVEN = snapshot.PROVEN
 
 
 class OperateError(Exception):
@@ -80,21 +84,30 @@ def zk_leader(settings: Settings) -> str | None:
 
 def pick_standby(views: Iterable[EngineView], leader: str | None) -> str:
     """An engine that ZooKeeper does not name as the leader and that says itself it is an
-    in-sync standby: both sources must agree, so a stale view can never pick the active."""
+    in-sync standby: both sources must agree, so a stale view can never pick the active.
+    Never one whose rows disagree with the published ones (overridden or not: its state is
+    the suspect one), and one that agrees before one not yet checked: its snapshot is the
+    one a restore can trust (Manifest.proven; the engine writes its agreement there)."""
     views = list(views)
-    for view in views:
-        if (
-            view.problem is None
-            and view.engine_id != leader
-            and view.role == "standby"
-            and view.state == "running"
-            and view.in_sync
-        ):
-            return view.engine_id
+    candidates = [
+        view
+        for view in views
+        if view.problem is None
+        and view.engine_id != leader
+        and view.role == "standby"
+        and view.state == "running"
+        and view.in_sync
+        and view.agreement.state != "disagrees"
+    ]
+    # Stable: among equals, the configured order as before.
+    candidates.sort(key=lambda v: v.agreement.state != "agrees")
+    if candidates:
+        return candidates[0].engine_id
     seen = "; ".join(v.describe() for v in views)
     raise OperateError(
-        f"no in-sync standby to persist from (ZooKeeper leader: {leader}; {seen}). The active "
-        "is never persisted; restore or resync a standby (restore_and_resync) and rerun."
+        f"no in-sync standby that does not disagree to persist from (ZooKeeper leader: "
+        f"{leader}; {seen}). The active is never persisted, nor a standby whose rows differ "
+        "from the published ones; restore or resync a standby (restore_and_resync) and rerun."
     )
 
 
@@ -139,7 +152,9 @@ def prune(settings: Settings, keep: int) -> list[str]:
 
 
 def assess(view: EngineView, force: bool) -> str:
-    """Refuse to touch an engine that is doing its job, unless forced."""
+    """Refuse to touch an engine that is doing its job, unless forced. A standby whose rows
+    disagree with the published ones is not doing it, in sync or not: it does not heal by
+    itself, so it is restored without `force`."""
     if view.problem is not None:
         raise OperateError(
             f"{view.describe()}: its admin API must answer before it can be restored; start "
@@ -150,7 +165,7 @@ def assess(view: EngineView, force: bool) -> str:
             f"{view.describe()}: this engine is the active; restoring it would stop the "
             "pipeline's output. Stop it first so that a standby takes over."
         )
-    if view.state in WORKING and view.in_sync and not force:
+    if view.state in WORKING and view.in_sync and not view.disagrees and not force:
         raise OperateError(
             f"{view.describe()}: healthy and in sync, nothing to restore (set force to restore "
             "it anyway)"
@@ -179,13 +194,26 @@ def choose_snapshot(
 ) -> str:
     """The snapshot id to restore (or `cold`), checked before the engine is touched: its
     checksums, that its state layout is the pipeline's `layout` (`Pipeline.state_layout`),
-    and that Kafka still holds, in every partition, the offset it continues at."""
+    and that Kafka still holds, in every partition, the offset it continues at.
+
+    `proven` (the newest snapshot an agreeing engine took) falls back to `cold` when there is
+    none Kafka can still replay, saying why: it is what watch_engines asks for, unattended,
+    and a cold rebuild recomputes the state from the inbound topic alone, so it proves as
+    much; an unproven snapshot may hold the very state that disagrees."""
     if requested == COLD:
         log.info("cold rebuild: replay from the inbound offset at now - window retention")
         return COLD
     try:
         manifest = snapshot.choose(settings.snapshot_dir, settings.pipeline, requested, layout)
     except snapshot.SnapshotError as exc:
+        if requested == PROVEN:
+            log.warning(
+                "pipeline %s: %s; a cold rebuild instead (replay from the inbound offset at "
+                "now - window retention)",
+                settings.pipeline,
+                exc,
+            )
+            return COLD
         raise OperateError(f"cannot restore {requested!r}: {exc}") from exc
     positions = manifest.positions()
     behind = {p: o for p, o in positions.items() if o < log_starts.get(p, 0)}
@@ -194,6 +222,17 @@ def choose_snapshot(
             f"{positions_text({p: o})} where it starts at {log_starts.get(p, 0)}"
             for p, o in sorted(behind.items())
         )
+        if requested == PROVEN:
+            log.warning(
+                "pipeline %s: the newest proven snapshot %s continues at inbound offset %s "
+                "(Kafka's log of %s): retention has deleted what it would replay; a cold "
+                "rebuild instead",
+                settings.pipeline,
+                manifest.snapshot_id,
+                where,
+                settings.inbound_topic,
+            )
+            return COLD
         raise OperateError(
             f"snapshot {manifest.snapshot_id} continues at inbound offset {where} "
             f"(Kafka's log of {settings.inbound_topic}): retention has deleted what it would "
@@ -214,12 +253,20 @@ def start_restore(
     engine: EngineApi, pipeline: str, snapshot_id: str, force: bool
 ) -> dict[str, Any]:
     """Restore `snapshot_id` on the engine of `pipeline`, stopping it first only when
-    forced: it may have started since assess()."""
+    forced (it may have started since assess()) or when its rows disagree with the
+    published ones: that is why it is restored."""
     view = observe(engine, pipeline)
     if view.state in WORKING:
-        if not force:
+        if not force and not view.disagrees:
             raise OperateError(f"{view.describe()}: it started meanwhile; rerun with force")
-        log.warning("%s: stopping it for the forced restore", view.describe())
+        why = "it disagrees" if view.disagrees else "forced"
+        log.warning(
+            "engine %s of pipeline %s: stopping it for the restore (%s): %s",
+            engine.engine_id,
+            pipeline,
+            why,
+            view.describe(),
+        )
         engine.stop()
     report = engine.restore(snapshot_id)
     log.info(
@@ -246,21 +293,44 @@ def sync_check(
     since: str = "the restore",
 ) -> SyncCheck:
     """One look at a restoring (or restarted) engine: done when in sync; OperateError when
-    it failed or the wait is over. The message is the progress line for the sensor's log."""
+    it failed, when its rows disagree with the published ones again, or when the wait is
+    over. The message is the progress line for the sensor's log, with the engine's
+    agreement."""
     info = engine.pipeline()
     elapsed = now - started_at
     rate = info.events_per_s
+    agreement = info.agreement
     line = (
         f"engine {engine.engine_id}: {info.state}, lag {info.lag}, "
-        f"{'-' if rate is None else rate} events/s, {elapsed:.0f} s since {since}"
+        f"{'-' if rate is None else rate} events/s, agreement {agreement.state} "
+        f"({agreement.ranges_agreed} ranges agreed), {elapsed:.0f} s since {since}"
     )
     if info.state not in WORKING:
         raise OperateError(f"{line}: the pipeline is {info.state}: {info.reason}")
+    if not agreement.eligible and not found_before(agreement, started_at):
+        at = "" if agreement.difference is None else f" at {agreement.difference.text()}"
+        raise OperateError(
+            f"{line}: it disagrees with the published output again{at}. The snapshot it was "
+            "restored from carries the difference, or the pipeline's transform is not "
+            "deterministic: restore it with snapshot 'cold' (restore_and_resync), and if it "
+            "disagrees again, look for what the transform reads besides its input (clock, "
+            "randomness, another service)"
+        )
     if info.in_sync:
         return SyncCheck(True, f"{line}: in sync")
     if elapsed > wait_s:
         raise OperateError(f"{line}: not in sync after the {wait_s:.0f} s allowed")
     return SyncCheck(False, line)
+
+
+def found_before(agreement: AgreementInfo, started_at: float) -> bool:
+    """Whether the engine found its difference before `started_at` (the restore): the one
+    the restore is curing, not a new one. Unknown (no time said): not before."""
+    found = agreement.difference.found_at if agreement.difference is not None else ""
+    try:
+        return bool(found) and datetime.fromisoformat(found).timestamp() < started_at
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -408,12 +478,43 @@ def check_buffer(engine: EngineApi, settings: Settings, last: int) -> Comparison
     return result
 
 
+# -- audit_output_topic: agreement -------------------------------------------------------
+
+
+def agreement_verdict(pipeline: str, views: Sequence[EngineView]) -> str:
+    """Whether every engine of `pipeline` that answers agrees with the published output (or
+    has not compared yet): OperateError naming each disagreement's msg_id, the active's
+    transaction it lies in and both sides' rows, else a one-line summary. An engine that
+    does not answer is logged, not a failure: watch_engines restores one that stays down."""
+    for view in views:
+        if view.problem is not None:
+            log.info(
+                "engine %s of pipeline %s: agreement not known, it does not answer (%s); "
+                "watch_engines restores an engine that stays down",
+                view.engine_id,
+                pipeline,
+                view.problem,
+            )
+    found = [text for v in views if (text := v.disagreement()) is not None]
+    if found:
+        raise OperateError("; ".join(found))
+    answered = [v for v in views if v.problem is None]
+    summary = (
+        f"pipeline {pipeline}: no engine disagrees with the published output ("
+        + (", ".join(f"{v.engine_id} {v.agreement_text()}" for v in answered) or "none answers")
+        + ")"
+    )
+    log.info("%s", summary)
+    return summary
+
+
 # -- watch_engines ----------------------------------------------------------------------
 
 
 @dataclass
 class Incident:
-    """An engine seen down or stopped since `since`; `triggered` once a restore started."""
+    """An engine seen down, stopped or disagreeing since `since`; `triggered` once a restore
+    started."""
 
     since: float
     triggered: bool = False
@@ -428,7 +529,9 @@ def engines_to_restore(
 ) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """Which engines to restore now, and the incidents to remember for the next look. An
     engine is restored once per incident: after the grace period, and not again until it
-    has been seen healthy."""
+    has been seen healthy. A running standby whose rows disagree with the published ones is
+    restored at once: it does not heal by itself (and it takes no part in the election, so
+    the pipeline has one standby fewer until it is restored)."""
     remembered = {k: Incident(**v) for k, v in incidents.items()}
     to_restore = []
     current: dict[str, Incident] = {}
@@ -440,8 +543,19 @@ def engines_to_restore(
         incident = remembered.get(view.engine_id) or Incident(since=now, what=view.describe())
         incident.what = view.describe()
         down_for = now - incident.since
+        disagrees = view.disagrees and view.state == "running" and view.role != "active"
         if incident.triggered:
             log.info("%s: restore already triggered for this incident", view.describe())
+        elif disagrees:
+            incident.triggered = True
+            to_restore.append(view.engine_id)
+            log.warning(
+                "engine %s of pipeline %s: triggering restore_and_resync (snapshot %s) at once: %s",
+                view.engine_id,
+                view.pipeline,
+                PROVEN,
+                view.disagreement(),
+            )
         elif down_for >= grace_s:
             incident.triggered = True
             to_restore.append(view.engine_id)
@@ -450,6 +564,13 @@ def engines_to_restore(
             log.info("%s for %.0f s (grace %.0f s)", view.describe(), down_for, grace_s)
         current[view.engine_id] = incident
     return to_restore, {k: asdict(v) for k, v in current.items()}
+
+
+def restore_conf(engine_id: str) -> dict[str, Any]:
+    """The restore_and_resync run watch_engines triggers for an engine: from the newest
+    proven snapshot (choose_snapshot falls back to a cold rebuild when there is none), so
+    that a restore never brings back state an engine that disagreed had persisted."""
+    return {"engine": engine_id, "snapshot": PROVEN}
 
 
 def engine_settings(params: Mapping[str, Any]) -> Settings:

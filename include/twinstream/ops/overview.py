@@ -9,9 +9,9 @@ is still restorable, and it is optional (`log_starts`). The operating DAGs see a
 as the same EngineView (`twinstream.ops.operate.observe`).
 
 A pipeline's problems name what an operator must act on, each with what to do: not exactly
-one active, a gap, a standby short of a takeover, an engine that does not answer, a failed
-audit, and falling behind (no engine in sync while one is behind, or a lag that grows over
-a minute: `falling_behind`).
+one active, a gap, a standby short of a takeover, an engine that does not answer, an engine
+whose rows disagree with the published ones, a failed audit, and falling behind (no engine
+in sync while one is behind, or a lag that grows over a minute: `falling_behind`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,16 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from twinstream.core.rows import range_text
+from twinstream.core.rows import range_text, record_id, record_text
 from twinstream.engine import snapshot
-from twinstream.engine.api import LagTrend, PipelineInfo, ServerInfo, buffer_text
+from twinstream.engine.api import (
+    AgreementInfo,
+    BufferedRow,
+    LagTrend,
+    PipelineInfo,
+    ServerInfo,
+    buffer_text,
+)
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.ops.audit import REPORT, data_docs_site
 from twinstream.platform.settings import Settings
@@ -50,6 +57,25 @@ FALLING_BEHIND_FIX = (
     "make the pipeline's step cheaper, or reduce the inbound rate (another engine adds a "
     "standby, not throughput); see docs/falling-behind.md"
 )
+# What to do about an engine whose rows disagree with the published ones (docs/design.md,
+# Operating agreement): it does not heal by itself, and it takes no part in the election.
+DISAGREEMENT_FIX = (
+    "restore it (restore_and_resync, snapshot proven) or override (POST /pipeline/override)"
+)
+# A row's value is cut here in one line of text: a disagreement shows both sides' rows.
+ROW_TEXT_LIMIT = 200
+
+
+def rows_text(rows: list[BufferedRow]) -> str:
+    """ "[out key=k value={...}]": a msg_id's rows as one engine has them; "[]" for a
+    record without output (its coverage row is no output)."""
+    shown = []
+    for row in rows:
+        if row.kind == "none":
+            continue
+        value = row.value if len(row.value) <= ROW_TEXT_LIMIT else row.value[:ROW_TEXT_LIMIT] + "…"
+        shown.append(f"{row.kind} key={row.key} value={value}")
+    return "[" + "; ".join(shown) + "]"
 
 
 class EngineView(BaseModel):
@@ -85,6 +111,9 @@ class EngineView(BaseModel):
     uncovered: list[str] = Field(default_factory=list)
     repairs: list[str] = Field(default_factory=list)
     paused: str | None = None
+    # Whether the engine's rows equal the published ones (a standby's check): as its
+    # GET /pipeline says, under the same name.
+    agreement: AgreementInfo = Field(default_factory=AgreementInfo)
     health: str = OK
 
     def buffer_text(self) -> str:
@@ -96,19 +125,74 @@ class EngineView(BaseModel):
         return self.lag_trend is not None and self.lag_trend.growing
 
     @property
+    def disagrees(self) -> bool:
+        """Its rows differ from the published ones and no operator overrode that: it does
+        not heal by itself, and takes no part in the election (AgreementInfo.eligible)."""
+        return self.problem is None and not self.agreement.eligible
+
+    @property
     def healthy(self) -> bool:
-        """Answering and doing its job (WORKING): what watch_engines asks. Not `health`,
-        the table's colour: a standby catching up is healthy here, a warning there."""
-        return self.problem is None and self.state in WORKING
+        """Answering, doing its job (WORKING) and not disagreeing: what watch_engines asks.
+        Not `health`, the table's colour: a standby catching up is healthy here, a warning
+        there."""
+        return self.problem is None and self.state in WORKING and not self.disagrees
+
+    def agreement_text(self) -> str:
+        """The agreement column: "agrees", "DISAGREES at msg_id 2:1234", "unchecked",
+        "disagrees at msg_id 1234 (overridden)", or "-" for an engine that did not answer."""
+        if self.problem is not None:
+            return "-"
+        agreement = self.agreement
+        if agreement.state != "disagrees":
+            return agreement.state
+        where = ""
+        if agreement.difference is not None:
+            d = agreement.difference
+            where = f" at msg_id {record_text(record_id(d.partition, d.msg_id))}"
+        if agreement.overridden:
+            return f"disagrees{where} (overridden)"
+        return f"DISAGREES{where}"
+
+    def disagreement(self) -> str | None:
+        """None unless the engine's rows differ from the published ones: then what differs,
+        with both sides' rows, for a problem, a log line and a failed task. An overridden
+        engine still says so (it leads on an operator's word)."""
+        agreement = self.agreement
+        if self.problem is not None or agreement.state != "disagrees":
+            return None
+        d = agreement.difference
+        if d is None:  # an engine's state without its evidence: say what is known
+            found = "at a msg_id it did not report"
+        else:
+            found = (
+                f"at {d.text()}: active rows {rows_text(d.active_rows)}, engine rows "
+                f"{rows_text(d.engine_rows)}" + (f", found at {d.found_at}" if d.found_at else "")
+            )
+        said = f"engine {self.engine_id} disagrees with the published output {found}"
+        if agreement.overridden:
+            return (
+                f"{said}; overridden by an operator, it may lead: restore it "
+                "(restore_and_resync, snapshot proven) once it need not"
+            )
+        return f"{said}; {DISAGREEMENT_FIX}"
 
     def describe(self) -> str:
         """One line for a task's log and an OperateError: "engine b: standby, pipeline
-        running, not in sync (lag 500)", or why it did not answer."""
+        running, not in sync (lag 500)", or why it did not answer; a disagreeing engine's
+        line says where it disagrees and what to do."""
         if self.problem is not None:
             return f"engine {self.engine_id}: unreachable ({self.problem})"
         sync = "in sync" if self.in_sync else f"not in sync (lag {self.lag})"
         why = f", {self.reason}" if self.reason else ""
-        return f"engine {self.engine_id}: {self.role}, pipeline {self.state}{why}, {sync}"
+        line = f"engine {self.engine_id}: {self.role}, pipeline {self.state}{why}, {sync}"
+        if self.agreement.state == "disagrees":
+            d = self.agreement.difference
+            at = f" at {d.text()}" if d is not None else ""
+            if self.agreement.overridden:
+                line += f", disagrees{at} (overridden)"
+            else:
+                line += f", DISAGREES with the published output{at}: {DISAGREEMENT_FIX}"
+        return line
 
 
 class TakeoverView(BaseModel):
@@ -241,12 +325,20 @@ def engine_view(
             for r in pipe.repairs
         ],
         paused=pipe.paused,
+        agreement=pipe.agreement,
     )
-    if view.uncovered or server.zk_state != "CONNECTED" or pipe.state in ("failed", "stopped"):
+    if (
+        view.uncovered
+        or view.disagrees
+        or server.zk_state != "CONNECTED"
+        or pipe.state in ("failed", "stopped")
+    ):
         view.health = FAIL
     elif (
         view.quarantined
         or view.paused
+        # Overridden: it leads (or may) on an operator's word, its rows still differ.
+        or view.agreement.state == "disagrees"
         or view.lag_growing
         or (server.role == "standby" and not pipe.in_sync)
     ):
@@ -427,6 +519,7 @@ def pipeline_view(
         for v in views
         if v.covers_takeover is False
     ]
+    problems += [text for v in views if v.disagrees and (text := v.disagreement()) is not None]
     behind = falling_behind(views, settings.in_sync_lag)
     if behind is not None:
         problems.append(behind)

@@ -1,7 +1,8 @@
 """`twinstream status` on a terminal: the operator's view (`twinstream.ops.overview`) as rich
-tables, roles and problems in colour; `--watch` redraws it in place, with each pipeline's
-last 15 minutes (`twinstream.engine.timeline`, what the operator page charts) as sparklines:
-p99 end-to-end latency, input rate, each engine's lag, and the takeovers marked."""
+tables, roles, each engine's agreement with the published output and problems in colour;
+`--watch` redraws it in place, with each pipeline's last 15 minutes
+(`twinstream.engine.timeline`, what the operator page charts) as sparklines: p99
+end-to-end latency, input rate, each engine's lag, and the takeovers marked."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ SPARK_WIDTH = 60
 def console() -> Console:
     """A terminal's own width; piped, wide enough that a row is one line (scripts grep)."""
     probe = Console()
-    return probe if probe.is_terminal else Console(width=200)
+    # 240: the agreement column ("DISAGREES at msg_id 2:1234") keeps the notes on the line.
+    return probe if probe.is_terminal else Console(width=240)
 
 
 def _number(value: int | None) -> str:
@@ -76,6 +78,17 @@ def _notes(engine: EngineView) -> Text:
     return notes
 
 
+def _agreement(engine: EngineView) -> Text:
+    """ "agrees", "DISAGREES at msg_id 2:1234" in red (the problems below say the rest),
+    "unchecked"; an overridden disagreement in yellow."""
+    text = engine.agreement_text()
+    if engine.disagrees:
+        return Text(text, style="bold red")
+    if engine.agreement.state == "disagrees":
+        return Text(text, style="yellow")
+    return Text(text, style="green" if engine.agreement.state == "agrees" else "")
+
+
 def engines_table(pipeline: PipelineView) -> Table:
     active = f"active {pipeline.active}" if pipeline.active else "NO SINGLE ACTIVE"
     table = Table(
@@ -101,6 +114,8 @@ def engines_table(pipeline: PipelineView) -> Table:
         table.add_column(column, no_wrap=True)
     table.add_column("takeover needs", no_wrap=True)
     table.add_column("zk", no_wrap=True)
+    # After the columns scripts already cut by position.
+    table.add_column("agreement", no_wrap=True)
     table.add_column("notes")
     for e in pipeline.engines:
         style = HEALTH_STYLES.get(e.health, "")
@@ -119,6 +134,7 @@ def engines_table(pipeline: PipelineView) -> Table:
             e.buffer_text(),
             needs,
             e.zk_state or "-",
+            _agreement(e),
             _notes(e),
         )
     return table

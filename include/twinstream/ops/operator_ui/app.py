@@ -2,7 +2,9 @@
 (plugins/twinstream_operator.py) at PREFIX.
 
 - `GET /`: the page (static HTML and script; it polls the overview every few seconds).
-- `GET /api/overview`: the deployment as `twinstream.ops.overview.Overview` (JSON), the
+- `GET /api/overview`: the deployment as `twinstream.ops.overview.Overview` (JSON; each
+  engine with its agreement, a disagreement with its msg_id, the active's transaction and
+  both sides' rows, which the page shows in full), the
   engines read through their admin APIs with the tokens of their Airflow connections, the
   publisher adapters from their ZooKeeper status nodes (`AdapterReader`, as `twinstream
   status` reads them).

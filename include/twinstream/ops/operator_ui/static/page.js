@@ -118,6 +118,75 @@ function action(label, dag, conf, id) {
   return button;
 }
 
+// A msg_id as logs write it (twinstream.core.rows.record_text): `1234` on partition 0,
+// `2:1234` on another.
+function msgId(partition, offset) {
+  return partition ? `${partition}:${offset}` : String(offset);
+}
+
+// Whether the engine's rows differ from the published ones and no operator overrode that
+// (twinstream.ops.overview.EngineView.disagrees): it takes no part in the election.
+function disagrees(e) {
+  return !e.problem && e.agreement.state === "disagrees" && !e.agreement.overridden;
+}
+
+// The agreement column, as `twinstream status` writes it (EngineView.agreement_text).
+function agreementCell(e) {
+  if (e.problem) return "-";
+  const a = e.agreement;
+  if (a.state !== "disagrees") return el("span", { class: a.state === "agrees" ? "ok" : "muted" }, a.state);
+  const d = a.difference;
+  const where = d ? ` at msg_id ${msgId(d.partition, d.msg_id)}` : "";
+  if (a.overridden) return el("span", { class: "warn" }, `disagrees${where} (overridden)`);
+  return el("span", { class: "fail" }, `DISAGREES${where}`);
+}
+
+function rowsTable(title, rows) {
+  const shown = rows.filter((r) => r.kind !== "none");
+  return el(
+    "div",
+    {},
+    el("h4", {}, title),
+    shown.length
+      ? el(
+          "table",
+          { class: "small rows" },
+          el("thead", {}, el("tr", {}, ...["kind", "key", "value"].map((h) => el("th", {}, h)))),
+          el("tbody", {}, shown.map((r) => el("tr", {}, el("td", {}, r.kind), el("td", {}, r.key ?? "-"), el("td", { class: "value" }, r.value)))),
+        )
+      : el("p", { class: "muted" }, "no output (the record had none)"),
+  );
+}
+
+// A disagreement in full, under the engine's row: the first differing msg_id, the active's
+// transaction it lies in, and both sides' rows, so that the page (and a screenshot of it)
+// says what differs without a log.
+function disagreementRow(e, columns) {
+  const a = e.agreement;
+  if (e.problem || a.state !== "disagrees") return null;
+  const d = a.difference;
+  const fix = a.overridden
+    ? "Overridden by an operator: it may lead. Restore it (restore_and_resync, snapshot proven) once it need not."
+    : "It does not heal by itself and takes no part in the election: restore it (restore_and_resync, snapshot proven) or override (POST /pipeline/override).";
+  const body = d
+    ? [
+        el(
+          "p",
+          {},
+          el("b", {}, `Engine ${e.engine_id} disagrees with the published output at msg_id ${msgId(d.partition, d.msg_id)}`),
+          ` (the active's transaction of msg_id ${msgId(d.partition, d.first)}..${d.last}, epoch ${d.epoch ?? "?"}`,
+          d.found_at ? `; found at ${d.found_at.replace("T", " ")})` : ")",
+        ),
+        el("div", { class: "columns" }, rowsTable("The active's rows (published)", d.active_rows), rowsTable(`Engine ${e.engine_id}'s rows`, d.engine_rows)),
+      ]
+    : [el("p", {}, el("b", {}, `Engine ${e.engine_id} disagrees with the published output`), " (it did not say where)")];
+  return el(
+    "tr",
+    { class: a.overridden ? "disagreement overridden" : "disagreement", "data-disagreement": e.engine_id },
+    el("td", { colSpan: columns }, ...body, el("p", { class: a.overridden ? "warn" : "fail" }, fix)),
+  );
+}
+
 function engineRow(pipeline, e) {
   const role = e.role || "unreachable";
   const notes = [];
@@ -138,15 +207,20 @@ function engineRow(pipeline, e) {
       `${num(e.buffer_fill)} / needs ${num(e.takeover_needs)}`,
     );
   }
+  // A disagreeing engine is restored from a snapshot an agreeing engine took.
+  const restore = disagrees(e)
+    ? action(`Restore ${e.engine_id} (proven)`, "restore_and_resync", { engine: e.engine_id, snapshot: "proven" }, `restore-${e.engine_id}`)
+    : action(`Restore ${e.engine_id}`, "restore_and_resync", { engine: e.engine_id }, `restore-${e.engine_id}`);
   return el(
     "tr",
-    { "data-engine": e.engine_id, "data-role": role, class: `health-${e.health}` },
+    { "data-engine": e.engine_id, "data-role": role, "data-agreement": e.problem ? "" : e.agreement.state, class: `health-${e.health}` },
     el("td", {}, el("b", {}, e.engine_id)),
     el("td", {}, el("span", { class: `role role-${role}` }, role)),
     el("td", {}, e.epoch ?? "-"),
     el("td", {}, e.state ?? "-"),
     el("td", { class: "n" }, num(e.lag)),
     el("td", {}, e.in_sync === null ? "-" : e.in_sync ? "yes" : el("span", { class: "warn" }, "no")),
+    el("td", {}, agreementCell(e)),
     el("td", { class: "n" }, bufferText(e)),
     el("td", {}, covers),
     el("td", {}, e.zk_state ?? "-"),
@@ -154,7 +228,7 @@ function engineRow(pipeline, e) {
     el(
       "td",
       {},
-      role === "active" ? "" : action(`Restore ${e.engine_id}`, "restore_and_resync", { engine: e.engine_id }, `restore-${e.engine_id}`),
+      role === "active" ? "" : restore,
     ),
   );
 }
@@ -198,12 +272,14 @@ function adaptersTable(p) {
   );
 }
 
+const ENGINE_COLUMNS = ["engine", "role", "epoch", "state", "lag", "in sync", "agreement", "buffer", "takeover cover", "ZooKeeper", "notes", ""];
+
 function pipelineSection(p) {
   const engines = el(
     "table",
     { class: "engines" },
-    el("thead", {}, el("tr", {}, ...["engine", "role", "epoch", "state", "lag", "in sync", "buffer", "takeover cover", "ZooKeeper", "notes", ""].map((h) => el("th", {}, h)))),
-    el("tbody", {}, p.engines.map((e) => engineRow(p, e))),
+    el("thead", {}, el("tr", {}, ...ENGINE_COLUMNS.map((h) => el("th", {}, h)))),
+    el("tbody", {}, p.engines.flatMap((e) => [engineRow(p, e), disagreementRow(e, ENGINE_COLUMNS.length)])),
   );
   const takeovers = p.takeovers.length
     ? el(
