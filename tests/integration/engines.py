@@ -18,6 +18,21 @@ def load_dag(dag_id: str) -> Any:
     return bag.dags[dag_id]
 
 
+def return_value(run: Any, task_id: str) -> Any:
+    """What a task of a dag.test() run returned (its XCom)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        xcom = session.scalars(
+            XComModel.get_many(
+                run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key="return_value"
+            )
+        ).first()
+        assert xcom is not None, f"{task_id} returned nothing"
+        return XComModel.deserialize_value(xcom)
+
+
 def task_states(run: Any) -> dict[str, str]:
     return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
 

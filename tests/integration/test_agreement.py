@@ -14,6 +14,7 @@ import pytest
 from devkit.harness import EngineProcess, Pipeline, coverage, ranges, wait_for
 from pipelines.skewed import EVERY
 from tests.integration.engines import assert_exactly_once_and_as_reference
+from twinstream.ops.operate import OperateError, agreement_verdict, observe
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
@@ -65,6 +66,13 @@ def test_a_standby_that_computes_other_rows_says_where_and_never_leads(stack_env
         ]
         # Before it, the ranges agreed (the rows equal but every 1,000th).
         assert agreement["ranges_agreed"] >= 1, agreement
+        # The audit DAG's `agreement` task fails naming the msg_id and the range.
+        views = [observe(e.client, pipeline.name) for e in (active, standby)]
+        with pytest.raises(OperateError) as verdict:
+            agreement_verdict(pipeline.name, views)
+        where = f"msg_id {skewed} (the active's transaction of msg_id {found['first']}.."
+        assert where in str(verdict.value), verdict.value
+        assert f"engine {standby.engine_id}" in str(verdict.value), verdict.value
         metrics = standby.get_text("/metrics")
         assert f'twinstream_disagreement_msg_id{{engine="{standby.engine_id}"' in metrics
         assert "twinstream_eligible{" in metrics

@@ -7,23 +7,14 @@ from typing import Any
 import pytest
 
 from devkit.harness import Pipeline, wait_for
-from tests.integration.engines import assert_exactly_once_and_as_reference, load_dag, task_states
+from tests.integration.engines import (
+    assert_exactly_once_and_as_reference,
+    load_dag,
+    return_value,
+    task_states,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
-
-
-def _return_value(run: Any, task_id: str) -> Any:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        xcom = session.scalars(
-            XComModel.get_many(
-                run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key="return_value"
-            )
-        ).first()
-        assert xcom is not None, f"{task_id} returned nothing"
-        return XComModel.deserialize_value(xcom)
 
 
 def _in_sync_standby(engine: Any) -> bool:
@@ -62,7 +53,7 @@ def test_the_drill_refuses_without_a_standby_then_hands_over_audits_and_puts_the
     assert run.state == "success", task_states(run)
 
     # What the drill says, checked against the engines themselves.
-    takeover = _return_value(run, "stop_active")
+    takeover = return_value(run, "stop_active")
     assert takeover["stopped"] == a.engine_id
     assert takeover["new_active"] == b.engine_id
     assert takeover["old_epoch"] == old_epoch
@@ -71,14 +62,14 @@ def test_the_drill_refuses_without_a_standby_then_hands_over_audits_and_puts_the
     assert takeover["first_output_s"] is not None
     assert b.get("/server")["role"] == "active"
     assert b.get("/server")["epoch"] == takeover["new_epoch"]
-    assert "role standby" in _return_value(run, "rejoin")
+    assert "role standby" in return_value(run, "rejoin")
     # The drill saw it in sync; under load on two busy cores a batch can take longer than
     # the in-sync lag for a moment, so the engines' own word is awaited, not read once.
     wait_for(lambda: _in_sync_standby(a), 60, "the stopped engine an in-sync standby")
-    audited = _return_value(run, "audit")
+    audited = return_value(run, "audit")
     assert audited["ok"]
     assert audited["first_msg_id"] <= takeover["last_published_before"] < audited["end_msg_id"]
-    line = _return_value(run, "report")
+    line = return_value(run, "report")
     assert "0 missing, 0 duplicated" in line
     print(line)
 

@@ -9,8 +9,10 @@ dead-letter it, and publish everything else exactly once.
 Another pair, its checkpoints and snapshots on storage named by URL (as on HDFS or S3),
 meets both failures the issue names: kill -9 of the active under load (the standby takes
 over each partition after its own last published offset), and an engine whose machine is
-lost, restored through Airflow (restore_and_resync) from the snapshot the scheduled persist
-took of its standby days with three partitions, that then takes over by a second kill -9.
+lost, restored through Airflow without a person (watch_engines sees it down past the grace
+period and triggers restore_and_resync from the newest proven snapshot: the one the
+scheduled persist took of its standby, which agreed with the active then), that agrees with
+the published output again and then takes over by a second kill -9.
 Every (partition, offset) is then in exactly one transaction, the rows those of a
 reference run, each key in one partition and its outputs in offset order. (The audit DAG
 over three partitions: tests/integration/test_retention_audit.py.)
@@ -20,13 +22,14 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 from typing import Any
 
 import pytest
 
 from devkit.harness import EngineProcess, Pipeline, wait_for
 from pipelines.hostmetrics.generate import synthetic
-from tests.integration.engines import load_dag, task_states
+from tests.integration.engines import load_dag, return_value, task_states
 from twinstream.edge.reader import Record
 from twinstream.engine import snapshot
 from twinstream.ops import cli
@@ -42,6 +45,9 @@ RATE = 150.0
 # A restore replaying under load beside an active on two cores: sessions and batches that
 # starved heartbeats cannot end (a 1 s session expired twice in one run, and the restoring
 # engine, far behind, won the election), as test_pipelines sizes its engines.
+# How long watch_engines lets an engine stay down before it restores it, in this module's
+# pipelines (the stack's default is 120 s).
+WATCH_GRACE_S = 5
 SHARED = {"TWINSTREAM_ZK_SESSION_TIMEOUT_S": "4", "TWINSTREAM_TRIGGER_INTERVAL_MS": "1000"}
 
 
@@ -130,6 +136,7 @@ def test_three_partitions_on_shared_storage_kill_9_and_a_lost_engine_restored_th
         env={
             "TWINSTREAM_CHECKPOINT_ROOT": f"file://{shared}/checkpoints",
             "TWINSTREAM_SNAPSHOT_ROOT": f"file://{shared}/snapshots",
+            "TWINSTREAM_WATCH_GRACE_S": str(WATCH_GRACE_S),
         },
     )
     assert not storage.is_local(pipeline.settings.checkpoint_dir("a"))
@@ -182,16 +189,29 @@ def test_three_partitions_on_shared_storage_kill_9_and_a_lost_engine_restored_th
         reason = wait_for(checked, 120, f"{lost} up, its checkpoint checked")["reason"]
         assert "no checkpoint" in reason, reason
         back.remember_tree()
-        restore = load_dag("restore_and_resync").test(
-            run_conf={
-                "engine": lost,
-                "snapshot": "latest",
-                "wait_minutes": 10,
-                "compare_last": 1000,
-            }
-        )
+        # Nobody restores it by hand: watch_engines (its schedule's runs, here one after the
+        # other) sees it stopped, and once past the grace period triggers restore_and_resync
+        # from the newest proven snapshot (the standby agreed when it persisted). dag.test()
+        # runs one DAG's tasks, not the runs it triggers: the run watch_engines asked for is
+        # executed here with the conf it gave.
+        seen = time.monotonic()
+        first_look = load_dag("watch_engines").test()
+        assert first_look.state == "success", task_states(first_look)
+        assert return_value(first_look, "decide") == []  # within the grace period
+        wait_for(lambda: time.monotonic() - seen > WATCH_GRACE_S, 30, "the grace period over")
+        second_look = load_dag("watch_engines").test()
+        [conf] = return_value(second_look, "decide")
+        assert conf == {"engine": lost, "snapshot": "proven"}, conf
+        assert manifest.proven, manifest.agreement
+        restore = load_dag("restore_and_resync").test(run_conf=conf)
         assert restore.state == "success", task_states(restore)
         assert back.get("/pipeline")["restored_from"] == manifest.snapshot_id
+        # An in-sync standby that agrees with the published output.
+        wait_for(
+            lambda: back.get("/pipeline")["agreement"]["state"] == "agrees",
+            60,
+            f"the restored {lost} agreeing",
+        )
         # The restored engine, caught up as the new active's standby, takes over in turn.
         take_over(pipeline, second, back)
 

@@ -504,6 +504,31 @@ def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
         client.close()
 
 
+def cmd_override(settings: Settings, args: argparse.Namespace) -> int:
+    """Let an engine that disagrees with the active lead anyway (POST /pipeline/override):
+    an operator's decision, e.g. when it is the active whose rows are wrong."""
+    from twinstream.engine.client import EngineClient, EngineError
+
+    settings = registry.for_engine(settings, args.engine)
+    with EngineClient.from_settings(
+        settings, args.engine, settings.secret("admin_token")
+    ) as engine:
+        try:
+            info = engine.override()
+        except EngineError as exc:
+            if exc.status != 409:
+                raise RuntimeError(str(exc)) from exc
+            print(f"engine {args.engine}: {exc.reason}", file=sys.stderr)
+            return 1
+    found = info.agreement.difference
+    print(
+        f"engine {args.engine} of pipeline {settings.pipeline} may lead although it disagrees "
+        f"with the published output{f' at {found.text()}' if found else ''}; restore it "
+        "(restore_and_resync, snapshot proven) to end this"
+    )
+    return 0
+
+
 def cmd_new_pipeline(settings: Settings, args: argparse.Namespace) -> int:
     from twinstream.ops.skeleton import pipelines_entry, write
 
@@ -666,6 +691,11 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="where to write it (default: pipelines/ beside the pipelines file, with the others)",
     )
+    override = sub.add_parser(
+        "override",
+        help="let an engine that disagrees with the active's output lead anyway (until restored)",
+    )
+    override.add_argument("engine", help="the engine's id (each engine is one pipeline's)")
     quar = sub.add_parser("quarantine", help="list or release quarantined inbound offsets")
     quar.add_argument("action", choices=["list", "release"])
     quar.add_argument(
@@ -704,6 +734,7 @@ def main(argv: list[str] | None = None) -> int:
             "subscribe": cmd_subscribe,
             "status": cmd_status,
             "quarantine": cmd_quarantine,
+            "override": cmd_override,
             "new-pipeline": cmd_new_pipeline,
             "kafka-config": cmd_kafka_config,
             "remove-pipeline": cmd_remove_pipeline,
