@@ -35,6 +35,7 @@ WANTED = {
     "twinstream_batch_seconds_total": "batch_s",
     "twinstream_rows_processed_total": "rows",
     "twinstream_agreement_ranges": "ranges",
+    "twinstream_takeovers_total": "takeovers",
 }
 
 
@@ -56,6 +57,13 @@ def run(settings: Settings, seconds: float, rate: float, hosts: int) -> dict[str
         e: EngineClient.from_settings(settings, e, settings.secret("admin_token"))
         for e in settings.engine_ids
     }
+    deadline = time.monotonic() + 900
+    while not all(c.pipeline().in_sync for c in clients.values()):
+        lags = {e: c.pipeline().lag for e, c in clients.items()}
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the engines are not in sync after 15 minutes (lags {lags})")
+        print(f"waiting for the engines to be in sync before the load: lags {lags}", flush=True)
+        time.sleep(5.0)  # a progress line every 5 s, under the deadline above
     roles = {e: c.server().role for e, c in clients.items()}
     if sorted(roles.values()) != ["active", "standby"]:
         raise SystemExit(f"want one active and one standby, the engines are {roles}: make up")
@@ -86,8 +94,12 @@ def run(settings: Settings, seconds: float, rate: float, hosts: int) -> dict[str
     for e in clients:
         d = {k: last[e].get(k, 0.0) - first[e].get(k, 0.0) for k in WANTED.values()}
         info = clients[e].pipeline()
+        end_role = clients[e].server().role
         engines[e] = {
-            "role": roles[e],
+            # A takeover within the window (a session lost under load) makes an engine
+            # both: its figures are then of both roles.
+            "role": roles[e] if end_role == roles[e] else f"{roles[e]}, then {end_role}",
+            "takeovers": int(d["takeovers"]),
             "digest_s": round(d["digest_s"], 3),
             "batch_s": round(d["batch_s"], 3),
             "digest_share_of_batch_pct": round(100 * d["digest_s"] / d["batch_s"], 3)
