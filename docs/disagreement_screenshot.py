@@ -3,11 +3,12 @@ with headless Chromium from a stack that runs pipelines/skewed.py (its engines d
 every 1,000th msg_id, as a transform reading the wall clock would).
 
     mkdir -p /tmp/demo && cat pipelines.toml > /tmp/demo/pipelines.toml
+    ln -sfn "$PWD/pipelines" /tmp/demo/pipelines   # the pipelines file's folder is on the path
     printf '\\n[skewed]\\nmodule = "pipelines.skewed"\\n' >> /tmp/demo/pipelines.toml
     printf 'engines = ["e", "f"]\\nadmin_ports = [8705, 8706]\\n' >> /tmp/demo/pipelines.toml
-    TWINSTREAM_PIPELINES_FILE=/tmp/demo/pipelines.toml TWINSTREAM_STACK_PIPELINES=skewed make up
-    TWINSTREAM_PIPELINES_FILE=/tmp/demo/pipelines.toml TWINSTREAM_STACK_PIPELINES=skewed \\
-        .venv/bin/python docs/disagreement_screenshot.py
+    export TWINSTREAM_PIPELINES_FILE=/tmp/demo/pipelines.toml TWINSTREAM_STACK_PIPELINES=skewed
+    make up
+    PYTHONPATH=. .venv/bin/python docs/disagreement_screenshot.py
     make down
 
 Publishes 2,500 of the pipeline's sample records, waits (with a progress line) until its
