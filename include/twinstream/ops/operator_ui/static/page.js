@@ -200,7 +200,10 @@ function engineRow(pipeline, e) {
   }
   for (const r of e.repairs) notes.push(el("span", { class: "warn" }, `repaired ${r} `));
   let covers = "-";
-  if (e.takeover_needs !== null) {
+  if (disagrees(e)) {
+    // Its buffer may hold every row a takeover needs: it still may not lead.
+    covers = el("span", { class: "fail" }, "may not lead");
+  } else if (e.takeover_needs !== null) {
     covers = el(
       "span",
       { class: e.covers_takeover ? "ok" : "fail" },
