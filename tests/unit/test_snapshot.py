@@ -258,6 +258,9 @@ def test_checkpoint_problems_are_named(tmp_path):
     cp = fake_checkpoint(tmp_path / "e")
     storage.remove_tree(cp / "state")
     assert "no state store" in str(snapshot.checkpoint_problem(cp, TOPIC))
+    # A pipeline without keyed state (orders, a filter) has none: its engine must restart
+    # (a kill -9 of a stateless pipeline's engine left it refusing its own checkpoint).
+    assert snapshot.checkpoint_problem(cp, TOPIC, keyed=False) is None
 
 
 def test_snapshot_ids_lists_finished_snapshots_without_reading_them(tmp_path, clock):

@@ -326,7 +326,11 @@ class Engine:
             return any(v is not None for v in published.values())
 
         return persistence.checkpoint_problem(
-            self.settings, self.engine_id, self.watermarks.log_starts, ran_before
+            self.settings,
+            self.engine_id,
+            self.watermarks.log_starts,
+            ran_before,
+            keyed=self.definition.keyed is not None,
         )
 
     def _stop(self, reason: str) -> None:

@@ -39,13 +39,15 @@ def checkpoint_problem(
     engine_id: str,
     log_starts: Callable[[], Mapping[int, int]],
     ran_before: Callable[[], bool],
+    keyed: bool = True,
 ) -> str | None:
     """Why the engine cannot resume from its checkpoint, or None. `ran_before()` says
-    whether the pipeline published anything (asked only when there is no checkpoint)."""
+    whether the pipeline published anything (asked only when there is no checkpoint);
+    `keyed`: whether the pipeline keeps keyed state (the checkpoint must then hold it)."""
     ckpt = settings.checkpoint_dir(engine_id)
     topic = settings.inbound_topic
     if ckpt.exists():
-        problem = snapshot.checkpoint_problem(ckpt, topic)
+        problem = snapshot.checkpoint_problem(ckpt, topic, keyed)
         if problem is not None:
             return f"the checkpoint is unusable: {problem}"
         position = snapshot.checkpoint_position(ckpt, topic)

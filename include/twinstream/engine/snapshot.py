@@ -133,10 +133,13 @@ def checkpoint_position(checkpoint: Location, topic: str) -> CheckpointPosition 
     return CheckpointPosition(batch, _batch_offsets(checkpoint, batch, topic))
 
 
-def checkpoint_problem(checkpoint: Location, topic: str) -> str | None:
+def checkpoint_problem(checkpoint: Location, topic: str, keyed: bool = True) -> str | None:
     """Why Spark could not resume from this checkpoint, or None when it looks intact. Catches
     what a lost or half-copied disk leaves: no metadata, unreadable logs, a commit without
-    its offsets, a stateful query without its state."""
+    its offsets, a keyed query (`keyed`: Pipeline.keyed) without its state. A query without
+    keyed state has no state store unless its transform keeps state in Spark's own
+    operators, whose missing files Spark itself refuses when the query starts: a stateless
+    pipeline (orders, a filter) never has one, and its restarted engine must start."""
     if not checkpoint.exists():
         return f"{checkpoint} does not exist"
     metadata = checkpoint / "metadata"
@@ -151,7 +154,7 @@ def checkpoint_problem(checkpoint: Location, topic: str) -> str | None:
             _batch_offsets(checkpoint, offsets[-1], topic)
     except (OSError, ValueError, KeyError, TypeError, SnapshotError) as exc:
         return f"the offset or commit log of {checkpoint} is damaged ({exc})"
-    if position is not None and not (checkpoint / "state" / "0").is_dir():
+    if keyed and position is not None and not (checkpoint / "state" / "0").is_dir():
         return f"{checkpoint} has committed batch {position.batch_id} but no state store"
     return None
 
