@@ -4,9 +4,8 @@ of the scenario must be in the outbound or dead-letter topic exactly once.
 
 `make chaos` runs 100 kill -9 failovers (TWINSTREAM_CHAOS_FAILOVERS), alternating between
 the engines (the takeover, supervisord's restart and the victim back as an in-sync standby,
-about a minute each); `make test` runs none of them (the suite has a 30-minute budget: its
-integration tests' engines fail over by kill -9 many times, three engines twice in a row),
-and the other scenarios here once.
+about a minute each); `make test` runs none of this module's scenarios (the suite has a
+30-minute budget): each names the tests of `make test` that meet its guarantee.
 """
 
 from __future__ import annotations
@@ -148,6 +147,11 @@ def test_both_engines_killed_at_once_under_load_supervisord_restarts_them(engine
     )
 
 
+# `make chaos` only (61 s of `make test`): in `make test` Kafka goes away for the engines in
+# tests/chaos/test_outage.py (an outbound outage, with and without a kill of the active, 0
+# lost and 0 duplicated), and a partition leader's broker is lost under the inbound topic in
+# tests/integration/test_stack.py.
+@pytest.mark.chaos_only
 def test_a_broker_killed_under_load_loses_nothing(engines, settings):
     admin = AdminClient(admin_config(settings))
     partition = (
@@ -241,6 +245,10 @@ class ServingSince(threading.Thread):
                 time.sleep(0.05)
 
 
+# `make chaos` only (31 s of `make test`): in `make test` ZooKeeper's leader is killed under
+# load (tests/integration/test_deploy.py: one active, no gap, no duplicate), and SUSPENDED
+# and LOST are unit-tested (tests/unit/test_election.py, test_gate.py).
+@pytest.mark.chaos_only
 def test_zookeeper_down_holds_the_output_and_resumes_within_5s(engines, settings):
     # 30 s in `make chaos`; 12 s in `make test`, still twelve times the engines' 1 s session:
     # every session has expired by the time ZooKeeper is back, which is the scenario.
