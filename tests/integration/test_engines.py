@@ -50,7 +50,15 @@ def test_a_zombie_a_foreign_fence_and_a_kill_9_lose_nothing(
     wait_for(lambda: a.role() == "standby", 30, "the ex-active stepping down")
 
     wait_for(lambda: published(b) >= published(a) + 3000, 60, "b publishing under load")
-    wait_for(lambda: bool(a.get("/pipeline")["in_sync"]), 60, "the ex-zombie in sync")
+
+    # In sync, and past what b had published: right after SIGCONT the ex-zombie's lag is
+    # measured against high watermarks it read before the freeze, and says "in sync" for a
+    # moment (a fresh-clone make test fenced b then: a, behind, rightly handed its win on).
+    def caught_up() -> bool:
+        target = published(b)
+        return bool(a.get("/pipeline")["in_sync"]) and processed(a) >= target
+
+    wait_for(caught_up, 60, "the ex-zombie in sync, past b's last published msg_id")
 
     # A producer that is no engine, with the pipeline's transactional id (and credentials),
     # fences the active: the active resigns and says so, the standby wins and fences it back.
