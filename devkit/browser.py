@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Browser, FrameLocator, Page
+
+    from twinstream.platform.settings import Settings
 
 CHROMIUM = "/usr/bin/chromium"
 # Chromium on this closed network: no background connections, no sandbox as root.
@@ -55,3 +57,14 @@ def log_in(page: Page, airflow_url: str, password: str, user: str = "admin") -> 
     page.get_by_label("Password").fill(password)
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30_000)
+
+
+def open_twinstream_page(page: Page, settings: Settings) -> FrameLocator:
+    """Log in as Airflow's admin and open the Twinstream page from the navigation, as a
+    person does; the frame the page is drawn in."""
+    from twinstream.stack.layout import Layout
+
+    log_in(page, settings.airflow_url, admin_password(Layout.of(settings).airflow_home))
+    page.get_by_role("link", name="Twinstream").first.click()
+    page.wait_for_url("**/plugin/twinstream**")
+    return page.frame_locator("iframe")

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import time
 
-from devkit.browser import admin_password, chromium, log_in
+from devkit.browser import chromium, open_twinstream_page
 from twinstream.edge.feed import publish
 from twinstream.engine.client import EngineClient
 from twinstream.platform import registry
 from twinstream.platform.settings import REPO_ROOT, load_settings
-from twinstream.stack.layout import Layout
 
 SHOT = REPO_ROOT / "docs" / "img" / "agreement_disagreement.png"
 
@@ -47,10 +46,7 @@ def main() -> int:
         time.sleep(3)  # a progress line every 3 s, under the deadline above
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
-        log_in(page, settings.airflow_url, admin_password(Layout.of(settings).airflow_home))
-        page.get_by_role("link", name="Twinstream").first.click()
-        page.wait_for_url("**/plugin/twinstream**")
-        frame = page.frame_locator("iframe")
+        frame = open_twinstream_page(page, settings)
         frame.locator("tr.disagreement").first.wait_for(timeout=60_000)
         page.screenshot(path=str(SHOT), full_page=True)
     print(f"wrote {SHOT}")

@@ -13,18 +13,13 @@ import pytest
 
 from devkit.harness import EngineProcess, Pipeline, coverage, ranges, wait_for
 from pipelines.skewed import EVERY
-from tests.integration.engines import assert_exactly_once_and_as_reference
+from tests.integration.engines import assert_exactly_once_and_as_reference, published
 from twinstream.ops.operate import OperateError, agreement_verdict, observe
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
 LOAD = 2_500
 RATE = 500
-
-
-def published(engine: EngineProcess) -> int:
-    value = engine.get("/pipeline")["last_msg_id_published"]
-    return -1 if value is None else int(value)
 
 
 def agreeing(engine: EngineProcess) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from devkit.browser import admin_password, chromium, log_in
+from devkit.browser import admin_password, chromium, open_twinstream_page
 from devkit.chaos import SteadyLoad, SupervisedEngines
 from devkit.harness import wait_for
 from twinstream.platform.settings import REPO_ROOT, Settings
@@ -92,10 +92,7 @@ def test_the_page_follows_a_kill_and_its_restore_button_starts_a_dag_run(
     try:
         with chromium() as browser:
             page = browser.new_page(viewport={"width": 1500, "height": 950})
-            log_in(page, settings.airflow_url, admin_password(Layout.of(settings).airflow_home))
-            page.get_by_role("link", name="Twinstream").first.click()
-            page.wait_for_url("**/plugin/twinstream**")
-            frame = page.frame_locator("iframe")
+            frame = open_twinstream_page(page, settings)
             badge = frame.locator(f"#active-{settings.pipeline}")
             badge.wait_for(timeout=30_000)
             wait_for(

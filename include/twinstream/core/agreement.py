@@ -33,7 +33,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from twinstream.core.rows import NONE, Output, range_text
@@ -105,11 +105,16 @@ class Difference:
     found_at: float
 
     def text(self) -> str:
-        where = f"{self.range_.partition}:{self.msg_id}" if self.range_.partition else self.msg_id
-        return (
-            f"msg_id {where} (the "
-            f"active's transaction of msg_id {self.range_.text()}, epoch {self.range_.epoch})"
-        )
+        r = self.range_
+        return difference_text(r.partition, self.msg_id, r.first, r.last, r.epoch)
+
+
+def difference_text(partition: int, msg_id: int, first: int, last: int, epoch: int | None) -> str:
+    """Where a difference is, as logs, the admin API's views and the audit say it:
+    `msg_id 2:1000 (the active's transaction of msg_id 2:950..1040, epoch 3)`."""
+    where = f"{partition}:{msg_id}" if partition else str(msg_id)
+    span = f"{partition}:{first}..{last}" if partition else f"{first}..{last}"
+    return f"msg_id {where} (the active's transaction of msg_id {span}, epoch {epoch})"
 
 
 @dataclass
@@ -222,17 +227,8 @@ class Agreement:
         return floors
 
     def status(self) -> AgreementStatus:
-        s = self._status
-        return AgreementStatus(
-            s.state,
-            dict(s.checked),
-            s.ranges_agreed,
-            s.ranges_unchecked,
-            s.difference,
-            s.overridden,
-            s.digest_s,
-            s.digested_rows,
-        )
+        """A copy: the caller (another thread's status read) never sees it change."""
+        return replace(self._status, checked=dict(self._status.checked))
 
     @property
     def eligible(self) -> bool:

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import twinstream
+from twinstream.core.agreement import difference_text
 from twinstream.engine.metrics import CONTENT_TYPE
 from twinstream.engine.snapshot import Manifest, SnapshotError
 
@@ -219,13 +220,7 @@ class Difference(BaseModel):
     found_at: str = ""
 
     def text(self) -> str:
-        where = f"{self.partition}:{self.msg_id}" if self.partition else str(self.msg_id)
-        span = (
-            f"{self.partition}:{self.first}..{self.last}"
-            if self.partition
-            else f"{self.first}..{self.last}"
-        )
-        return f"msg_id {where} (the active's transaction of msg_id {span}, epoch {self.epoch})"
+        return difference_text(self.partition, self.msg_id, self.first, self.last, self.epoch)
 
 
 class AgreementInfo(BaseModel):
