@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from twinstream.core.checkpoint import RewindPoint, numbered, rewind, rewind_point, unread
+from twinstream.core.checkpoint import (
+    RewindPoint,
+    numbered,
+    resume_point,
+    rewind,
+    rewind_point,
+    unread,
+)
 
 TOPIC = "p.in"
 
@@ -81,3 +88,16 @@ def test_a_batch_starts_where_the_one_before_ended_and_the_first_where_the_query
     _batch(tmp_path, 1, {"0": 120, "1": 30}, committed=False)
     assert batch_start(tmp_path, 0, TOPIC) == {0: 40, 1: 7}
     assert batch_start(tmp_path, 1, TOPIC) == {0: 90, 1: 7}
+
+
+def test_a_restarted_query_resumes_after_its_last_committed_batch(tmp_path: Path):
+    """A planned batch without its commit is run again from the end of the one before; with
+    no commit, where the query started; with neither, unknown."""
+    assert resume_point(tmp_path, TOPIC) is None
+    (tmp_path / "sources" / "0").mkdir(parents=True)
+    (tmp_path / "sources" / "0" / "0").write_text(f"v1\n{json.dumps({TOPIC: {'0': 40}})}")
+    assert resume_point(tmp_path, TOPIC) == {0: 40}
+    _batch(tmp_path, 0, 300)
+    _batch(tmp_path, 1, {"0": 450, "1": 7})
+    _batch(tmp_path, 2, 900, committed=False)
+    assert resume_point(tmp_path, TOPIC) == {0: 450, 1: 7}

@@ -322,6 +322,50 @@ def test_a_gap_no_buffer_covers_is_recomputed_not_skipped(caplog):
     assert "REPAIRED msg_id 10..14 (5 messages) in 2.5 s" in caplog.text
 
 
+def recording(gaps: list[tuple[int, int, int]]):
+    """An engine's on_gap that can always recompute, noting what it was asked."""
+
+    def on_gap(partition: int, first: int, last: int) -> bool:
+        gaps.append((partition, first, last))
+        return True
+
+    return on_gap
+
+
+def test_a_gap_known_at_takeover_is_repaired_before_the_first_batch():
+    """The new active holds nothing and its query resumes past the last published msg_id
+    (its checkpoint went on, its buffer died with it): the repair starts at the takeover,
+    not when the first batch (of a cold JVM, catching up) reaches the gate."""
+    gaps: list[tuple[int, int, int]] = []
+    gate = Gate("b", "p", 100, max_buffer_size=1000, on_gap=recording(gaps))
+    gate.joined()
+    publisher = FakePublisher()
+    gate.take_over(9, fence=lambda: publisher, last_committed=lambda: {0: 9, 1: 4})
+    assert gate.resumes_at({0: 10, 1: 12}) is True
+    assert gaps == [(1, 5, 11)]  # partition 0 resumes right after what was published
+    assert gate.status().repairs[0].seconds is None
+    assert gate.resumes_at({1: 12}) is False  # one repair at a time
+    gate.on_batch(5, [Output(12, "out", "h", "v", partition=1)])
+    assert publisher.transactions == []  # held until the rewound query brings 5..11
+
+
+@pytest.mark.parametrize(
+    "before", ["standby", "processed", "no gap"], ids=lambda s: s.replace(" ", "-")
+)
+def test_what_the_gate_holds_decides_the_gap_not_the_checkpoint(before):
+    """A standby, an active that has processed rows (its buffer decides, at its next batch),
+    and a query resuming right after the last published msg_id: no repair at takeover."""
+    gaps: list[tuple[int, int, int]] = []
+    gate = Gate("b", "p", 100, max_buffer_size=1000, on_gap=recording(gaps))
+    gate.joined()
+    if before == "processed":
+        gate.on_batch(0, rows(3, 4, 5))
+    if before != "standby":
+        gate.take_over(9, fence=FakePublisher, last_committed=lambda: {0: 2})
+    assert gate.resumes_at({0: 3 if before == "no gap" else 40}) is False
+    assert gaps == []
+
+
 def active_after_a_gap(can_repair: bool) -> tuple[Gate, FakePublisher]:
     """An active whose first batch starts at msg_id 15, the last published being 9."""
     gate = Gate(

@@ -57,6 +57,18 @@ def batch_start(checkpoint: Location, batch_id: int, topic: str) -> dict[int, in
     return end_offsets(path, topic) if path.exists() else None
 
 
+def resume_point(checkpoint: Location, topic: str) -> dict[int, int] | None:
+    """Where a query started on `checkpoint` takes its first record of each partition: after
+    its last committed batch (a planned batch without its commit is run again from there),
+    or where it started (`sources/0/0`) before any commit; None while Spark has written
+    neither."""
+    committed = numbered(checkpoint / "commits")
+    if committed:
+        return batch_end(checkpoint, committed[-1], topic)
+    path = checkpoint / "sources" / "0" / "0"
+    return end_offsets(path, topic) if path.exists() else None
+
+
 def unread(checkpoint: Location, topic: str, high_watermarks: Mapping[int, int]) -> int:
     """Inbound records a query restarted on `checkpoint` reads before it is level with
     `high_watermarks`: from the end of its last planned batch (Spark replays a planned

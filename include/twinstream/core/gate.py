@@ -449,6 +449,31 @@ class Gate:
             )
             return self._publish(self._pending([]), None)
 
+    def resumes_at(self, resume: Positions) -> bool:
+        """The new active's query continues at `resume` (per partition: its checkpoint's
+        position, for a query that has processed nothing since it started). A partition of
+        which the gate holds nothing, whose query resumes past the last published msg_id + 1,
+        has a gap no batch can fill: start its repair now, before the first batch, rather
+        than when that batch's rows reach the gate (the batch of an engine restarted after
+        both were killed, catching up in a cold JVM, took 11 s of a 30 s target). True: a
+        repair was started."""
+        with self._lock:
+            if self._role != "active" or self._repairing() is not None:
+                return False
+            for partition, next_msg_id in sorted(resume.items()):
+                part = self._part(partition)
+                if part.buffer or part.last_processed is not None or self._held:
+                    continue  # what the gate holds decides, when the first batch comes
+                expected = 0 if part.last_published is None else part.last_published + 1
+                gap = (expected, next_msg_id - 1)
+                if (
+                    gap[1] >= gap[0]
+                    and gap != part.given_up_gap
+                    and self._start_repair(partition, *gap)
+                ):
+                    return True
+            return False
+
     def _positions(self, name: str) -> object:
         """A position of every partition, for logs: the value alone for partition 0 only."""
         values = {p: getattr(part, name) for p, part in sorted(self._parts.items())}

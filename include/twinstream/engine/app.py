@@ -15,7 +15,7 @@ from kazoo.retry import KazooRetry
 import twinstream
 from twinstream.contract import Pipeline
 from twinstream.core.agreement import Agreement, DigestCost
-from twinstream.core.checkpoint import batch_end, batch_start, unread
+from twinstream.core.checkpoint import batch_end, batch_start, resume_point, unread
 from twinstream.core.election import (
     Election,
     ForeignNodeError,
@@ -93,6 +93,9 @@ class Engine:
         )
         # A gap to recompute, found at a takeover: how (the main loop does it).
         self._repair: persistence.Plan | None = None
+        # The repair was planned at a takeover, before the query's first batch: the batch in
+        # flight holds only rows after the gap, so the query stops without finishing it.
+        self._repair_at_once = False
         # What the clients use of the settings, built once (the Kafka credentials and the
         # ZooKeeper password are read here): twinstream.platform.connections.
         self.kafka = connection(settings)
@@ -485,11 +488,12 @@ class Engine:
 
     def _rewind_for_repair(self) -> None:
         plan, self._repair = self._repair, None
+        at_once, self._repair_at_once = self._repair_at_once, False
         if plan is None:
             return
         try:
             self.gate.abandon_waits()
-            self._stop_query_between_batches()
+            self._stop_query_between_batches(timeout_s=0.0 if at_once else 30.0)
             source, next_offsets = persistence.rewind(self.settings, self.engine_id, plan)
             self.gate.rewind(next_offsets)
             log.warning(
@@ -768,6 +772,16 @@ class Engine:
         finally:
             # A fenced or used producer can never serve a later takeover: build the next one.
             threading.Thread(target=self._prepare_publisher, daemon=True).start()
+        # An engine back after both were killed holds nothing yet and its checkpoint went on
+        # past what was published: the gap is known before any batch, so it is repaired now
+        # and the batch in flight (all of it after the gap) is not waited for.
+        resume = resume_point(
+            self.settings.checkpoint_dir(self.engine_id), self.settings.inbound_topic
+        )
+        if resume is not None:
+            # Said before the gate asks for the repair: the main loop may act on it at once.
+            self._repair_at_once = True
+            self._repair_at_once = self.gate.resumes_at(resume)
 
     def _resign(self) -> None:
         """The gate's producer can publish no more: give up the leadership and queue again;
