@@ -14,8 +14,9 @@ period and triggers restore_and_resync from the newest proven snapshot: the one 
 scheduled persist took of its standby, which agreed with the active then), that agrees with
 the published output again and then takes over by a second kill -9.
 Every (partition, offset) is then in exactly one transaction, the rows those of a
-reference run, each key in one partition and its outputs in offset order. (The audit DAG
-over three partitions: tests/integration/test_retention_audit.py.)
+reference run, each key in one partition and its outputs in offset order. The audit DAG
+then proves each partition of the quarantine test's output, and names the ranges of a
+broken copy.
 """
 
 from __future__ import annotations
@@ -23,17 +24,30 @@ from __future__ import annotations
 import collections
 import json
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from devkit.harness import EngineProcess, Pipeline, wait_for
 from pipelines.hostmetrics.generate import synthetic
 from tests.integration.engines import load_dag, return_value, task_states
-from twinstream.edge.reader import Record
+from twinstream.edge.reader import Record, read_committed
 from twinstream.engine import snapshot
 from twinstream.ops import cli
+from twinstream.ops.audit import Cursor
 from twinstream.platform import storage
+from twinstream.platform.kafka import (
+    TopicSpec,
+    admin_config,
+    ensure_topics,
+    producer_config,
+)
+from twinstream.platform.kafka_auth import grant_read
+from twinstream.platform.settings import load_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
@@ -225,7 +239,7 @@ def test_three_partitions_on_shared_storage_kill_9_and_a_lost_engine_restored_th
 
 
 def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactly_that_record(
-    stack_env, tmp_path, monkeypatch: pytest.MonkeyPatch
+    stack_env, tmp_path, monkeypatch: pytest.MonkeyPatch, dag_run_env
 ):
     """A bug outside the per-record guard (the fault-injection setting makes the transform
     raise on any batch holding a marker record) used to fail the batch on both engines for
@@ -326,5 +340,128 @@ def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactl
             30,
             "the release visible in GET /pipeline",
         )
+
+        # The audit DAG over these three partitions, on what the engines published: it
+        # reads the topics alone, and its Spark jobs get the two cores the engines had.
+        pipeline.discard()
+        audit_passes_each_partition_and_names_the_ranges_of_a_broken_copy(
+            pipeline, dag_run_env, monkeypatch
+        )
     finally:
         pipeline.discard()
+
+
+def _last_audit(path: Path) -> dict[str, Any]:
+    report: dict[str, Any] = json.loads((path / "last-audit.json").read_text())
+    return report
+
+
+def _copy_outbound(pipeline: Pipeline, target: str, drop: range, repeat: range) -> None:
+    """`.out` into `target`, partition for partition, with its headers, without the msg_ids
+    in `drop` and with those in `repeat` written twice (in every partition)."""
+    settings = pipeline.settings
+    ensure_topics(AdminClient(admin_config(settings)), [TopicSpec(target, settings.partitions, 3)])
+    producer = Producer(producer_config(settings))
+    try:
+        for record in read_committed(settings, settings.outbound_topic, partition=None):
+            assert record.msg_id is not None
+            if record.msg_id in drop:
+                continue
+            headers: list[tuple[str, str | bytes | None]] = [
+                ("msg_id", str(record.msg_id)),
+                ("engine_id", record.engine_id),
+                ("epoch", str(record.epoch)),
+            ]
+            for _ in range(2 if record.msg_id in repeat else 1):
+                producer.produce(
+                    target, record.raw, record.key, partition=record.partition, headers=headers
+                )
+            producer.poll(0)
+    finally:
+        assert producer.flush(30) == 0
+
+
+def _windows(report: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """Each partition's audited msg_ids as (first, end)."""
+    return {int(p): (f["first_msg_id"], f["end_msg_id"]) for p, f in report["partitions"].items()}
+
+
+def audit_passes_each_partition_and_names_the_ranges_of_a_broken_copy(
+    pipeline: Pipeline, dag_run_env: Callable[[Pipeline], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit proves each of the three partitions contiguous on its own and leaves its
+    cursor where it ended in each, and a copy of `.out` with the same msg_ids dropped and
+    repeated in every partition, audited up to the ends it is told, fails, naming the
+    ranges of each. (Where an audit starts and ends is tests/unit/test_audit.py's; the
+    cursor's positions after a real audit are asserted here.)
+
+    An audit right after publishing covers every record published (issue 33 point 8): the
+    in-flight margin stays at its default, 20,000 msg_ids, far more than these partitions
+    hold, and the audit ends where the committed progress records do, not margin below the
+    inbound end (which left this whole load unaudited: "nothing to audit below msg_id 0")."""
+    dag_run_env(pipeline)
+    # The default margin, said here so that no environment can shrink it to fit the test.
+    monkeypatch.setenv("TWINSTREAM_AUDIT_INFLIGHT_MSGS", "20000")
+    settings = load_settings()
+    dag = load_dag("audit_output_topic")
+
+    ends = pipeline.inbound_ends()
+    assert sorted(ends) == list(range(PARTITIONS))
+    # Every partition holds past the broken copy's ranges below (keyed by host).
+    assert min(ends.values()) > 300, ends
+    first = dag.test()
+    assert first.state == "success", task_states(first)
+    report = _last_audit(settings.audit_dir)
+    assert report["up_to"] == "committed"
+    assert _windows(report) == {p: (0, end) for p, end in ends.items()}
+    for findings in report["partitions"].values():
+        assert findings["missing"] == findings["duplicated"] == findings["mismatched"] == []
+    assert report["records"] == pipeline.produced
+    assert Path(report["data_docs"]).is_file()
+    results = json.loads(Path(report["results"]).read_text())
+    assert set(results) == {"twinstream_msg_ids", "twinstream_output_values"}
+    after_first = Cursor.load(settings.audit_dir / "cursor.json")
+    assert {p: after_first.at(p).next_msg_id for p in ends} == ends
+
+    # A copy of .out with msg_ids 100..109 deleted and 200..201 duplicated, in every
+    # partition.
+    copy = f"{settings.outbound_topic}.copy"
+    _copy_outbound(pipeline, copy, drop=range(100, 110), repeat=range(200, 202))
+    if settings.kafka_security:
+        # Only the pipeline's own outputs are its reader's: an operator auditing another
+        # topic grants it (the audit reads as the reader, never as the admin).
+        grant_read(AdminClient(admin_config(settings)), settings, copy)
+    # Its own cursor, by id: kept in the pipeline's audit folder.
+    broken = settings.audit_dir / "cursors" / "copy-audit"
+    conf = {
+        "outbound_topic": copy,
+        "dlq_topic": settings.dlq_topic,
+        "progress_topic": settings.progress_topic,
+    }
+    # Told where to end: each partition's inbound end (the last transaction's boundary).
+    up_to = ",".join(f"{p}:{end}" for p, end in sorted(ends.items()))
+    failed = dag.test(run_conf={**conf, "cursor": "copy-audit", "up_to": up_to})
+    assert failed.state == "failed", task_states(failed)
+    # The job ran to its verdict; the verdict failed the run at once, without a retry.
+    states = task_states(failed)
+    assert (states["each_pipeline.audit_output"], states["each_pipeline.verdict"]) == (
+        "success",
+        "failed",
+    )
+    tries = {ti.task_id: ti.try_number for ti in failed.get_task_instances()}
+    assert tries["each_pipeline.verdict"] == 1
+    report = _last_audit(broken)
+    assert report["run_id"] == failed.run_id
+    assert not report["ok"]
+    assert report["up_to"] == up_to
+    assert _windows(report) == {p: (0, end) for p, end in ends.items()}
+    # Every offset is in a published transaction (the progress records are intact), but
+    # the transactions holding 100..109 and 200..201 no longer have their outputs: named
+    # in each partition.
+    assert sorted(report["partitions"]) == [str(p) for p in range(PARTITIONS)]
+    for findings in report["partitions"].values():
+        assert findings["missing"] == findings["duplicated"] == []
+        mismatched = findings["mismatched"]
+        for lost in (100, 109, 200, 201):
+            assert any(a <= lost <= b for a, b in mismatched), (lost, mismatched)
+    assert not (broken / "cursor.json").exists()  # a failed audit does not move on
