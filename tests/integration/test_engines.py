@@ -149,11 +149,21 @@ def fence_from_outside(pipeline: Pipeline, fenced: EngineProcess, successor: Eng
     s = pipeline.settings
     foreign = Producer(producer_config(s, **{"transactional.id": s.transactional_id}))
     try:
-        last = published(fenced)
+        fenced_epoch = fenced.get("/server")["epoch"]
         started = time.monotonic()
         foreign.init_transactions(30)
+
+        def committed_after_the_fence() -> bool:
+            # Its own first transaction at a later epoch: its last published msg_id alone
+            # is the one it read at its takeover, past what `fenced` said a moment before
+            # (a fresh clone killed it before its first commit, on that word).
+            takeovers = successor.get("/pipeline")["takeovers"]
+            return successor.role() == "active" and any(
+                t["epoch"] > fenced_epoch and t["first_commit_s"] is not None for t in takeovers
+            )
+
         wait_for(
-            lambda: successor.role() == "active" and published(successor) > last,
+            committed_after_the_fence,
             30,
             "the output resuming after a foreign producer fenced the active",
         )
