@@ -341,10 +341,10 @@ def test_a_gap_known_at_takeover_is_repaired_before_the_first_batch():
     gate.joined()
     publisher = FakePublisher()
     gate.take_over(9, fence=lambda: publisher, last_committed=lambda: {0: 9, 1: 4})
-    assert gate.resumes_at({0: 10, 1: 12}) is True
+    assert gate.resumes_at(lambda: {0: 10, 1: 12}) is True
     assert gaps == [(1, 5, 11)]  # partition 0 resumes right after what was published
     assert gate.status().repairs[0].seconds is None
-    assert gate.resumes_at({1: 12}) is False  # one repair at a time
+    assert gate.resumes_at(lambda: {1: 12}) is False  # one repair at a time
     gate.on_batch(5, [Output(12, "out", "h", "v", partition=1)])
     assert publisher.transactions == []  # held until the rewound query brings 5..11
 
@@ -362,7 +362,7 @@ def test_what_the_gate_holds_decides_the_gap_not_the_checkpoint(before):
         gate.on_batch(0, rows(3, 4, 5))
     if before != "standby":
         gate.take_over(9, fence=FakePublisher, last_committed=lambda: {0: 2})
-    assert gate.resumes_at({0: 3 if before == "no gap" else 40}) is False
+    assert gate.resumes_at(lambda: {0: 3 if before == "no gap" else 40}) is False
     assert gaps == []
 
 

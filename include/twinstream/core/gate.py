@@ -449,30 +449,39 @@ class Gate:
             )
             return self._publish(self._pending([]), None)
 
-    def resumes_at(self, resume: Positions) -> bool:
-        """The new active's query continues at `resume` (per partition: its checkpoint's
+    def resumes_at(self, resume: Callable[[], Positions | None]) -> bool:
+        """The new active's query continues at `resume()` (per partition: its checkpoint's
         position, for a query that has processed nothing since it started). A partition of
         which the gate holds nothing, whose query resumes past the last published msg_id + 1,
         has a gap no batch can fill: start its repair now, before the first batch, rather
         than when that batch's rows reach the gate (the batch of an engine restarted after
-        both were killed, catching up in a cold JVM, took 11 s of a 30 s target). True: a
-        repair was started."""
+        both were killed, catching up in a cold JVM, took 11 s of a 30 s target). `resume`
+        is read only then: a takeover with rows in hand reads no checkpoint. True: a repair
+        was started."""
         with self._lock:
-            if self._role != "active" or self._repairing() is not None:
+            if self._role != "active" or self._repairing() is not None or self._held:
                 return False
-            for partition, next_msg_id in sorted(resume.items()):
+
+            def holds(part: _Partition) -> bool:
+                # What the gate holds decides, when the first batch comes.
+                return bool(part.buffer) or part.last_processed is not None
+
+            if self._parts and all(holds(part) for part in self._parts.values()):
+                return False
+            for partition, next_msg_id in sorted((resume() or {}).items()):
                 part = self._part(partition)
-                if part.buffer or part.last_processed is not None or self._held:
-                    continue  # what the gate holds decides, when the first batch comes
-                expected = 0 if part.last_published is None else part.last_published + 1
-                gap = (expected, next_msg_id - 1)
-                if (
-                    gap[1] >= gap[0]
-                    and gap != part.given_up_gap
-                    and self._start_repair(partition, *gap)
-                ):
+                if holds(part):
+                    continue
+                gap = self._gap_before(part, next_msg_id)
+                if gap not in (None, part.given_up_gap) and self._start_repair(partition, *gap):
                     return True
             return False
+
+    def _gap_before(self, part: _Partition, msg_id: int) -> tuple[int, int] | None:
+        """The msg_ids between the partition's last published one and `msg_id`, the next
+        it would publish; None when `msg_id` follows on."""
+        expected = 0 if part.last_published is None else part.last_published + 1
+        return (expected, msg_id - 1) if msg_id > expected else None
 
     def _positions(self, name: str) -> object:
         """A position of every partition, for logs: the value alone for partition 0 only."""
@@ -712,12 +721,11 @@ class Gate:
             return 0
         for partition, group in sorted(by_partition(rows).items()):
             part = self._parts[partition]
-            expected = 0 if part.last_published is None else part.last_published + 1
-            if group[0].msg_id <= expected:
+            gap = self._gap_before(part, group[0].msg_id)
+            if gap is None:
                 continue
             if self._repairing() is not None:
                 return 0  # the rewound query brings the missing rows first
-            gap = (expected, group[0].msg_id - 1)
             # A gap a failed repair gave up on is reported already: publish what follows.
             if gap != part.given_up_gap:
                 if self._start_repair(partition, *gap):

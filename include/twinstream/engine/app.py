@@ -775,13 +775,13 @@ class Engine:
         # An engine back after both were killed holds nothing yet and its checkpoint went on
         # past what was published: the gap is known before any batch, so it is repaired now
         # and the batch in flight (all of it after the gap) is not waited for.
-        resume = resume_point(
-            self.settings.checkpoint_dir(self.engine_id), self.settings.inbound_topic
+        # Said before the gate asks for the repair: the main loop may act on it at once.
+        self._repair_at_once = True
+        self._repair_at_once = self.gate.resumes_at(
+            lambda: resume_point(
+                self.settings.checkpoint_dir(self.engine_id), self.settings.inbound_topic
+            )
         )
-        if resume is not None:
-            # Said before the gate asks for the repair: the main loop may act on it at once.
-            self._repair_at_once = True
-            self._repair_at_once = self.gate.resumes_at(resume)
 
     def _resign(self) -> None:
         """The gate's producer can publish no more: give up the leadership and queue again;
