@@ -404,3 +404,34 @@ def test_status_watch_asks_every_engine_for_its_timeline_unless_told_not_to(
     args.no_sparklines = True
     assert cli.cmd_status(settings, args) == 0
     assert given[1] is None
+
+
+def test_kazoos_retried_connection_warnings_stay_off_a_status_that_ends_well(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import logging
+
+    fake_engines(monkeypatch, actives={"a", "c"})
+    up = EngineClient.server
+
+    def server(client: EngineClient) -> ServerInfo:
+        # What kazoo's connection thread logs while status reads the publisher adapters.
+        logging.getLogger("kazoo.client").warning("Connection time-out: %s", "retrying")
+        if client.engine_id == "b":
+            logging.getLogger("kazoo.client").error("Unhandled exception in connection loop")
+        return up(client)
+
+    monkeypatch.setattr(EngineClient, "server", server)
+    # As outside pytest: no handler on the root logger, so Python's last resort prints
+    # warnings and above on stderr.
+    monkeypatch.setattr(logging.root, "handlers", [])
+    monkeypatch.setenv("TWINSTREAM_ADMIN_TOKEN", "t")
+    monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(tmp_path))
+    assert cli.main(["status"]) == 0
+    out, err = capsys.readouterr()
+    assert "pipeline hostmetrics" in out
+    assert "Connection time-out" not in err
+    # A real failure still says itself.
+    assert err.strip() == "Unhandled exception in connection loop"
+    # Only for the command's time: a later user of kazoo in this process logs as before.
+    assert logging.getLogger("kazoo").level == logging.NOTSET

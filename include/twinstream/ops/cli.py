@@ -25,13 +25,14 @@ twinstream remove-pipeline NAME [--yes]            a pipeline off the stack, wit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import itertools
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -578,6 +579,28 @@ def cmd_remove_pipeline(settings: Settings, args: argparse.Namespace) -> int:
     return remove_pipeline(settings, args.name, confirm=confirmer(args.yes), echo=print)
 
 
+# kazoo logs every connection attempt it retries as a warning (`Connection time-out`) with
+# no handler of ours, so Python prints it on stderr: before a status table that came out
+# right all the same. A command says itself what it could not do (a status row, its one
+# error line); kazoo's errors still pass. A publisher adapter keeps them in its own log.
+QUIET_LOGGERS = ("kazoo",)
+
+
+@contextlib.contextmanager
+def quiet_libraries(quiet: bool = True) -> Iterator[None]:
+    """Libraries' warnings off stderr for the time of one command, their levels restored
+    after (main() may be called more than once in a process, as the tests do)."""
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS] if quiet else []
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="twinstream", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -739,7 +762,8 @@ def main(argv: list[str] | None = None) -> int:
             "kafka-config": cmd_kafka_config,
             "remove-pipeline": cmd_remove_pipeline,
         }
-        return handler[args.command](settings, args)
+        with quiet_libraries(quiet=not getattr(args, "source", None)):
+            return handler[args.command](settings, args)
     except (SettingsError, ContractError, ValueError, OSError, RuntimeError, KafkaException) as exc:
         # KafkaException: an error librdkafka has no better words for, still one line.
         print(f"\ntwinstream {args.command}: {exc}", file=sys.stderr)
