@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 from confluent_kafka.admin import AdminClient
 
+from twinstream.engine.api import PipelineInfo
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.platform.kafka import admin_config
 from twinstream.platform.settings import Settings
@@ -144,7 +145,25 @@ def engine(settings: Settings, engine_id: str, timeout_s: float = 3.0) -> tuple[
         what = "no answer" if exc.status is None else f"HTTP {exc.status}"
         return False, f"{what} at {url}: {exc.reason[:200]}", "none"
     role = server.role
-    detail = f"{role}, pipeline {info.state}, lag {info.lag}, buffer {info.buffer_text()}"
+    detail = f"{role}, pipeline {info.state}, {standing_text(info)}"
     if info.state != "running":
         return False, f"{detail} ({info.reason})", role
     return role in ("active", "standby"), detail, role
+
+
+def standing_text(info: PipelineInfo) -> str:
+    """An engine's lag and buffer for `make up`'s summary, said the same way for every
+    engine: the lag is unknown until the engine has read its inbound topic's ends, and
+    each partition's buffer is known once a batch has brought it rows (before, an engine
+    has only a total, which says nothing of a partition's bound)."""
+    lag = "lag unknown yet" if info.lag is None else f"lag {info.lag:,}"
+    if info.buffer_fills:
+        buffer = f"buffer {info.buffer_text()}"
+    elif info.buffer_fill == 0:
+        buffer = "buffer empty (no batch yet)"
+    else:
+        buffer = (
+            f"buffer {info.buffer_fill:,} rows over every partition "
+            f"(each partition's bound {info.buffer_size:,})"
+        )
+    return f"{lag}, {buffer}"
