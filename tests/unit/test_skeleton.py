@@ -46,3 +46,23 @@ def test_the_skeleton_is_keyed_and_its_step_keeps_the_contract(
         # The package lives in tmp_path: leave no module of it behind for other tests.
         for name in [m for m in sys.modules if m.startswith("shop_totals_unit")]:
             sys.modules.pop(name, None)
+
+
+def test_the_printed_entrys_publishers_line_says_what_it_is_and_runs_nothing_as_printed(
+    tmp_path: Path,
+) -> None:
+    import tomllib
+
+    from twinstream.platform import registry
+
+    text = skeleton.pipelines_entry("shop", [("e", 8705), ("f", 8706)])
+    line = next(line for line in text.splitlines() if line.startswith("publishers"))
+    # The programs run in the stack's state folder: a relative source would be read there.
+    source = tomllib.loads(text)["shop"]["publishers"]["source"]
+    assert Path(source).is_absolute()
+    comment = line.split("  # ", 1)[1]
+    assert "optional, none as it is" in comment
+    assert "publisher adapters following it into shop.in" in comment
+    path = tmp_path / "pipelines.toml"
+    path.write_text(text)
+    assert registry.entries(path)["shop"].publishers is None

@@ -273,6 +273,9 @@ def pipelines_entry(
         f"partitions = {partitions}  # of its four topics; Kafka cannot change it later\n"
         f"engines = [{engines}]  # its engines: ids the stack's, one pipeline each\n"
         f"admin_ports = [{ports}]  # one admin API port per engine, in the same order\n"
-        f'publishers = {{ source = "{name}.jsonl", count = 0 }}  # count = 2: make up runs '
-        "two publisher adapters following source (README, Adapters)\n"
+        # Runs nothing as printed: a relative source would be read from the stack's state
+        # folder (its programs' working directory), so the placeholder is an absolute path.
+        f'publishers = {{ source = "/path/to/{name}.jsonl", count = 0 }}  # optional, none '
+        f"as it is; with the absolute path of a file (or folder) and count = 2, make up "
+        f"runs two publisher adapters following it into {name}.in (README, Adapters)\n"
     )
