@@ -311,3 +311,53 @@ def test_without_kafka_security_there_are_no_users_or_acls_to_delete(stack):
     assert code == 0, lines
     assert stack.admin.deleted_users == stack.admin.deleted_acls == []
     assert sorted(stack.admin.deleted_topics) == sorted(SHOP_TOPICS)
+
+
+def _code(root: Path, module: str) -> Path:
+    """A module's file below the pipelines file's folder, as new-pipeline writes one."""
+    path = root.joinpath(*module.split(".")).with_suffix(".py")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("pipeline = None\n")
+    return path
+
+
+def test_the_pipelines_code_is_kept_and_the_last_words_say_where_and_how_to_delete_it(stack):
+    code = _code(stack.path.parent, "shop.pipeline")
+    status, _questions, lines = _remove(stack, "shop", True)
+    assert status == 0
+    folder = code.parent.resolve()
+    assert f"  keep its code, module shop.pipeline in {folder}" in lines
+    assert lines[-1].endswith(
+        f"Its code is kept ({folder}, module shop.pipeline): it is yours, delete it yourself "
+        f"if you no longer want it (`rm -r {folder}`)."
+    )
+    assert code.exists()
+
+
+def test_a_folder_with_another_pipelines_code_is_not_offered_for_rm_r(tmp_path):
+    from twinstream.platform import registry
+    from twinstream.stack.remove import kept_code
+
+    path = tmp_path / "pipelines.toml"
+    path.write_text(
+        '[shop]\nmodule = "pipelines.shop"\n\n[bank]\nmodule = "pipelines.bank:pipeline"\n'
+        '\n[own]\nmodule = "pipelines.own.pipeline"\n\n[top]\nmodule = "top"\n'
+    )
+    for module in ("pipelines.shop", "pipelines.bank", "pipelines.own.pipeline", "top"):
+        _code(tmp_path, module)
+    listed = registry.entries(path)
+    root = tmp_path.resolve()
+    # Two pipelines of one folder: each its own file, never the folder.
+    assert kept_code(listed, "shop").path == root / "pipelines" / "shop.py"
+    assert kept_code(listed, "bank").path == root / "pipelines" / "bank.py"
+    assert kept_code(listed, "own").path == root / "pipelines" / "own"
+    # Beside the pipelines file: the file, not the folder of everything.
+    assert kept_code(listed, "top").path == root / "top.py"
+    assert kept_code(listed, "top").kept().endswith(f"(`rm {root / 'top.py'}`).")
+    # Not below the pipelines file (on PYTHONPATH): its module named, no path to delete.
+    (root / "top.py").unlink()
+    gone = kept_code(registry.entries(path), "top")
+    assert gone.path is None
+    assert (
+        gone.kept() == "Its code (module top) is kept: delete it yourself if you no longer want it."
+    )

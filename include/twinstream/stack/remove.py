@@ -10,8 +10,9 @@ quarantine), its engines' folders (checkpoints), its snapshots and its audit rep
 their Data Docs are deleted; then its table leaves the pipelines file and the engines'
 Airflow connections are written without it. The file is edited last, so a step that fails
 can be finished by running the command again (what is gone already is skipped). The
-engines' logs stay. Exit codes: 0 done, 1 refused or declined, 2 an error (the message
-names the fix).
+engines' logs stay, and so does the pipeline's code (`pipelines/<name>/`): it is the
+user's, and the last words say where it is and how to delete it. Exit codes: 0 done, 1
+refused or declined, 2 an error (the message names the fix).
 
 The pipelines file is edited rather than left to the user: a pipeline's engines, and so its
 checkpoints, are named only there; once its table is gone nothing says which folders were
@@ -64,6 +65,7 @@ class Plan:
     znode_children: list[str] = field(default_factory=list)
     folders: list[Location] = field(default_factory=list)
     users: list[str] = field(default_factory=list)
+    code: KeptCode | None = None
 
     def describe(self) -> list[str]:
         name = self.pipeline.pipeline
@@ -91,7 +93,60 @@ class Plan:
         lines.append(
             f"  keep its engines' logs ({Path(self.pipeline.state_dir) / 'logs'}/engine-*.log)"
         )
+        if self.code is not None:
+            lines.append(f"  keep its code, {self.code.where}")
         return lines
+
+
+@dataclass(frozen=True)
+class KeptCode:
+    """A pipeline's code, which removing it keeps: its module, and the folder (or file)
+    that is its alone, when one is below the pipelines file's folder."""
+
+    module: str
+    path: Path | None
+
+    @property
+    def where(self) -> str:
+        return f"module {self.module}" + (f" in {self.path}" if self.path else "")
+
+    def kept(self) -> str:
+        if self.path is None:
+            return f"Its code ({self.where}) is kept: delete it yourself if you no longer want it."
+        rm = "rm -r" if self.path.is_dir() else "rm"
+        return (
+            f"Its code is kept ({self.path}, module {self.module}): it is yours, delete it "
+            f"yourself if you no longer want it (`{rm} {self.path}`)."
+        )
+
+
+def kept_code(listed: dict[str, registry.Entry], name: str) -> KeptCode:
+    """Where pipeline `name`'s code is: its package's folder, or its module file's
+    (`pipelines/shop/` for `pipelines.shop.pipeline`); the file alone when that folder is
+    the pipelines file's own or holds another listed pipeline's code too (a `rm -r` of it
+    would delete theirs); no path for a module elsewhere on the path or in a shared
+    package."""
+    entry = listed[name]
+    path = _module_path(entry)
+    if path is None:
+        return KeptCode(entry.module, None)
+    folder = path if path.is_dir() else path.parent
+    others = [_module_path(e) for n, e in listed.items() if n != name]
+    shared = any(p is not None and p.is_relative_to(folder) for p in others)
+    if folder != entry.root.resolve() and not shared:
+        return KeptCode(entry.module, folder)
+    return KeptCode(entry.module, path if path.is_file() else None)
+
+
+def _module_path(entry: registry.Entry) -> Path | None:
+    """An entry's module (module[:attribute]) below its root: a package's folder, a
+    module's file, or None when neither is there."""
+    parts = entry.module.partition(":")[0].split(".")
+    path = entry.root.resolve().joinpath(*parts)
+    if path.is_dir():
+        return path
+    file = path.with_suffix(".py")
+    return file if file.is_file() else None
 
 
 def remove_pipeline(
@@ -109,6 +164,7 @@ def remove_pipeline(
     (twinstream.stack.supervisor.Supervisor) default to the stack's own."""
     try:
         pipeline, new_text, removed_text = _check(settings, name)
+        code = kept_code(registry.entries(settings.pipelines_file), name)
     except RemoveError as exc:
         echo(str(exc))
         return REFUSED if isinstance(exc, Refused) else ERROR
@@ -124,6 +180,7 @@ def remove_pipeline(
         if own_zk:
             zk = _zookeeper(settings)
         plan = _plan(settings, pipeline, new_text, removed_text, admin, zk, supervisor)
+        plan.code = code
         for line in plan.describe():
             echo(line)
         question = (
@@ -150,7 +207,7 @@ def remove_pipeline(
             zk.close()
     echo(
         f"pipeline {name} removed; `make up` now runs the stack without it (and changes "
-        "nothing else)"
+        f"nothing else). {code.kept()}"
     )
     return DONE
 
