@@ -18,11 +18,12 @@ export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
 export TWINSTREAM_JARS_DIR ?= $(JARS)
 
-.PHONY: help install system-deps browser airflow-db up status down test lint typecheck unit dags integration chaos screenshots constraints clean
+.PHONY: help install system-deps browser airflow-db up status restart down test lint typecheck unit dags integration chaos screenshots constraints clean
 
 help:
 	@echo "make up      install everything and start the local stack (ZooKeeper, Kafka x3, Airflow)"
 	@echo "make status  show every service of the stack and its pid"
+	@echo "make restart ENGINE=a  restart one engine and wait until it is healthy again"
 	@echo "make down    stop everything the stack started"
 	@echo "make test    install everything and run lint, type checks and all tests"
 	@echo "make chaos   the full chaos suite: 100 kill -9 failovers, a broker and ZooKeeper down,"
@@ -113,6 +114,11 @@ up: install
 
 status:
 	@$(BIN)/twinstream-stack status
+
+# One engine of the running stack (twinstream.stack.restart); `make status` lists them.
+restart:
+	@[ -n "$(ENGINE)" ] || { echo "make restart ENGINE=<id>: give the engine's id (make status lists them)" >&2; exit 2; }
+	@$(BIN)/twinstream restart $(ENGINE)
 
 down:
 	@if [ -x $(BIN)/twinstream-stack ]; then $(BIN)/twinstream-stack down; else echo "nothing installed, nothing running"; fi

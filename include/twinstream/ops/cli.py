@@ -20,6 +20,8 @@ twinstream quarantine list                         offsets the engines quarantin
 twinstream quarantine release 1234                 release one once its bug is fixed
 twinstream new-pipeline NAME                       a runnable pipeline and its test
 twinstream remove-pipeline NAME [--yes]            a pipeline off the stack, with its data
+twinstream restart ENGINE [--pipeline NAME]        restart one engine of the local stack and
+                                                   wait until it is healthy again
 """
 
 from __future__ import annotations
@@ -601,6 +603,13 @@ def quiet_libraries(quiet: bool = True) -> Iterator[None]:
             logger.setLevel(level)
 
 
+def cmd_restart(settings: Settings, args: argparse.Namespace) -> int:
+    from twinstream.stack.restart import restart_engine
+
+    restart_engine(settings, args.engine, pipeline=args.of_pipeline, echo=print)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="twinstream", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -704,6 +713,23 @@ def main(argv: list[str] | None = None) -> int:
     remove.add_argument(
         "--yes", action="store_true", help="do not ask (needed when stdin is not a terminal)"
     )
+    restart = sub.add_parser(
+        "restart",
+        help="restart one engine of the local stack (its supervisord program) and wait "
+        "until it answers its health probe again",
+        description="Restarting the active is a failover: a standby takes over, and the "
+        "engine comes back as a standby. Under Docker Compose: docker compose restart "
+        "engine-ID.",
+    )
+    restart.add_argument("engine", help="the engine's id (`twinstream status` lists them)")
+    # Not `pipeline`: main() would make the settings that pipeline's, and the engines are
+    # looked up among the stack's (twinstream.stack.restart.owner).
+    restart.add_argument(
+        "--pipeline",
+        dest="of_pipeline",
+        metavar="NAME",
+        help="check that the engine is this pipeline's (default: whichever runs it)",
+    )
     status = sub.add_parser(
         "status", help="every pipeline's engines: role, lag and buffer as a table"
     )
@@ -761,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
             "new-pipeline": cmd_new_pipeline,
             "kafka-config": cmd_kafka_config,
             "remove-pipeline": cmd_remove_pipeline,
+            "restart": cmd_restart,
         }
         with quiet_libraries(quiet=not getattr(args, "source", None)):
             return handler[args.command](settings, args)
