@@ -157,28 +157,36 @@ def ensure_chroot(zk: ZooKeeperConnection, acl: list[ACL]) -> None:
 
 @dataclass(frozen=True)
 class Standing:
-    """How far an engine is: in sync (twinstream.engine.positions.is_in_sync) and its lag;
+    """How far an engine is: in sync (twinstream.engine.readiness.InSync) and its lag;
     and whether it may lead at all (an engine whose output disagrees with the active's,
     twinstream.core.agreement, may not)."""
 
     in_sync: bool
     lag: int | None
     eligible: bool = True
+    # The lag in seconds of the engine's own measured rate (None: not measured yet).
+    lag_s: float | None = None
 
     def to_json(self) -> bytes:
         return json.dumps(
-            {"in_sync": self.in_sync, "lag": self.lag, "eligible": self.eligible}
+            {
+                "in_sync": self.in_sync,
+                "lag": self.lag,
+                "eligible": self.eligible,
+                "lag_s": self.lag_s,
+            }
         ).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Standing | None:
         try:
             value = json.loads(data)
-            lag = value.get("lag")
+            lag, lag_s = value.get("lag"), value.get("lag_s")
             return cls(
                 bool(value["in_sync"]),
                 None if lag is None else int(lag),
                 bool(value.get("eligible", True)),
+                None if lag_s is None else float(lag_s),
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None

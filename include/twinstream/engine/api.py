@@ -122,6 +122,17 @@ def buffer_text(fills: Mapping[int, int], total: int | None, bound: int | None) 
     return f"{total:,} total"
 
 
+class StandbyCover(BaseModel):
+    """The active's standbys (twinstream.engine.readiness): those that could take over now
+    and, for every other engine, why not; when none could, since when."""
+
+    ready: list[str] = Field(default_factory=list)
+    not_ready: dict[str, str] = Field(default_factory=dict)
+    # None while a standby could take over; else when the active saw that none could.
+    unprotected_since: str | None = None
+    unprotected_s: float | None = None
+
+
 class PipelineInfo(BaseModel):
     state: str
     reason: str
@@ -157,6 +168,11 @@ class PipelineInfo(BaseModel):
     lag_trend: LagTrend | None = None
     # Whether this engine's rows equal the active's published ones (a standby's check).
     agreement: AgreementInfo = Field(default_factory=lambda: AgreementInfo())
+    # The lag in seconds of the engine's own measured rate: what `in_sync` is judged by
+    # (None until it measured a rate; then `in_sync` falls back to a count of records).
+    lag_s: float | None = None
+    # On the active only: which standbys could take over from it.
+    standbys: StandbyCover | None = None
 
     def buffer_text(self) -> str:
         return buffer_text(self.buffer_fills, self.buffer_fill, self.buffer_size)

@@ -51,12 +51,12 @@ from twinstream.engine.positions import (
     BatchTimings,
     InboundWatermarks,
     events_per_s,
-    is_in_sync,
     query_position,
 )
 from twinstream.engine.positions import (
     lag as inbound_lag,
 )
+from twinstream.engine.readiness import InSync, Redundancy
 from twinstream.engine.recovery import Recovery
 from twinstream.engine.status import pipeline_info
 from twinstream.engine.timeline import Timeline
@@ -162,6 +162,11 @@ class Engine:
         # The lag's recent samples: whether the engine is falling behind
         # (twinstream.engine.lag_trend).
         self.lag_history = LagHistory()
+        # Whether this engine could take over now, in seconds of its own rate, with
+        # hysteresis; and, while active, which standbys could take over from it
+        # (twinstream.engine.readiness). Both change in the main loop only.
+        self.sync = InSync(settings.in_sync_s, settings.in_sync_hold_s, settings.in_sync_lag)
+        self.redundancy = Redundancy(engine_id, settings.engine_ids)
         self._spare: KafkaPublisher | None = None
         self._prepare_publisher()
         # The last 15 minutes of this engine's figures (the operator page's chart): the
@@ -824,17 +829,33 @@ class Engine:
 
     def standing(self, processed: dict[int, int] | None = None) -> Standing:
         """How far this engine is, as the election compares engines (asked on each win) and
-        the status reports it. `processed`: the gate's, when the caller has read it."""
+        the status reports it: its lag now, and whether it is in sync as the main loop last
+        judged it (a read never changes that). `processed`: the gate's, when the caller has
+        read it."""
         lag = self._lag(self.gate.status().processed if processed is None else processed)
-        in_sync = is_in_sync(
-            self._state, lag, self.settings.in_sync_lag, self._query_position() is not None
-        )
-        return Standing(in_sync, lag, self.agreement.eligible)
+        return Standing(self.sync.value, lag, self.agreement.eligible, self.sync.lag_s)
 
     def publish_standing(self) -> None:
-        """Tell the other engines how far this one is (the main loop, once a second), while
-        it contends: a winner that is behind hands its win to one that is in sync; and put
-        the second's figures in the timeline."""
+        """The main loop's second (once a second): judge whether this engine is in sync, end
+        a restore once it is, tell the other engines how far it is while it contends (a
+        winner that is behind hands its win to one that is in sync), look at the standbys
+        while active, and put the second's figures in the timeline."""
+        lag = self._lag(self.gate.status().processed)
+        self.sample_lag(lag)
+        self.sync.update(
+            self._state, lag, self.drain_rate.value, self._query_position() is not None
+        )
+        if self.sync.value and self._state == "restoring":
+            self._state, self._reason = "running", ""
+            log.warning(
+                "engine %s pipeline %s: restored from %s and in sync after %.1f s (%s)",
+                self.engine_id,
+                self.settings.pipeline,
+                self._restored_from,
+                time.monotonic() - self._restore_started,
+                self.sync.describe(lag),
+            )
+        self._look_at_standbys()
         if self._state not in ("running", "restoring", "persisting"):
             return
         standing = self.standing()
@@ -843,6 +864,41 @@ class Engine:
         rate = self._events_per_s()
         if rate is not None:
             self.recent.rate(rate)
+
+    def _look_at_standbys(self) -> None:
+        """While active: which standbys could take over (their standings in ZooKeeper); a
+        change between "some could" and "none could" is logged once."""
+        active = self.gate.status().role == "active"
+        before = self.redundancy.cover()
+        try:
+            standings = self.election.standings() if active else {}
+        except Exception as exc:  # ZooKeeper away: the election's own listener says so
+            log.debug(
+                "engine %s pipeline %s: standings unread (%r)",
+                self.engine_id,
+                self.settings.pipeline,
+                exc,
+            )
+            return
+        cover = self.redundancy.update(active, standings)
+        if cover is None:
+            return
+        if not cover.ready and (before is None or before.ready):
+            log.error(
+                "engine %s pipeline %s: active with no standby that could take over (%s): "
+                "the next failure stops the output",
+                self.engine_id,
+                self.settings.pipeline,
+                "; ".join(f"{e}: {why}" for e, why in sorted(cover.not_ready.items()))
+                or "no other engine configured",
+            )
+        elif cover.ready and before is not None and not before.ready:
+            log.warning(
+                "engine %s pipeline %s: standby %s could take over again",
+                self.engine_id,
+                self.settings.pipeline,
+                ", ".join(cover.ready),
+            )
 
     def sample_lag(self, lag: int | None) -> None:
         """One sample of the lag's trend, while the query works: a stopped or recovering
@@ -855,19 +911,21 @@ class Engine:
         status = self.gate.status()
         standing = self.standing(status.processed)
         lag, in_sync = standing.lag, standing.in_sync
-        self.sample_lag(lag)
         trend = self.lag_history.trend()
         fills = status.buffer_fills
         quarantined = self.quarantined()
+        cover = self.redundancy.cover()
         self.meters.update(
             lag=lag,
+            lag_s=self.sync.lag_s,
             buffer_fills=fills,
             buffer_bound=status.buffer_size,
             quarantined=len(quarantined),
             in_sync=in_sync,
-            behind=lag is not None and lag > self.settings.in_sync_lag,
+            behind=self.sync.behind(lag),
             lag_growing=trend is not None and trend.growing,
         )
+        self.meters.standbys(cover)
         agreement = self.agreement.status()
         self.meters.agreement(
             state=agreement.state,
@@ -877,16 +935,6 @@ class Engine:
             msg_id=None if agreement.difference is None else agreement.difference.msg_id,
             digest_s=agreement.digest_s + self.published_digests.seconds,
         )
-        if in_sync and self._state == "restoring":
-            self._state, self._reason = "running", ""
-            log.warning(
-                "engine %s pipeline %s: restored from %s and in sync after %.1f s (lag %s)",
-                self.engine_id,
-                self.settings.pipeline,
-                self._restored_from,
-                time.monotonic() - self._restore_started,
-                lag,
-            )
         return pipeline_info(
             self._state,
             self._reason,
@@ -897,6 +945,8 @@ class Engine:
             events_per_s=self._events_per_s(),
             restored_from=self._restored_from,
             agreement=agreement,
+            lag_s=self.sync.lag_s,
+            cover=cover,
         )
 
     def metrics(self) -> str:

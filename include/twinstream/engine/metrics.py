@@ -7,14 +7,23 @@ over a window (twinstream.engine.lag_trend); as Prometheus rules over every engi
 
     max by (pipeline) (twinstream_in_sync) == 0 and max by (pipeline) (twinstream_behind) == 1
     max by (pipeline) (twinstream_lag_growing) == 1
+
+A pipeline whose next failure would stop its output (its active has no standby that could
+take over: down, behind, or barred by a disagreement) says so on its active:
+
+    max by (pipeline) (twinstream_unprotected) == 1
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+if TYPE_CHECKING:
+    from twinstream.engine.readiness import Cover
 
 AGREEMENT_STATES = ("agrees", "disagrees", "unchecked")
 ROLES = ("none", "standby", "active")
@@ -79,11 +88,28 @@ class EngineMetrics(Metrics):
             "Rows each inbound partition's buffer keeps at least (num_buffered_msgs)",
         )
         self.lag = self._gauge("twinstream_lag", "Inbound messages not yet processed")
+        self._lag_seconds = self._gauge(
+            "twinstream_lag_seconds",
+            "The lag in seconds of the engine's own measured rate (absent until measured)",
+        )
         self._in_sync = self._gauge(
-            "twinstream_in_sync", "1 while the engine is in sync (lag at most in_sync_lag)"
+            "twinstream_in_sync",
+            "1 while the engine is in sync (it would reach the inbound head within in_sync_s)",
         )
         self._behind = self._gauge(
-            "twinstream_behind", "1 while the engine's lag is known and above in_sync_lag"
+            "twinstream_behind", "1 while the engine's lag is known and above the in-sync bound"
+        )
+        self._unprotected = self._gauge(
+            "twinstream_unprotected",
+            "1 while this engine is active and no standby could take over from it",
+        )
+        self._unprotected_seconds = self._gauge(
+            "twinstream_unprotected_seconds",
+            "How long this active engine has had no standby that could take over (0: one could)",
+        )
+        self._ready_standbys = self._gauge(
+            "twinstream_ready_standbys",
+            "On the active: the standbys that could take over now (in sync, allowed to lead)",
         )
         self._lag_growing = self._gauge(
             "twinstream_lag_growing",
@@ -160,6 +186,7 @@ class EngineMetrics(Metrics):
         self,
         *,
         lag: int | None,
+        lag_s: float | None = None,
         buffer_fills: Mapping[int, int],
         buffer_bound: int,
         quarantined: int,
@@ -171,6 +198,8 @@ class EngineMetrics(Metrics):
         value (a scrape never reads a made-up 0), and twinstream_behind at 0."""
         if lag is not None:
             self.lag.set(lag)
+        if lag_s is not None:
+            self._lag_seconds.set(lag_s)
         self.buffer_fill.set(sum(buffer_fills.values()))
         for partition, fill in buffer_fills.items():
             self._partition_fill.labels(**self._labels, partition=str(partition)).set(fill)
@@ -197,6 +226,15 @@ class EngineMetrics(Metrics):
         self._ranges.labels(**self._labels, result="unchecked").set(unchecked)
         self._disagreement_msg_id.set(-1 if msg_id is None else msg_id)
         self._digest_seconds.set(digest_s)
+
+    def standbys(self, cover: Cover | None, now: float | None = None) -> None:
+        """The active's view of its standbys; a standby (None) is never unprotected."""
+        unprotected = cover is not None and not cover.ready
+        self._unprotected.set(1 if unprotected else 0)
+        since = cover.since if cover is not None else None
+        seconds = 0.0 if since is None else max(0.0, (time.time() if now is None else now) - since)
+        self._unprotected_seconds.set(round(seconds, 1))
+        self._ready_standbys.set(0 if cover is None else len(cover.ready))
 
     def role(self, role: str) -> None:
         for name in ROLES:

@@ -71,22 +71,6 @@ def events_per_s(progress: Mapping[str, Any], topic: str) -> float | None:
     return None
 
 
-def is_in_sync(state: str, lag: int | None, in_sync_lag: int, query_reported: bool) -> bool:
-    """A hot standby's test: its pipeline works and its lag is known and small. Until the
-    current query has reported progress, the lag falls back to what the previous query of
-    this process processed: right after a start that says "in sync" of an engine that has
-    not read anything yet, so it counts only once the query has reported. A persist stops
-    the query on purpose and keeps the engine what it was."""
-    if state == "persisting":
-        return lag is not None and lag <= in_sync_lag
-    return (
-        state in ("running", "restoring")
-        and query_reported
-        and lag is not None
-        and (lag <= in_sync_lag)
-    )
-
-
 class InboundWatermarks:
     """The inbound partitions' log starts and high watermarks, through one consumer that
     never subscribes (it only asks for offsets)."""

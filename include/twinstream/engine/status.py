@@ -4,6 +4,7 @@ mapping: what the engine is, it decides (twinstream.engine.app); this only says 
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 from twinstream.core.agreement import AgreementStatus
@@ -18,9 +19,11 @@ from twinstream.engine.api import (
     PipelineInfo,
     QuarantinedOffset,
     RepairInfo,
+    StandbyCover,
     TakeoverInfo,
     UncoveredRange,
 )
+from twinstream.engine.readiness import Cover
 
 
 def pipeline_info(
@@ -33,6 +36,9 @@ def pipeline_info(
     events_per_s: float | None,
     restored_from: str | None,
     agreement: AgreementStatus | None = None,
+    lag_s: float | None = None,
+    cover: Cover | None = None,
+    now: float | None = None,
 ) -> PipelineInfo:
     """The engine's pipeline as GET /pipeline answers it; `quarantined` maps record ids
     (twinstream.core.rows.record_id) to reasons."""
@@ -77,6 +83,23 @@ def pipeline_info(
             for t in status.takeovers
         ],
         agreement=AgreementInfo() if agreement is None else agreement_info(agreement),
+        lag_s=lag_s,
+        standbys=None
+        if cover is None
+        else standby_cover(cover, time.time() if now is None else now),
+    )
+
+
+def standby_cover(cover: Cover, now: float) -> StandbyCover:
+    """The active's view of its standbys as GET /pipeline says it."""
+    since = cover.since
+    return StandbyCover(
+        ready=list(cover.ready),
+        not_ready=dict(cover.not_ready),
+        unprotected_since=None
+        if since is None
+        else datetime.fromtimestamp(since, UTC).isoformat(timespec="seconds"),
+        unprotected_s=None if since is None else round(max(0.0, now - since), 1),
     )
 
 

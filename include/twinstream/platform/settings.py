@@ -198,9 +198,14 @@ class Settings(BaseSettings):
     # How often an engine logs where its batches spent their time (the medians since the
     # last line: Spark's parts, the batch's job and the gate's publish on the driver).
     batch_timings_log_s: float = Field(default=60.0, gt=0)
-    # A standby whose lag (inbound high watermark - next msg_id) is at most this is in sync.
-    # One micro-batch's worth: under steady load the lag swings by a batch between triggers,
-    # and the buffer (num_buffered_msgs) still covers a standby that far behind.
+    # An engine is in sync when it would reach the inbound head within this many seconds at
+    # the rate its own batches measured: what a takeover would wait for. It leaves only
+    # after in_sync_hold_s above it, or at twice it (twinstream.engine.readiness.InSync):
+    # a level engine's lag swings by a batch between triggers.
+    in_sync_s: float = Field(default=3.0, gt=0)
+    in_sync_hold_s: float = Field(default=5.0, ge=0)
+    # In records: the in-sync bound until an engine has measured its rate, and the margin
+    # by which a winner hands its win to a more caught-up in-sync engine (a batch's worth).
     in_sync_lag: int = Field(default=5_000, ge=0)
     engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")
     # Where an engine's Spark runs: local[n] in the engine's own JVM (the default), a
