@@ -34,7 +34,10 @@ the state folder from the `TWINSTREAM_*` settings. Spark's Kafka connector comes
 `TWINSTREAM_JARS_DIR/spark-kafka`.
 
 **Tasks.** `audit_output` runs the job, which writes its verdict to `last-audit.json`
-beside the cursor; `verdict` fails the run when the audit found a problem. A crashed or
+beside the cursor; `verdict` (run however the job ended) fails the run when the audit
+found a problem or the job wrote no report. `verdict` and `agreement` each record how they
+ended in `<state>/audit/<pipeline>/runs/<run id>/`: `twinstream status` and the
+Twinstream page show the last run task by task, and a failed task fails the run there. A crashed or
 unreachable job is retried; a finding is not (the same data gives the same finding, and
 the next scheduled run checks the range again). `agreement`, beside them, asks every
 engine of the pipeline (`GET /pipeline` `agreement`) and fails when one says its rows
@@ -137,28 +140,19 @@ def audit_output_topic() -> None:
 
         return job_args(pipeline, params, run_id)
 
-    @task
+    # After the job however it ended: a job that failed is this task's failure too, and the
+    # run's record (twinstream.ops.audit_runs) says so.
+    @task(trigger_rule="all_done")
     def verdict(pipeline: str, params: dict[str, Any], run_id: str) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException
+        from twinstream.ops.audit import audit_verdict
 
-        from twinstream.ops.audit import REPORT, AuditFailed, cursor_file
-        from twinstream.ops.audit import verdict as read_verdict
-
-        audit_dir = registry.pipeline_settings(pipeline).audit_dir
-        report = cursor_file(audit_dir, params["cursor"]).parent / REPORT
-        try:
-            return read_verdict(report, run_id)
-        except AuditFailed as exc:
-            raise AirflowFailException(str(exc)) from exc
+        return audit_verdict(registry.pipeline_settings(pipeline).audit_dir, params, run_id)
 
     @task
-    def agreement(pipeline: str) -> str:
-        from twinstream.ops.operate import agreement_verdict, observe_engines, refusals_fail_fast
+    def agreement(pipeline: str, run_id: str) -> str:
+        from twinstream.ops.operate import agreement_task
 
-        with refusals_fail_fast():
-            return agreement_verdict(
-                pipeline, observe_engines(registry.pipeline_settings(pipeline))
-            )
+        return agreement_task(registry.pipeline_settings(pipeline), run_id)
 
     # One group per pipeline: each pipeline's audit passes or fails on its own.
     @task_group

@@ -3,13 +3,16 @@
 
 **Purpose.** Every 10 minutes, prove that the services under the Twinstream engines are
 whole: ZooKeeper serves (the engines' election), every configured Kafka broker is
-registered, and every pipeline's inbound, outbound, dead-letter and progress topics have
-the shape the failover protocol relies on (1 partition, replication factor and
-`min.insync.replicas` as configured, unclean leader election off). Retention is checked
-by `check_kafka_retention`.
+registered, every pipeline's inbound, outbound, dead-letter and progress topics have
+the shape the failover protocol relies on (partitions, replication factor and
+`min.insync.replicas` as configured, unclean leader election off), and every pipeline's
+active has a standby that could take over now (`standby_could_take_over`: in sync,
+allowed to lead, its buffer covering the takeover; it fails naming each engine's reason
+and how long the pipeline has had none). Retention is checked by `check_kafka_retention`.
 
-**Connections.** None from Airflow's store: the checks read the `TWINSTREAM_*` settings
-(ports, topics) that the local stack and compose pass to every Airflow process.
+**Connections.** The engines' (`twinstream_engine_<id>`) for `standby_could_take_over`;
+the other checks read the `TWINSTREAM_*` settings (ports, topics) that the local stack
+and compose pass to every Airflow process.
 
 **Recovery.** A failed task names the service and what is wrong. Locally, `make status`
 shows each process and `make up` restarts what is down and restores drifted topic
@@ -62,6 +65,16 @@ def platform_health() -> None:
 
         return check_topics(load_settings())
 
+    @task
+    def standby_could_take_over() -> list[str]:
+        from twinstream.ops.operate import observe_engines
+        from twinstream.ops.platform_health import check_standbys
+        from twinstream.platform import registry
+        from twinstream.platform.settings import load_settings
+
+        return check_standbys(registry.stack(load_settings()), observe_engines)
+
+    standby_could_take_over()
     brokers = kafka_brokers_registered()
     zookeeper_serving()
     brokers >> topics_as_configured()

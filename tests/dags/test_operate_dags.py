@@ -187,6 +187,8 @@ def test_a_finding_fails_the_audit_without_a_retry(dags, tmp_path, monkeypatch):
 
     from airflow.sdk.exceptions import AirflowFailException
 
+    from twinstream.ops.overview import latest_audit
+
     monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(tmp_path))
     report = {"run_id": "r1", "ok": False, "summary": "missing: 100..109"}
     report |= {"expectations_met": True, "results": None, "data_docs": None}
@@ -200,15 +202,26 @@ def test_a_finding_fails_the_audit_without_a_retry(dags, tmp_path, monkeypatch):
     # Another run's report: the job did not finish, an error Airflow retries.
     with pytest.raises(RuntimeError, match="did not finish"):
         verdict(pipeline="payments", params=params, run_id="r2")
+    # It runs however the job ended, and each run records how it ended (issue 49).
+    task = dags["audit_output_topic"].task_dict["each_pipeline.verdict"]
+    assert task.trigger_rule == "all_done"
+    seen = latest_audit(folder)
+    assert seen is not None
+    assert (seen.run, seen.ok, seen.tasks_text()) == ("r2", False, "verdict FAILED")
+    assert "did not finish" in seen.summary
 
 
-def test_the_audit_fails_when_an_engine_disagrees_and_not_when_one_is_down(dags, monkeypatch):
+def test_the_audit_fails_when_an_engine_disagrees_and_not_when_one_is_down(
+    dags, monkeypatch, tmp_path
+):
     from airflow.sdk.exceptions import AirflowFailException
+
+    monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(tmp_path))
 
     from tests.unit.fakes import disagreement
     from twinstream.engine.api import AgreementInfo
     from twinstream.ops import operate
-    from twinstream.ops.overview import EngineView
+    from twinstream.ops.overview import EngineView, latest_audit
 
     dag = dags["audit_output_topic"]
     check = dag.task_dict["each_pipeline.agreement"]
@@ -227,7 +240,7 @@ def test_the_audit_fails_when_an_engine_disagrees_and_not_when_one_is_down(dags,
         return seen
 
     monkeypatch.setattr(operate, "observe_engines", observe_engines)
-    assert "no engine disagrees" in check.python_callable(pipeline="payments")
+    assert "no engine disagrees" in check.python_callable(pipeline="payments", run_id="r1")
     seen[1] = EngineView(
         pipeline="payments",
         engine_id="d",
@@ -237,8 +250,14 @@ def test_the_audit_fails_when_an_engine_disagrees_and_not_when_one_is_down(dags,
         in_sync=True,
     )
     with pytest.raises(AirflowFailException, match=r"engine d disagrees .* at msg_id 1000 \("):
-        check.python_callable(pipeline="payments")
+        check.python_callable(pipeline="payments", run_id="r2")
     assert asked == ["payments", "payments"]
+    # Status and the page show the run's true outcome, task by task (issue 49): the job's
+    # report may pass, the run failed.
+    first = latest_audit(tmp_path / "audit" / "payments")
+    assert first is not None
+    assert (first.run, first.ok, first.tasks_text()) == ("r2", False, "agreement FAILED")
+    assert first.summary.startswith("agreement: engine d disagrees")
 
 
 def test_the_retention_guard_runs_hourly_and_fixes_only_when_asked(dags):
@@ -246,3 +265,36 @@ def test_the_retention_guard_runs_hourly_and_fixes_only_when_asked(dags):
     assert dag.timetable.delta == timedelta(hours=1)
     assert _form(dag)["apply_fix"] is False
     assert _form(dag, apply_fix=True)["apply_fix"] is True
+
+
+def test_platform_health_fails_while_a_pipeline_has_no_standby_that_could_take_over(
+    dags, monkeypatch
+):
+    """Issue 49: a pipeline whose next failure would stop its output is unhealthy."""
+    from twinstream.ops import operate
+    from twinstream.ops.platform_health import PlatformUnhealthy
+
+    task = dags["platform_health"].task_dict["standby_could_take_over"]
+    engines = {
+        "hostmetrics": [
+            engine_view_of("hostmetrics", "a", "active", True),
+            engine_view_of("hostmetrics", "b", "standby", True),
+        ],
+        "payments": [
+            engine_view_of("payments", "c", "active", True),
+            engine_view_of("payments", "d", "standby", False),
+        ],
+    }
+    monkeypatch.setattr(operate, "observe_engines", lambda settings: engines[settings.pipeline])
+    with pytest.raises(PlatformUnhealthy, match=r"pipeline payments: no standby could take over"):
+        task.python_callable()
+    engines["payments"][1] = engine_view_of("payments", "d", "standby", True)
+    assert task.python_callable() == ["hostmetrics", "payments"]
+
+
+def engine_view_of(pipeline: str, engine_id: str, role: str, in_sync: bool):
+    from twinstream.ops.overview import EngineView
+
+    return EngineView(
+        pipeline=pipeline, engine_id=engine_id, role=role, state="running", in_sync=in_sync
+    )

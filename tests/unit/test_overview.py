@@ -78,7 +78,12 @@ def test_the_overview_names_roles_cover_and_every_problem(tmp_path: Path):
     assert (a.role, b.role, b.takeover_needs, b.covers_takeover) == ("active", "standby", 20, False)
     assert b.health == FAIL
     assert b.quarantined == 1
-    assert host.problems == ["engine b: its buffer (5) does not cover a takeover (20 rows)"]
+    assert host.problems == [
+        "engine b: its buffer (5) does not cover a takeover (20 rows)",
+        "no standby could take over from engine a: engine b not in sync (lag unknown). Its "
+        "next failure stops the output; one catching up needs nothing unless its lag stops "
+        "falling (docs/falling-behind.md); a short buffer: raise TWINSTREAM_NUM_BUFFERED_MSGS",
+    ]
     c, d = pay.engines
     assert c.problem is not None
     assert "connection refused" in c.problem
@@ -94,12 +99,41 @@ def test_a_healthy_pair_has_no_problem_and_a_lagging_standby_is_a_warning(tmp_pa
         "a": ACTIVE,
         "b": standby({0: 100, 1: 50}, 50, in_sync=True),
         "c": ACTIVE,
-        "d": standby({0: 90}, 50, in_sync=False),
+        "d": standby({0: 90}, 50, in_sync=True, lag=12_000, lag_s=2.4),
     }
     seen = overview(pipelines(tmp_path), fake_engines(answers), with_history=False)
     assert [p.problems for p in seen.pipelines] == [[], []]
-    assert seen.pipelines[1].engines[1].health == WARN
+    assert seen.pipelines[0].engines[1].health == "ok"
+    assert seen.pipelines[1].engines[1].lag_text() == "12,000 (2.4 s)"
     assert seen.ok
+
+
+def test_an_active_whose_only_standby_is_not_in_sync_is_a_problem_saying_for_how_long(
+    tmp_path: Path,
+):
+    """Issue 49: status was green while the only standby restarted and caught up, and
+    while it disagreed: the pipeline's next failure would have stopped its output."""
+    since = "2026-11-28T10:00:00+00:00"
+    cover = {"ready": [], "not_ready": {"b": "x"}, "unprotected_since": since, "unprotected_s": 42}
+    active = ({"role": "active", "epoch": 7}, {**ACTIVE[1], "standbys": cover})
+    answers = {
+        "a": active,
+        "b": standby({0: 90}, 50, in_sync=False, lag=40_000, lag_s=12.5),
+        "c": ACTIVE,
+        "d": None,
+    }
+    seen = overview(pipelines(tmp_path), fake_engines(answers), with_history=False)
+    host, pay = seen.pipelines
+    assert host.engines[1].health == WARN
+    assert host.problems == [
+        f"no standby could take over from engine a for 42 s (since {since}): engine b not in "
+        "sync (lag 40,000 (12.5 s)). Its next failure stops the output; one catching up needs "
+        "nothing unless its lag stops falling (docs/falling-behind.md)"
+    ]
+    (unprotected,) = [p for p in pay.problems if p.startswith("no standby could take over")]
+    assert unprotected.startswith("no standby could take over from engine c: engine d does not")
+    assert "`twinstream restart ENGINE`" in unprotected
+    assert not seen.ok
 
 
 def test_a_disagreeing_standby_is_a_problem_naming_the_msg_id_both_rows_and_the_fix(
@@ -122,7 +156,10 @@ def test_a_disagreeing_standby_is_a_problem_naming_the_msg_id_both_rows_and_the_
         "engine b disagrees with the published output at msg_id 1000 (the active's transaction "
         'of msg_id 950..1040, epoch 3): active rows [out key=h1 value={"avg": 0.5}], engine '
         'rows [out key=h1 value={"avg": 0.7}], found at 2026-11-28T02:00:00+00:00; restore '
-        "it (restore_and_resync, snapshot proven) or override (POST /pipeline/override)"
+        "it (restore_and_resync, snapshot proven) or override (POST /pipeline/override)",
+        "no standby could take over from engine a: engine b may not lead: its rows disagree "
+        "with the published output. Its next failure stops the output; one that disagrees: "
+        "restore it (restore_and_resync, snapshot proven) or override (POST /pipeline/override)",
     ]
     assert not seen.ok
     d = pay.engines[1]

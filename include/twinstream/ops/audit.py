@@ -692,3 +692,21 @@ def job_args(pipeline: str, params: Mapping[str, Any], run_id: str) -> list[str]
             args += [f"--{key.replace('_', '-')}", str(params[key])]
     up_to = UpTo.parse(str(params.get("up_to") or ""))
     return [*args, "--up-to", str(up_to), "--run-id", run_id]
+
+
+def audit_verdict(audit_dir: Path, params: Mapping[str, Any], run_id: str) -> dict[str, Any]:
+    """The `verdict` task: the report the job wrote for this run (its cursor's), recorded
+    as the run's `verdict` (twinstream.ops.audit_runs); a finding fails the task at once
+    (the same data gives the same finding), a missing report is an error to retry."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from twinstream.ops.audit_runs import outcome_of
+
+    report = cursor_file(audit_dir, str(params.get("cursor") or "")).parent / REPORT
+    with outcome_of(audit_dir, run_id, "verdict") as say:
+        try:
+            found = verdict(report, run_id)
+        except AuditFailed as exc:
+            raise AirflowFailException(str(exc)) from exc
+        say(str(found.get("summary", "passed")))
+        return found

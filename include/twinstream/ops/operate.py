@@ -481,6 +481,17 @@ def check_buffer(engine: EngineApi, settings: Settings, last: int) -> Comparison
 # -- audit_output_topic: agreement -------------------------------------------------------
 
 
+def agreement_task(settings: Settings, run_id: str) -> str:
+    """audit_output_topic's `agreement` task: every engine's word, recorded as the run's
+    `agreement` (twinstream.ops.audit_runs); a disagreement fails the task at once."""
+    from twinstream.ops.audit_runs import outcome_of
+
+    with outcome_of(settings.audit_dir, run_id, "agreement") as say, refusals_fail_fast():
+        summary = agreement_verdict(settings.pipeline, observe_engines(settings))
+        say(summary)
+        return summary
+
+
 def agreement_verdict(pipeline: str, views: Sequence[EngineView]) -> str:
     """Whether every engine of `pipeline` that answers agrees with the published output (or
     has not compared yet): OperateError naming each disagreement's msg_id, the active's

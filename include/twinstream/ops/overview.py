@@ -37,10 +37,12 @@ from twinstream.engine.api import (
     LagTrend,
     PipelineInfo,
     ServerInfo,
+    StandbyCover,
     buffer_text,
 )
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.ops.audit import REPORT, data_docs_site
+from twinstream.ops.audit_runs import last_run
 from twinstream.platform.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -101,8 +103,12 @@ class EngineView(BaseModel):
     buffer_fill: int | None = None
     buffer_size: int | None = None
     buffer_fills: dict[int, int] = Field(default_factory=dict)
+    # The lag in seconds of the engine's own measured rate (None: not measured yet).
+    lag_s: float | None = None
     # The lag over the engine's last minute (None until it has sampled a whole one).
     lag_trend: LagTrend | None = None
+    # On the active: which standbys it sees could take over, and since when none could.
+    standbys: StandbyCover | None = None
     # A standby's rows above the active's last published msg_id: what it would publish
     # from its buffer if it took over now. Its buffer covers a takeover when it holds them.
     takeover_needs: int | None = None
@@ -119,6 +125,29 @@ class EngineView(BaseModel):
     def buffer_text(self) -> str:
         """ "p0 9,800/10,000 · p1 10,000/10,000": each partition against its own bound."""
         return buffer_text(self.buffer_fills, self.buffer_fill, self.buffer_size)
+
+    def lag_text(self) -> str:
+        """ "12,000 (2.4 s)": the lag, and in seconds of the engine's rate when measured."""
+        if self.lag is None:
+            return "-"
+        return f"{self.lag:,}" + ("" if self.lag_s is None else f" ({self.lag_s:.1f} s)")
+
+    def why_not_ready(self) -> str | None:
+        """None when this engine could take over from the active now; else why not (for a
+        standby, or an engine that does not answer)."""
+        if self.problem is not None:
+            return f"does not answer ({self.problem})"
+        if self.role == "active":
+            return "is the active"
+        if self.disagrees:
+            return "may not lead: its rows disagree with the published output"
+        if self.role != "standby" or self.state not in WORKING:
+            return f"not a working standby (role {self.role}, pipeline {self.state})"
+        if not self.in_sync:
+            return "not in sync (lag " + ("unknown" if self.lag is None else self.lag_text()) + ")"
+        if self.covers_takeover is False:
+            return "its buffer does not cover a takeover"
+        return None
 
     @property
     def lag_growing(self) -> bool:
@@ -215,13 +244,30 @@ class SnapshotView(BaseModel):
     restorable: bool | None = None
 
 
+class AuditTaskView(BaseModel):
+    """One task of the last audit run, as it recorded its end (twinstream.ops.audit_runs)."""
+
+    task: str
+    ok: bool
+    summary: str
+    at: str
+
+
 class AuditView(BaseModel):
     run: str
+    # Every task of the run passed (and the job's report says ok).
     ok: bool
     summary: str
     at: str
     # The Data Docs page, relative to the pipeline's Data Docs site (None: none written).
     data_docs: str | None
+    # Each task of the last run that recorded its outcome, by name: a run whose report
+    # passed can still have failed its `agreement` task.
+    tasks: list[AuditTaskView] = Field(default_factory=list)
+
+    def tasks_text(self) -> str:
+        """ "verdict passed, agreement FAILED"."""
+        return ", ".join(f"{t.task} {'passed' if t.ok else 'FAILED'}" for t in self.tasks)
 
 
 class AdapterView(BaseModel):
@@ -277,10 +323,12 @@ class PipelineView(BaseModel):
                 self.problems.append(f"publisher {adapter.adapter_id}: lines lost {lost}")
 
     def add_audit(self, audit: AuditView | None) -> None:
-        """The pipeline's latest audit; a failed one is one of its problems."""
+        """The pipeline's latest audit; a failed one (any of its tasks) is one of its
+        problems."""
         self.audit = audit
         if audit is not None and not audit.ok:
-            self.problems.append(f"the last audit ({audit.run}) failed: {audit.summary}")
+            tasks = f" ({audit.tasks_text()})" if audit.tasks else ""
+            self.problems.append(f"the last audit ({audit.run}) failed{tasks}: {audit.summary}")
 
 
 class Overview(BaseModel):
@@ -310,6 +358,8 @@ def engine_view(
         state=pipe.state,
         reason=pipe.reason,
         lag=pipe.lag,
+        lag_s=pipe.lag_s,
+        standbys=pipe.standbys,
         processed=pipe.processed_positions(),
         published=pipe.published_positions(),
         in_sync=pipe.in_sync,
@@ -378,18 +428,30 @@ def covers(standby: PipelineInfo, active: PipelineInfo) -> tuple[int, bool]:
     return total, standby.buffer_fill >= total
 
 
-def falling_behind(engines: list[EngineView], in_sync_lag: int) -> str | None:
+def falling_behind(
+    engines: list[EngineView], in_sync_lag: int, in_sync_s: float = 3.0
+) -> str | None:
     """The pipeline's "falling behind" problem, or None. Either no engine that answered is
-    in sync while one's lag is known and above `in_sync_lag` (an unknown lag, right after a
+    in sync while one's lag is known and above the in-sync bound (`in_sync_s` of its own
+    rate, or `in_sync_lag` records before it measured one; an unknown lag, right after a
     start, is no evidence), or an engine's lag grew through its last minute
     (twinstream.engine.lag_trend: a burst the pair absorbs never counts)."""
     answered = [e for e in engines if e.problem is None]
-    behind = [e for e in answered if e.lag is not None and e.lag > in_sync_lag]
+
+    def is_behind(e: EngineView) -> bool:
+        if e.lag_s is not None:
+            return e.lag_s > in_sync_s
+        return e.lag is not None and e.lag > in_sync_lag
+
+    behind = [e for e in answered if is_behind(e)]
     growing = [(e, e.lag_trend) for e in answered if e.lag_trend and e.lag_trend.growing]
     reasons = []
     if behind and not any(e.in_sync for e in answered):
-        lags = ", ".join(f"{e.engine_id} {e.lag:,}" for e in behind)
-        reasons.append(f"no engine is in sync (lag {lags}; in sync is at most {in_sync_lag:,})")
+        lags = ", ".join(f"{e.engine_id} {e.lag_text()}" for e in behind)
+        reasons.append(
+            f"no engine is in sync (lag {lags}; in sync is within {in_sync_s:g} s of the "
+            "engine's own rate)"
+        )
     for e, t in growing:
         reasons.append(
             f"the lag of engine {e.engine_id} grew from {t.first:,} to {t.last:,} over the "
@@ -398,6 +460,57 @@ def falling_behind(engines: list[EngineView], in_sync_lag: int) -> str | None:
     if not reasons:
         return None
     return f"falling behind: {'; '.join(reasons)}. {FALLING_BEHIND_FIX}"
+
+
+def no_ready_standby(engines: list[EngineView]) -> str | None:
+    """The pipeline's "no standby could take over" problem, or None: its one active has no
+    other engine that could take over now (answering, a working standby, in sync, allowed to
+    lead, its buffer covering the takeover), so its next failure stops the output. It names
+    each engine's reason and what to do about it; how long it has lasted is the active's own
+    account (GET /pipeline `standbys`), when it gives one."""
+    actives = [e for e in engines if e.problem is None and e.role == "active"]
+    if len(actives) != 1:
+        return None  # "N active engines" says more
+    active = actives[0]
+    others = [e for e in engines if e.engine_id != active.engine_id]
+    reasons = {e.engine_id: e.why_not_ready() for e in others}
+    if others and any(why is None for why in reasons.values()):
+        return None
+    fixes = []
+    if any(e.problem is not None or e.state not in WORKING for e in others):
+        fixes.append(
+            "an engine that is down comes back through its supervisor (locally "
+            "`twinstream restart ENGINE`; watch_engines restores one that stays down)"
+        )
+    if any(e.problem is None and e.state in WORKING and not e.in_sync for e in others):
+        fixes.append(
+            "one catching up needs nothing unless its lag stops falling (docs/falling-behind.md)"
+        )
+    if any(e.disagrees for e in others):
+        fixes.append(f"one that disagrees: {DISAGREEMENT_FIX}")
+    if any(e.covers_takeover is False for e in others):
+        fixes.append("a short buffer: raise TWINSTREAM_NUM_BUFFERED_MSGS")
+    if not others:
+        fixes.append("give the pipeline a second engine (its `engines` in pipelines.toml)")
+    cover = active.standbys
+    lasted = ""
+    if cover is not None and cover.unprotected_since is not None:
+        lasted = f" for {_duration(cover.unprotected_s)} (since {cover.unprotected_since})"
+    said = "; ".join(f"engine {e} {why}" for e, why in sorted(reasons.items()))
+    return (
+        f"no standby could take over from engine {active.engine_id}{lasted}: "
+        + (said or "the pipeline has no other engine")
+        + ". Its next failure stops the output; "
+        + "; ".join(fixes)
+    )
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "a while"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min"
 
 
 def snapshot_views(
@@ -439,7 +552,31 @@ def snapshot_views(
 
 
 def latest_audit(audit_dir: Path) -> AuditView | None:
-    """The newest audit report of the pipeline (any cursor), None if it was never audited."""
+    """The pipeline's last audit: the newest run's tasks as they recorded their ends
+    (twinstream.ops.audit_runs) with the job's newest report (any cursor); None if it was
+    never audited. The run fails when any of its tasks failed, whatever the report says."""
+    report = _latest_report(audit_dir)
+    run = last_run(audit_dir)
+    if run is None:
+        return report
+    tasks = [AuditTaskView(**asdict(t)) for t in run.tasks]
+    failed = [t for t in tasks if not t.ok]
+    same = report is not None and report.run == run.run
+    summary = "; ".join(f"{t.task}: {t.summary}" for t in failed)
+    if not summary:
+        summary = report.summary if report is not None and same else tasks[-1].summary
+    return AuditView(
+        run=run.run,
+        ok=not failed and (report.ok if report is not None and same else True),
+        summary=summary,
+        at=run.at,
+        data_docs=report.data_docs if report is not None and same else None,
+        tasks=tasks,
+    )
+
+
+def _latest_report(audit_dir: Path) -> AuditView | None:
+    """The newest report the audit job wrote (any cursor), None if it never wrote one."""
     reports = (
         sorted(audit_dir.rglob(REPORT), key=lambda p: p.stat().st_mtime)
         if audit_dir.is_dir()
@@ -520,7 +657,10 @@ def pipeline_view(
         if v.covers_takeover is False
     ]
     problems += [text for v in views if v.disagrees and (text := v.disagreement()) is not None]
-    behind = falling_behind(views, settings.in_sync_lag)
+    unprotected = no_ready_standby(views)
+    if unprotected is not None:
+        problems.append(unprotected)
+    behind = falling_behind(views, settings.in_sync_lag, settings.in_sync_s)
     if behind is not None:
         problems.append(behind)
     result = PipelineView(

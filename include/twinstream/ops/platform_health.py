@@ -1,5 +1,6 @@
 """Checks that the platform under the engines is whole: ZooKeeper serves, every configured
-Kafka broker is registered, and each topic has the shape the failover protocol relies on.
+Kafka broker is registered, each topic has the shape the failover protocol relies on, and
+every pipeline has a standby that could take over from its active.
 
 Used by the ``platform_health`` DAG; each check raises :class:`PlatformUnhealthy` with a
 message an operator can act on.
@@ -8,11 +9,12 @@ message an operator can act on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
+from twinstream.ops.overview import EngineView, no_ready_standby
 from twinstream.platform import registry
 from twinstream.platform.kafka import TopicSpec, admin_config, describe_topic_configs, topic_specs
 from twinstream.platform.settings import Settings
@@ -100,3 +102,23 @@ def check_topics(settings: Settings, specs: Iterable[TopicSpec] | None = None) -
         raise PlatformUnhealthy("; ".join(problems))
     log.info("topics as configured: %s", checked)
     return checked
+
+
+def check_standbys(
+    pipelines: Mapping[str, Settings], observe: Callable[[Settings], list[EngineView]]
+) -> list[str]:
+    """Each pipeline's active has a standby that could take over now (in sync, allowed to
+    lead, its buffer covering the takeover): else its next failure stops the output, and
+    the check fails naming each engine's reason, how long it has lasted and what to do.
+    `observe` gives a pipeline's engines as they answer (twinstream.ops.operate)."""
+    problems, covered = [], []
+    for name, settings in pipelines.items():
+        problem = no_ready_standby(observe(settings))
+        if problem is None:
+            covered.append(name)
+        else:
+            problems.append(f"pipeline {name}: {problem}")
+    if problems:
+        raise PlatformUnhealthy("; ".join(problems))
+    log.info("every pipeline has a standby that could take over: %s", covered)
+    return covered

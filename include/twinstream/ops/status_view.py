@@ -127,7 +127,7 @@ def engines_table(pipeline: PipelineView) -> Table:
             Text(e.role or "unreachable", style=ROLE_STYLES.get(e.role or "", "bold red")),
             "-" if e.epoch is None else str(e.epoch),
             e.state or "-",
-            _number(e.lag),
+            e.lag_text(),
             positions_text(e.processed) or "-",
             positions_text(e.published) or "-",
             "-" if e.in_sync is None else ("yes" if e.in_sync else "no"),
@@ -189,9 +189,10 @@ def history(pipeline: PipelineView) -> Text:
     if audit is None:
         lines.append("  last audit: none yet (audit_output_topic)\n")
     else:
+        tasks = f" [{audit.tasks_text()}]" if audit.tasks else ""
         lines.append(
-            f"  last audit: {'passed' if audit.ok else 'FAILED'} ({audit.run}, {audit.at}): "
-            f"{audit.summary}\n",
+            f"  last audit: {'passed' if audit.ok else 'FAILED'}{tasks} ({audit.run}, "
+            f"{audit.at}): {audit.summary}\n",
             style="" if audit.ok else "bold red",
         )
     for problem in pipeline.problems:

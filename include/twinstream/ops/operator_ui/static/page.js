@@ -221,7 +221,7 @@ function engineRow(pipeline, e) {
     el("td", {}, el("span", { class: `role role-${role}` }, role)),
     el("td", {}, e.epoch ?? "-"),
     el("td", {}, e.state ?? "-"),
-    el("td", { class: "n" }, num(e.lag)),
+    el("td", { class: "n" }, e.lag_s == null ? num(e.lag) : `${num(e.lag)} (${e.lag_s.toFixed(1)} s)`),
     el("td", {}, e.in_sync === null ? "-" : e.in_sync ? "yes" : el("span", { class: "warn" }, "no")),
     el("td", {}, agreementCell(e)),
     el("td", { class: "n" }, bufferText(e)),
@@ -327,6 +327,11 @@ function pipelineSection(p) {
         p.audit.data_docs
           ? el("a", { href: `${PREFIX}/datadocs/${p.name}/${p.audit.data_docs}`, target: "_self" }, "Data Docs")
           : el("a", { href: `${PREFIX}/datadocs/${p.name}/index.html`, target: "_self" }, "Data Docs"),
+        // Each task of the run as it ended: a passing report cannot hide a failed agreement task.
+        (p.audit.tasks || []).length
+          ? el("ul", { class: "audit-tasks" }, p.audit.tasks.map((t) =>
+              el("li", { "data-task": t.task }, el("span", { class: t.ok ? "ok" : "fail" }, `${t.task} ${t.ok ? "passed" : "FAILED"}`), `: ${t.summary}`)))
+          : null,
       )
     : el("p", { class: "muted" }, "Not audited yet (audit_output_topic).");
   return el(
