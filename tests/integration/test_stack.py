@@ -22,6 +22,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from devkit.harness import wait_for
 from twinstream.edge.feed import publish
 from twinstream.edge.reader import read_committed
+from twinstream.engine.client import EngineClient
 from twinstream.ops import cli
 from twinstream.ops.overview import Overview
 from twinstream.platform import registry
@@ -151,6 +152,70 @@ def test_up_runs_the_publisher_adapters_a_pipelines_entry_asks_for(stack, settin
         if active:
             assert f"twinstream_publisher_published_total{{{labels}}} 3.0" in text, text
     assert httpx.get("http://127.0.0.1:28811/metrics", timeout=10).status_code == 401
+
+
+NO_STANDBY = "no standby could take over"
+
+
+def _payments_status(capsys) -> tuple[int, Any]:
+    """`twinstream status --json`'s exit code and its view of payments."""
+    capsys.readouterr()
+    code = cli.main(["status", "--json"])
+    seen = Overview.model_validate_json(capsys.readouterr().out)
+    (view,) = [p for p in seen.pipelines if p.name == "payments"]
+    return code, view
+
+
+def _unprotected_gauge(payments, engine_id: str) -> float | None:
+    """The engine's twinstream_unprotected, from its /metrics."""
+    token = payments.secret("admin_token")
+    with EngineClient.from_settings(payments, engine_id, token, 5.0) as client:
+        for line in client.metrics().splitlines():
+            if line.startswith("twinstream_unprotected{"):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_an_active_with_no_standby_that_could_take_over_is_a_problem_until_one_could(
+    stack, settings, capsys
+):
+    """Issue 49: status was green while the only standby restarted. Payments' standby is
+    stopped: within seconds `twinstream status` exits 1 naming it, with how long it has
+    lasted, and the active's /metrics says it is unprotected; `twinstream restart` brings
+    the standby back, and once it could take over again status is green and the gauge 0."""
+    payments = registry.settings_for(settings, "payments")
+
+    def pair() -> dict[str, str] | None:
+        roles = core.engine_roles(payments)
+        return roles if sorted(roles.values()) == ["active", "standby"] else None
+
+    roles = wait_for(pair, 120, "payments' engines, one active")
+    active = next(e for e, role in roles.items() if role == "active")
+    standby = next(e for e, role in roles.items() if role == "standby")
+
+    def problem() -> str | None:
+        code, view = _payments_status(capsys)
+        found = [p for p in view.problems if NO_STANDBY in p]
+        assert (code == 1) if found else True, (code, found)
+        return found[0] if found else None
+
+    wait_for(lambda: problem() is None, 120, f"payments' standby {standby} in sync")
+    Supervisor(Layout.of(settings)).stop(f"engine-{standby}")
+    said = wait_for(problem, 15, "status naming payments' stopped standby")
+    assert said.startswith(f"no standby could take over from engine {active}")
+    assert f"engine {standby} does not answer" in said
+    assert "twinstream restart ENGINE" in said
+    wait_for(lambda: _unprotected_gauge(payments, active) == 1.0, 15, "twinstream_unprotected 1")
+    lasted = wait_for(
+        lambda: (p := problem()) is not None and " s (since " in p and p,
+        15,
+        "status saying how long the active has had no standby",
+    )
+    assert f"from engine {active} for " in lasted
+    assert cli.main(["restart", standby]) == 0
+    wait_for(lambda: _payments_status(capsys)[1].problems == [], 240, f"{standby} back, no problem")
+    # The active judges from the standings the engines write each second: a second behind.
+    wait_for(lambda: _unprotected_gauge(payments, active) == 0.0, 15, "twinstream_unprotected 0")
 
 
 def test_an_optional_member_may_be_absent_or_null_and_is_still_type_checked(stack, settings):
