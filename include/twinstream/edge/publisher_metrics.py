@@ -28,8 +28,8 @@ from typing import Protocol
 
 from prometheus_client import Counter, Gauge
 
-from twinstream.engine.api import token_problem
-from twinstream.engine.metrics import CONTENT_TYPE, Metrics
+from twinstream.platform.http import token_problem
+from twinstream.platform.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ token crosses the network readable.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -25,8 +24,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import twinstream
 from twinstream.core.agreement import difference_text
-from twinstream.engine.metrics import CONTENT_TYPE
 from twinstream.engine.snapshot import Manifest, SnapshotError
+from twinstream.platform.http import token_problem
+from twinstream.platform.metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -328,17 +328,6 @@ class Conflict(Exception):
 def public_paths(docs: bool = True) -> frozenset[str]:
     """The paths create_app(docs=...) serves without the token."""
     return frozenset({HEALTH_PATH, *(DOCS_PATHS if docs else ())})
-
-
-def token_problem(authorization: str | None, token: str) -> str | None:
-    """Why an Authorization header does not carry the token, or None when it does."""
-    scheme, _, credentials = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not credentials.strip():
-        return "missing bearer token (Authorization: Bearer <token>)"
-    # Constant time, so that the answer's timing does not reveal how much of a guess is right.
-    if not hmac.compare_digest(credentials.strip().encode(), token.encode()):
-        return "wrong bearer token"
-    return None
 
 
 def _unauthorized(reason: str) -> JSONResponse:

@@ -18,37 +18,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import Gauge
+
+from twinstream.platform.metrics import Metrics
 
 if TYPE_CHECKING:
     from twinstream.engine.readiness import Cover
 
 AGREEMENT_STATES = ("agrees", "disagrees", "unchecked")
 ROLES = ("none", "standby", "active")
-# Prometheus' text format, as every /metrics of the platform answers it.
-CONTENT_TYPE = "text/plain; version=0.0.4"
-
-
-class Metrics:
-    """One process's metrics in a registry of its own, every series labelled with who the
-    process is (`labels`): an engine here, a publisher adapter (twinstream.edge)."""
-
-    def __init__(self, labels: Mapping[str, str]) -> None:
-        self.registry = CollectorRegistry()
-        self._labels = dict(labels)
-
-    def _counter(self, name: str, doc: str) -> Any:
-        metric = Counter(name, doc, list(self._labels), registry=self.registry)
-        return metric.labels(**self._labels)
-
-    def _gauge(self, name: str, doc: str) -> Any:
-        metric = Gauge(name, doc, list(self._labels), registry=self.registry)
-        return metric.labels(**self._labels)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 class EngineMetrics(Metrics):
