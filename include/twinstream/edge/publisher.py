@@ -37,11 +37,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from pydantic import BaseModel, Field
 
 from twinstream.edge.feed import csv_record, record_key
 from twinstream.edge.http_source import HttpSource
@@ -248,22 +249,25 @@ class Producing(Protocol):
     def poll(self, timeout: float) -> int: ...
 
 
-@dataclass
-class Status:
-    """What `twinstream status` and the page show of an adapter."""
+class Status(BaseModel):
+    """How an adapter stands, as it writes it into its status node (StatusBoard) and as
+    `twinstream status` and the page show it (twinstream.ops.overview.AdapterView, this
+    with the adapter's id)."""
 
     role: str = "standby"
     epoch: int | None = None
+    # Its source position right after the last line it published (FILE@INODE.HEAD:OFFSET).
     position: str | None = None
     seq: int = 0
     published: int = 0
+    # Lines over the size limit (skipped), and lines published as they are though not
+    # UTF-8 (the engines dead-letter them).
     too_long: int = 0
-    # Lines published as they are though not UTF-8 (the engines dead-letter them).
     not_utf8: int = 0
-    lost: list[str] = field(default_factory=list)
+    lost: list[str] = Field(default_factory=list)
     last_error: str | None = None
-    # Bytes of the source beyond `position` while active (None: a standby, or a source
-    # whose end cannot be known: HTTP).
+    # Bytes of the source beyond `position`: the active's lag to the source's end (None: a
+    # standby, or a source whose end cannot be known, HTTP).
     source_lag: int | None = None
 
 
@@ -285,7 +289,7 @@ class StatusBoard:
     def publish(self, status: Status) -> None:
         from kazoo.exceptions import KazooException, NodeExistsError
 
-        data = json.dumps(asdict(status)).encode()
+        data = json.dumps(status.model_dump()).encode()
         session = self._client.client_id
         try:
             if session is None or session != self._session:
@@ -313,7 +317,7 @@ class StatusBoard:
         for child in sorted(children):
             with contextlib.suppress(NoNodeError, ValueError, TypeError):
                 data, _stat = client.get(f"{path}/{child}")
-                found[child] = Status(**json.loads(data))
+                found[child] = Status.model_validate_json(data)
         return found
 
 

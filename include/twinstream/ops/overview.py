@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from twinstream.core.rows import range_text, record_id, record_text
+from twinstream.edge.publisher import Status, StatusBoard
 from twinstream.engine import snapshot
 from twinstream.engine.api import (
     AgreementInfo,
@@ -270,25 +271,15 @@ class AuditView(BaseModel):
         return ", ".join(f"{t.task} {'passed' if t.ok else 'FAILED'}" for t in self.tasks)
 
 
-class AdapterView(BaseModel):
-    """A publisher adapter as it says it stands (twinstream.edge.publisher.StatusBoard):
-    the fields of its Status, and its id."""
-
+class _AdapterId(BaseModel):
     adapter_id: str
-    role: str
-    epoch: int | None = None
-    # Its source position right after the last line it published (FILE@INODE.HEAD:OFFSET).
-    position: str | None = None
-    seq: int = 0
-    published: int = 0
-    # Lines over the size limit (skipped), and lines published though not UTF-8.
-    too_long: int = 0
-    not_utf8: int = 0
-    lost: list[str] = Field(default_factory=list)
-    last_error: str | None = None
-    # Bytes of its source beyond `position`: the active's lag to the source's end (None: a
-    # standby, or a source whose end cannot be known, HTTP).
-    source_lag: int | None = None
+
+
+# Pydantic orders fields from the last base: the id first, then the Status, as `twinstream
+# status --json` prints them.
+class AdapterView(Status, _AdapterId):
+    """A publisher adapter as it says it stands (twinstream.edge.publisher.StatusBoard):
+    its Status, and its id."""
 
     def unreadable_text(self) -> str:
         """ "2 too long, 5 not UTF-8", or "-"."""
@@ -725,8 +716,6 @@ class AdapterReader:
         self._lock = threading.Lock()
 
     def __call__(self, pipeline: Settings) -> list[AdapterView]:
-        from twinstream.edge.publisher import StatusBoard
-
         client = self._connected(pipeline)
         if client is None:
             return []
@@ -735,7 +724,9 @@ class AdapterReader:
         except Exception as exc:
             log.info("pipeline %s: publisher adapters not read: %s", pipeline.pipeline, exc)
             return []
-        return [AdapterView(adapter_id=name, **asdict(status)) for name, status in found.items()]
+        return [
+            AdapterView(adapter_id=name, **status.model_dump()) for name, status in found.items()
+        ]
 
     def _connected(self, pipeline: Settings) -> Any:
         from twinstream.core.election import zk_client
