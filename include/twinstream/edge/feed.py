@@ -137,12 +137,11 @@ def publish(
         producer_config(
             # As the pipeline's publisher, the one user that may write its inbound topic.
             settings.model_copy(update={"kafka_role": "publisher"}),
-            # Paced sends at the default 5 ms linger made one acks=all request per record
-            # or two: at 1,000 records/s librdkafka's broker thread took about 0.65 of a
-            # core (9.6 s of CPU for 15 s of load) and the brokers a share more, on the
-            # cores the engines under test need. 50 ms batches cost 1.5 s for the same
-            # load; the wait is part of the end-to-end latency, as with any batching
-            # upstream producer.
+            # At the default 5 ms linger, paced sends make one acks=all request per record
+            # or two: at 1,000 records/s librdkafka's broker thread takes about 0.65 of a
+            # core, and the brokers a share more, on the cores the engines under test
+            # need; 50 ms batches take about a sixth of that CPU. The wait is part of the
+            # end-to-end latency, as with any batching upstream producer.
             **{"linger.ms": FEEDER_LINGER_MS},
         )
     )

@@ -124,8 +124,9 @@ def last_in_tails(
     """The record with the highest `seq` in the tails of `partitions`, read together: the
     last TAIL_WINDOW records of each, and a window four times as long further back in a
     partition whose tail holds no adapter's record (transaction markers, aborted records,
-    records of another producer), until its log's start. (Partition by partition, each a
-    fetch's round trip, this took ~4 s of a takeover on `make up`'s stack.)"""
+    records of another producer), until its log's start. (Together, because a takeover
+    waits for this read: partition by partition, a fetch's round trip each, it would take
+    seconds.)"""
     bounds: dict[int, tuple[int, int]] = {}
     for partition in partitions:
         low, high = consumer.get_watermark_offsets(

@@ -338,8 +338,9 @@ class _TokenGate:
     """Refuses a request without the token before the app routes it or reads its body.
 
     A route's auth dependency alone runs after FastAPI has parsed the body and matched the
-    route, so a caller without the token got 400/422 for a malformed body and 404/405 for
-    a path or method the API lacks: the app had read input from, and answered, a stranger.
+    route, so a caller without the token would get 400/422 for a malformed body and 404/405
+    for a path or method the API lacks: the app would read input from, and answer, a
+    stranger.
     """
 
     def __init__(self, app: ASGIApp, token: str, public: frozenset[str]) -> None:
@@ -418,9 +419,8 @@ def create_app(engine: EngineApi, token: str, *, docs: bool = True) -> FastAPI:
             raise HTTPException(401, problem)
 
     # Starlette's HTTPException, which FastAPI's subclasses: routing's own 404 and 405 and
-    # FastAPI's 400 for an unreadable body raise the base class, and answered
-    # {"detail": ...} before this handler caught it too (found by tests/unit/
-    # test_admin_api_schema.py).
+    # FastAPI's 400 for an unreadable body raise the base class, and a handler of FastAPI's
+    # alone would leave them answering {"detail": ...}.
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 401:

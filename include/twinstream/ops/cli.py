@@ -582,7 +582,7 @@ def cmd_remove_pipeline(settings: Settings, args: argparse.Namespace) -> int:
 
 
 # kazoo logs every connection attempt it retries as a warning (`Connection time-out`) with
-# no handler of ours, so Python prints it on stderr: before a status table that came out
+# no handler of ours, so Python prints it on stderr, above a status table that comes out
 # right all the same. A command says itself what it could not do (a status row, its one
 # error line); kazoo's errors still pass. A publisher adapter keeps them in its own log.
 QUIET_LOGGERS = ("kazoo",)

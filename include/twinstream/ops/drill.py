@@ -157,7 +157,8 @@ def measure_takeover(
     is left as None, not failed."""
     next_role_check = 0.0
     # Polled every 0.1 s: a standby that is down for the whole measurement (a benchmark's
-    # baseline stops it) printed hundreds of identical warnings. Once per outage instead.
+    # baseline stops it) would print hundreds of identical warnings, so each is said once
+    # per outage.
     unreachable: set[str] = set()
     while clock() - started < timeout_s:
         epoch = tail.poll(0.1)

@@ -327,7 +327,6 @@ def _ensure_topics_once(
         if spec.name not in existing:
             # Created a moment ago (by this pass or a concurrent `up`), but the broker that
             # answered has not caught up with the controller yet: the next pass finds it.
-            # (A fresh stack's `up` once failed here with a KeyError.)
             raise TopicNotListed(f"topic {spec.name} created but not yet in the brokers' metadata")
         meta = existing[spec.name]
         partitions = len(meta.partitions)

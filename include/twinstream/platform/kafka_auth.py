@@ -269,8 +269,8 @@ def _idempotent(
 ) -> None:
     """Run an admin request whose repetition changes nothing until all its futures finish,
     asking again when one times out: a request forwarded to a KRaft controller that loses
-    its leadership meanwhile is never answered (seen under load: the forwarding broker
-    switched controllers and the request's future waited out its timeout)."""
+    its leadership meanwhile (under load, the forwarding broker switches controllers) is
+    never answered, and its future waits out its timeout."""
     from confluent_kafka import KafkaException
 
     for attempt in range(1, attempts + 1):
@@ -290,9 +290,8 @@ def _idempotent(
             )
         except KafkaException as exc:
             # Right after the brokers start, a request may fail in flight with
-            # _DESTROY_BROKER (seen on a second `up`: the admin client swapped its bootstrap
-            # connection for the brokers it learned); the cluster was not ready, the request
-            # is fine.
+            # _DESTROY_BROKER (the admin client swaps its bootstrap connection for the
+            # brokers it learns of); the cluster is not ready yet, the request is fine.
             if attempt == attempts or not is_transient(exc):
                 raise
             log.warning("Kafka failed the request to %s (%s); asking again", what, exc)

@@ -182,7 +182,7 @@ class Settings(BaseSettings):
     # readiness batch by batch rather than in one long batch. A steady stream runs in small
     # batches whatever this is (what arrived in one trigger interval); a backlog (a restart,
     # a rejoin, the end of an outage) drains in batches this large, each paying a batch's
-    # fixed cost (~0.6 s on two cores) once: at 5,000 that cost capped a drain near 5,000
+    # fixed cost (~0.6 s on two cores) once: at 5,000 that cost caps a drain near 5,000
     # events/s, at 20,000 one batch takes ~2 s and a drain runs twice as fast.
     max_offsets_per_trigger: int = Field(default=20_000, ge=1)
     # A catch-up batch's length in time (twinstream.engine.batching): each query start sizes its

@@ -63,8 +63,8 @@ def airflow_environment(
             # backend parses it at every lookup (no cache: [secrets] use_cache is off, and
             # concerns DAG parsing only), in the API server and in every task process (a
             # worker falls back to [secrets] backend), so a new pipeline's engines are
-            # found without a restart. Checked on Airflow 3.3.2 (airflow.secrets
-            # .local_filesystem, airflow.sdk.execution_time.context._get_connection).
+            # found without a restart (Airflow 3.3.2: airflow.secrets.local_filesystem,
+            # airflow.sdk.execution_time.context._get_connection).
             "AIRFLOW__SECRETS__BACKEND": LOCAL_FILESYSTEM_BACKEND,
             "AIRFLOW__SECRETS__BACKEND_KWARGS": json.dumps(
                 {"connections_file_path": str(layout.airflow_connections)}
@@ -106,8 +106,8 @@ def migrate_airflow_db(settings: Settings, echo: Callable[[str], None] = print) 
     """Bring the stack's Airflow database to the installed Airflow's schema, unless the
     stamp says it is there or the stack runs (its Airflow migrated the database as it
     started, and a second writer on SQLite would only contend with it). On a fresh
-    machine this takes the migration (tens of seconds of CPU) out of `up`, where it ran
-    beside the JVMs' starts on the same two cores. Returns True when it migrated."""
+    machine this takes the migration (tens of seconds of CPU) out of `up`, where it would
+    run beside the JVMs' starts on the same cores. Returns True when it migrated."""
     from twinstream.stack.supervisor import Supervisor
 
     layout = Layout.of(settings)

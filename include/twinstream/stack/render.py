@@ -55,8 +55,8 @@ class Program:
 def new_cluster_id() -> str:
     """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars), not
     starting with "-": kafka-storage's argument parser takes "--cluster-id -Vap..." for a
-    missing value and an option (a test stack failed to format on one in 64 ids). Kafka's
-    own Uuid.randomUuid() skips such ids for the same reason."""
+    missing value and an option, and one random id in 64 starts with "-". Kafka's own
+    Uuid.randomUuid() skips such ids for the same reason."""
     while True:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cluster_id.startswith("-"):
@@ -371,8 +371,8 @@ def programs(
                 # SIGTERM: leave the election (a standby takes over), then stop the query.
                 stopwaitsecs=60,
                 # Started by `up` once Kafka is healthy and their topics exist: started with
-                # everything else, their JVMs took the two cores from the starting brokers
-                # and Airflow only to wait for them.
+                # everything else, their JVMs would take the cores the starting brokers and
+                # Airflow need, only to wait for them.
                 autostart=False,
             )
         )
