@@ -22,6 +22,7 @@ import uvicorn
 from twinstream.contract import ContractError
 from twinstream.engine.api import Conflict, create_app
 from twinstream.engine.app import Engine
+from twinstream.engine.clients import EngineClients
 from twinstream.platform import registry, storage
 from twinstream.platform.settings import SettingsError, load_settings
 
@@ -49,7 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         # first persist or restore.
         storage.check(settings.checkpoint_dir(args.engine_id))
         storage.check(settings.snapshot_dir)
-        engine = Engine(settings, args.engine_id, registry.load(settings))
+        pipeline = registry.load(settings)
+        engine = Engine(
+            settings,
+            args.engine_id,
+            pipeline,
+            EngineClients.from_settings(settings, args.engine_id),
+        )
     except (SettingsError, ContractError, storage.StorageError) as exc:
         print(f"engine {args.engine_id}: {exc}", file=sys.stderr)
         return 2
@@ -66,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             ssl_keyfile=settings.admin_tls_keyfile or None,
         )
     )
+    engine.open()
     api = threading.Thread(target=server.run, name="admin-api", daemon=True)
     api.start()
 

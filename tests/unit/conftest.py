@@ -8,7 +8,9 @@ from unittest import mock
 
 import pytest
 
-import twinstream.engine.app as engine_module
+from tests.unit.fakes import engine_clients
+from twinstream.engine.app import Engine
+from twinstream.engine.lifecycle import State
 from twinstream.platform.settings import load_settings
 
 
@@ -20,23 +22,13 @@ def kafka_without_security(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> engine_module.Engine:
-    """An engine with every client mocked, its state in tmp_path, its query running."""
-    # Nothing here may reach a network: every client the constructor builds is a mock.
-    for name in (
-        "zk_client",
-        "InboundWatermarks",
-        "LastPublishedReader",
-        "KafkaPublisher",
-        "ProgressFollower",
-        "Election",
-        "ArrivalSampler",
-    ):
-        monkeypatch.setattr(engine_module, name, mock.MagicMock(name=name))
-    # No stack has run on a fresh clone: no secret files; the ZooKeeper client is a mock.
+def engine(tmp_path: Path) -> Engine:
+    """An engine built from fake clients (tests.unit.fakes.engine_clients: nothing reaches
+    a network, no thread starts), its state in tmp_path, its query running."""
+    # No stack has run on a fresh clone: no secret files; the ZooKeeper client is a fake.
     settings = load_settings(zk_password="unit-test", state_dir=tmp_path)
-    e = engine_module.Engine(settings, "a", mock.MagicMock(name="pipeline"))
-    e._state = "running"
+    e = Engine(settings, "a", mock.MagicMock(name="pipeline"), engine_clients())
+    e.lifecycle.move(State.RUNNING, "")
     e._query = mock.MagicMock(name="query")
     e._spark = mock.MagicMock(name="spark")
     return e

@@ -1,8 +1,10 @@
 """Fakes shared by unit tests."""
 
 from typing import Any
+from unittest import mock
 
 from twinstream.engine.api import AgreementInfo, BufferedRow, Difference, PipelineInfo, ServerInfo
+from twinstream.engine.clients import EngineClients
 
 
 class FakeClock:
@@ -20,6 +22,23 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+
+
+def engine_clients() -> EngineClients:
+    """An engine's clients, every one a mock that reaches no network: the election's is
+    `clients.election.return_value`, a publisher `clients.publisher.return_value`."""
+    return EngineClients(
+        zk=mock.MagicMock(name="zk"),
+        election=mock.MagicMock(name="Election"),
+        ensure_chroot=mock.MagicMock(name="ensure_chroot"),
+        watermarks=mock.MagicMock(name="watermarks"),
+        arrival_marks=mock.MagicMock(name="arrival_marks"),
+        last_published=mock.MagicMock(name="last_published"),
+        active_position=mock.MagicMock(name="active_position"),
+        follower=mock.MagicMock(name="follower"),
+        publisher=mock.MagicMock(name="KafkaPublisher"),
+        published_rows=mock.MagicMock(name="published_rows", return_value=[]),
+    )
 
 
 def server_info(**fields: Any) -> ServerInfo:

@@ -10,6 +10,7 @@ from twinstream.core.agreement import PublishedRange, digest
 from twinstream.core.rows import NONE, Output
 from twinstream.engine import app as engine_module
 from twinstream.engine.api import Conflict
+from twinstream.engine.lifecycle import State
 
 
 def test_close_stops_the_query_and_every_client(engine):
@@ -19,10 +20,11 @@ def test_close_stops_the_query_and_every_client(engine):
     engine.election.stop.assert_called_once()
     engine.zk.stop.assert_called_once()
     engine.zk.close.assert_called_once()
-    # Two InboundWatermarks (one mock class here): the lag's and the arrivals' consumers.
-    assert engine.watermarks.close.call_count == 2
+    # Both InboundWatermarks: the lag's and the arrivals' consumers.
+    engine.watermarks.close.assert_called_once()
+    engine.clients.arrival_marks.close.assert_called_once()
     engine._spark.stop.assert_called_once()
-    assert engine._state == "stopped"
+    assert engine.lifecycle.state == "stopped"
 
 
 def test_close_goes_on_when_the_jvm_already_stopped_the_spark_context(engine, caplog):
@@ -34,9 +36,10 @@ def test_close_goes_on_when_the_jvm_already_stopped_the_spark_context(engine, ca
     engine.election.stop.assert_called_once()
     engine.zk.stop.assert_called_once()
     engine.zk.close.assert_called_once()
-    # Two InboundWatermarks (one mock class here): the lag's and the arrivals' consumers.
-    assert engine.watermarks.close.call_count == 2
-    assert engine._state == "stopped"
+    # Both InboundWatermarks: the lag's and the arrivals' consumers.
+    engine.watermarks.close.assert_called_once()
+    engine.clients.arrival_marks.close.assert_called_once()
+    assert engine.lifecycle.state == "stopped"
     assert engine._query is None
     assert "did not stop cleanly (An error occurred while calling o114.stop.)" in caplog.text
 
@@ -79,8 +82,8 @@ def test_a_difference_makes_the_standby_ineligible_until_overridden_or_restored(
     engine.gate.on_batch(1, [Output(42, "out", "k", "mine")])
     published = [Output(42, "out", "k", "theirs")]
     engine._follower.poll.return_value = [PublishedRange(0, 42, 42, digest(published), 5, "b")]
-    with mock.patch.object(engine_module, "read_published_rows", return_value=published):
-        engine.track_active_position()
+    engine.clients.published_rows.return_value = published
+    engine.track_active_position()
     info = engine.pipeline().agreement
     assert info.state == "disagrees"
     assert info.difference is not None
@@ -118,7 +121,7 @@ def test_a_failed_read_is_logged_and_retried_later(engine, caplog):
 def test_a_pipeline_node_someone_else_made_stops_the_pipeline_with_the_fix(engine, monkeypatch):
     from twinstream.core.election import ForeignNodeError
 
-    engine._state = "stopped"
+    engine.lifecycle.move(State.STOPPED, "stopped")
     engine._query = None
     monkeypatch.setattr(engine, "_checkpoint_problem", lambda: None)
     monkeypatch.setattr(engine, "_new_session", lambda: pytest.fail("no query may start"))
@@ -171,7 +174,6 @@ def test_a_batch_gives_the_gate_a_coverage_row_for_each_offset_of_its_range_with
     transactions): the batch's range comes from the checkpoint's offsets log."""
     import json
 
-    import twinstream.engine.app as engine_module
     from twinstream.core.rows import NONE, OUT, Output
 
     checkpoint = engine.settings.checkpoint_dir(engine.engine_id)
@@ -197,3 +199,30 @@ def test_a_batch_gives_the_gate_a_coverage_row_for_each_offset_of_its_range_with
         (12, OUT),
         (13, NONE),  # the transaction's commit marker
     ]
+
+
+def test_an_engine_is_built_from_its_clients_and_starts_nothing_until_opened(tmp_path):
+    """The constructor takes its clients (no module of the engine is patched here) and
+    starts no thread; `open` starts the arrival sampler and prepares a takeover's publisher,
+    and `close` stops it."""
+    import threading
+    from typing import Any
+
+    from tests.unit.fakes import engine_clients
+    from twinstream.engine.app import Engine
+    from twinstream.platform.settings import load_settings
+
+    settings = load_settings(zk_password="unit-test", state_dir=tmp_path)
+    threads = set(threading.enumerate())
+    clients: Any = engine_clients()  # its mocks' own methods
+    engine = Engine(settings, "a", mock.MagicMock(name="pipeline"), clients)
+    assert set(threading.enumerate()) == threads
+    clients.publisher.assert_not_called()
+    assert engine.election is clients.election.return_value
+    assert engine.lifecycle.state == "stopped"
+    engine.open()
+    assert engine._arrival_sampler.is_alive()
+    clients.publisher.assert_called_once_with(engine.published_digests)
+    engine.close()
+    assert not engine._arrival_sampler.is_alive()
+    clients.zk.close.assert_called_once()

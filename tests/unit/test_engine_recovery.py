@@ -65,7 +65,7 @@ def test_a_failed_batch_is_narrowed_to_half_its_records_and_run_again(engine, st
     # Spark runs batch 1 again on the restart, with the offsets its entry now names.
     assert batch_end(checkpoint, 1, topic) == {0: 600}
     started.assert_called_once()
-    assert engine._state == "running"
+    assert engine.lifecycle.state == "running"
 
 
 def test_a_failure_no_record_explains_restarts_with_backoff_and_leaves_after_three(engine, started):
@@ -75,14 +75,14 @@ def test_a_failure_no_record_explains_restarts_with_backoff_and_leaves_after_thr
         engine._query = mock.MagicMock(name="query", isActive=False)
         engine.recovery.batch_error = (7, "KafkaException: all brokers down")
         engine.check_query()
-        assert engine._state == "recovering"
-        assert f"restarting in {min(30, 2**failure)} s" in engine._reason
+        assert engine.lifecycle.state == "recovering"
+        assert f"restarting in {min(30, 2**failure)} s" in engine.lifecycle.reason
     assert engine.gate.role == "none"  # left the election for a healthy standby
     started.assert_not_called()
     engine.recovery.restart_at = 0.0
     engine.check_query()  # the backoff is over: the query starts, the engine rejoins
     started.assert_called_once()
-    assert engine._state == "running"
+    assert engine.lifecycle.state == "running"
     assert engine.gate.role == "standby"
     engine.process_batch(mock.MagicMock(name="df"), 9)  # a batch goes through
     assert engine.recovery.failures == 0
@@ -169,4 +169,4 @@ def test_a_record_that_fails_alone_twice_is_quarantined_and_the_search_ends(engi
     engine.quarantine.add.assert_called_once()
     assert engine.quarantine.add.call_args.args[0] == 100
     assert engine.recovery.search is None
-    assert engine._state == "running"  # restarted at once, the record set aside
+    assert engine.lifecycle.state == "running"  # restarted at once, the record set aside

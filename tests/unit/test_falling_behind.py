@@ -21,6 +21,7 @@ from tests.unit.test_overview import fake_engines, pipelines
 from twinstream.core.rows import OUT, Output
 from twinstream.engine.api import LagTrend, buffer_text
 from twinstream.engine.lag_trend import LagHistory
+from twinstream.engine.lifecycle import State
 from twinstream.engine.metrics import EngineMetrics
 from twinstream.ops.overview import FALLING_BEHIND_FIX, WARN, covers, overview
 from twinstream.ops.status_view import console, engines_table
@@ -261,6 +262,6 @@ def test_the_engine_reports_each_partition_s_buffer_and_its_lag_trend(engine) ->
 
 
 def test_a_stopped_engine_s_lag_is_no_trend(engine) -> None:
-    engine._state = "stopped"
+    engine.lifecycle.move(State.STOPPED, "stopped")
     engine.sample_lag(5_000)
     assert not engine.lag_history._samples

@@ -5,6 +5,7 @@ import json
 
 from twinstream.core.election import Standing
 from twinstream.engine.api import PipelineInfo
+from twinstream.engine.lifecycle import State
 
 
 def level(engine, lag: int = 0) -> None:
@@ -14,7 +15,9 @@ def level(engine, lag: int = 0) -> None:
 
 
 def test_a_restore_ends_in_the_main_loop_never_in_a_status_read(engine) -> None:
-    engine._state, engine._restored_from = "restoring", "cold"
+    engine.lifecycle.move(State.STOPPED, "stopped")
+    engine.lifecycle.move(State.RESTORING, "replaying")
+    engine._restored_from = "cold"
     level(engine)
     info = engine.pipeline()
     assert (info.state, info.in_sync) == ("restoring", False)

@@ -17,19 +17,13 @@ from twinstream.contract import Pipeline
 from twinstream.core.agreement import Agreement, DigestCost
 from twinstream.core.checkpoint import batch_end, batch_start, resume_point, unread
 from twinstream.core.election import (
-    Election,
     ForeignNodeError,
     Standing,
-    ensure_chroot,
-    root_acl,
-    zk_client,
 )
 from twinstream.core.gate import Gate
+from twinstream.core.logs import EngineLog
 from twinstream.core.outbound import (
     KafkaPublisher,
-    LastPublishedReader,
-    ProgressFollower,
-    read_published_rows,
 )
 from twinstream.core.quarantine import QuarantineStore, describe
 from twinstream.core.rows import Output, positions_text, with_offsets_without_records
@@ -44,12 +38,13 @@ from twinstream.engine.api import (
 )
 from twinstream.engine.arrivals import Arrivals, ArrivalSampler
 from twinstream.engine.batching import DrainRate, batch_limit
+from twinstream.engine.clients import EngineClients
 from twinstream.engine.lag_trend import LagHistory
+from twinstream.engine.lifecycle import Lifecycle, State, TransitionRefused
 from twinstream.engine.metrics import EngineMetrics
 from twinstream.engine.pipeline import rows_of, spark_conf, start_query, warm_up_engine
 from twinstream.engine.positions import (
     BatchTimings,
-    InboundWatermarks,
     events_per_s,
     query_position,
 )
@@ -60,7 +55,6 @@ from twinstream.engine.readiness import InSync, Redundancy
 from twinstream.engine.recovery import Recovery
 from twinstream.engine.status import pipeline_info
 from twinstream.engine.timeline import Timeline
-from twinstream.platform.kafka import connection
 from twinstream.platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -75,11 +69,19 @@ _ZK_READ_DEADLINE_S = 30.0
 
 
 class Engine:
-    def __init__(self, settings: Settings, engine_id: str, pipeline: Pipeline) -> None:
+    """One engine of a pipeline, given its clients (`EngineClients.from_settings` builds
+    them, a unit test gives fakes). Building it starts nothing; `open` starts its sampler
+    thread and prepares a publisher, `start` its query and its part in the election."""
+
+    def __init__(
+        self, settings: Settings, engine_id: str, pipeline: Pipeline, clients: EngineClients
+    ) -> None:
         settings.engine_admin_port(engine_id)  # an unknown engine id fails here, by name
         self.settings = settings
         self.definition = pipeline
         self.engine_id = engine_id
+        # Every line this engine logs says which engine and pipeline (twinstream.core.logs).
+        self.log = EngineLog(log, engine_id, settings.pipeline)
         self.meters = EngineMetrics(engine_id, settings.pipeline)
         self.gate = Gate(
             engine_id,
@@ -96,25 +98,13 @@ class Engine:
         # The repair was planned at a takeover, before the query's first batch: the batch in
         # flight holds only rows after the gap, so the query stops without finishing it.
         self._repair_at_once = False
-        # What the clients use of the settings, built once (the Kafka credentials and the
-        # ZooKeeper password are read here): twinstream.platform.connections.
-        self.kafka = connection(settings)
-        self.topics = settings.topics()
-        self._zookeeper = settings.zookeeper()
-        self.zk = zk_client(self._zookeeper)
-        self.election = Election(
-            self.zk,
-            settings.election_path,
-            settings.epoch_path,
-            engine_id,
+        self.clients = clients
+        self.zk = clients.zk
+        self.election = clients.election(
             on_elected=self._take_over,
             on_step_down=self._stepped_down,
             on_connection=self.gate.zk_connected,
-            root_acl=root_acl(self._zookeeper),
-            # A win goes on to an engine more than a batch (in_sync_lag) more caught up:
-            # a takeover then never waits for a restoring or cold engine to catch up.
             standing=self.standing,
-            prefer_margin=settings.in_sync_lag,
             # An engine whose output disagrees with the active's never leads, until
             # restored or overridden (twinstream.core.agreement).
             eligible=lambda: self.agreement.eligible,
@@ -129,27 +119,27 @@ class Engine:
         self._lock = threading.RLock()
         self._spark: SparkSession | None = None
         self._query: StreamingQuery | None = None
-        self._state = "stopped"
-        self._reason = "not started"
+        # stopped, running, restoring, persisting, recovering (twinstream.engine.lifecycle).
+        self.lifecycle = Lifecycle(self.log.named(Lifecycle.__module__))
         self._restored_from: str | None = None
         self._restore_started = 0.0
-        self.watermarks = InboundWatermarks(self.kafka, self.topics, engine_id)
+        self.watermarks = clients.watermarks
         self._progress_cache: tuple[float, Any, dict[str, Any]] = (0.0, None, {})
         # Built ahead of a takeover, so that winning costs only the fence and the tail read.
-        self._last_published = LastPublishedReader(self.kafka, self.topics)
+        self._last_published = clients.last_published
         # A second reader for the standby's periodic look at the active's position: the
         # takeover's must never wait behind it.
-        self._active_position = LastPublishedReader(self.kafka, self.topics)
+        self._active_position = clients.active_position
         # The agreement check (twinstream.core.agreement): the active's published ranges,
         # followed on the progress topic, against this engine's own rows.
         self.agreement = Agreement(
             engine_id,
             settings.pipeline,
             self.gate.rows_between,
-            lambda r: read_published_rows(self.kafka, self.topics, r),
+            clients.published_rows,
             self.gate.bound,
         )
-        self._follower = ProgressFollower(self.kafka, self.topics, engine_id)
+        self._follower = clients.follower
         # What digesting its transactions' rows has cost this engine as the active.
         self.published_digests = DigestCost()
         self._following = False
@@ -168,16 +158,20 @@ class Engine:
         self.sync = InSync(settings.in_sync_s, settings.in_sync_hold_s, settings.in_sync_lag)
         self.redundancy = Redundancy(engine_id, settings.engine_ids)
         self._spare: KafkaPublisher | None = None
-        self._prepare_publisher()
         # The last 15 minutes of this engine's figures (the operator page's chart): the
         # latency of what it published, from each record's arrival in the inbound topic
         # (sampled high watermarks, twinstream.engine.arrivals) to the commit.
         self.recent = Timeline()
         self.arrivals = Arrivals()
-        self._arrival_marks = InboundWatermarks(self.kafka, self.topics, engine_id)
+        self._arrival_marks = clients.arrival_marks
         self._arrival_sampler = ArrivalSampler(
             self.arrivals, lambda: self._arrival_marks.highs(max_age_s=0.0)
         )
+
+    def open(self) -> None:
+        """Start what runs beside the query before it starts: the arrival sampler's thread,
+        and a publisher prepared for a takeover."""
+        self._prepare_publisher()
         self._arrival_sampler.start()
 
     # -- the admin API's operations (twinstream.engine.api.EngineApi) -------------------
@@ -185,19 +179,19 @@ class Engine:
     def start(self) -> PipelineInfo:
         """Start a stopped or failed pipeline; 409 (Conflict) when it is not stopped, or
         when it does not start (the reason says why and what to do)."""
-        state = self.pipeline().state
-        if state not in ("stopped", "failed"):
+        state = self.lifecycle.state
+        if state is not State.STOPPED:
             raise Conflict(f"the pipeline is already {state}")
         self._start()
         info = self.pipeline()
-        if info.state not in ("running", "restoring"):
+        if self.lifecycle.state not in (State.RUNNING, State.RESTORING):
             raise Conflict(info.reason)
         return info
 
     def stop(self) -> PipelineInfo:
         """Stop a running pipeline, leaving the election first; 409 when it is not running."""
-        state = self.pipeline().state
-        if state not in ("running", "restoring", "recovering"):
+        state = self.lifecycle.state
+        if state not in (State.RUNNING, State.RESTORING, State.RECOVERING):
             raise Conflict(f"the pipeline is {state}, not running")
         self._stop("stopped through the admin API")
         return self.pipeline()
@@ -216,39 +210,50 @@ class Engine:
 
     # -- lifecycle ----------------------------------------------------------------------
 
+    def _become(self, state: State, reason: str, *, only_from: State | None = None) -> bool:
+        """Move the lifecycle (twinstream.engine.lifecycle); a move its table refuses is
+        logged and the state stays: the engine goes on rather than crash its caller."""
+        try:
+            return self.lifecycle.move(state, reason, only_from=only_from)
+        except TransitionRefused as exc:
+            self.log.error("%s", exc)
+            return False
+
     def _start(self) -> None:
         """Resume from this engine's checkpoint. An unusable checkpoint, or none on a
         pipeline that has run before (a lost disk), leaves the pipeline stopped with the
         reason: starting over from the topic's beginning is a decision for a restore."""
         with self._lock:
-            if self._state in ("running", "restoring", "persisting"):
+            if self.lifecycle.state is not State.STOPPED:
                 return
             problem = self._checkpoint_problem()
             if problem is not None:
-                self._state = "stopped"
-                self._reason = (
+                reason = (
                     f"{problem}; restore a snapshot: POST /pipeline/restore "
                     '{"snapshot": "latest"} (or "cold")'
                 )
+                self._become(State.STOPPED, reason)
                 log.error(
                     "engine %s pipeline %s: not started: %s",
                     self.engine_id,
                     self.settings.pipeline,
-                    self._reason,
+                    reason,
                 )
                 return
-            self._run("running", "")
+            self._run(State.RUNNING, "")
 
-    def _run(self, state: str, reason: str, starting_offsets: dict[int, int] | None = None) -> None:
+    def _run(
+        self, state: State, reason: str, starting_offsets: dict[int, int] | None = None
+    ) -> None:
         try:
-            ensure_chroot(self._zookeeper, root_acl(self._zookeeper))
+            self.clients.ensure_chroot()
             self._start_query(starting_offsets)
         except ForeignNodeError as exc:
             # Not a crash to restart from: nothing changes until someone deletes the node.
-            self._state, self._reason = "stopped", str(exc)
+            self._become(State.STOPPED, str(exc))
             log.error("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, exc)
             return
-        self._state, self._reason = state, reason
+        self._become(state, reason)
         self.gate.joined()
         self.election.start()
 
@@ -343,7 +348,7 @@ class Engine:
 
     def _stop(self, reason: str) -> None:
         with self._lock:
-            if self._state == "stopped":
+            if self.lifecycle.state is State.STOPPED:
                 return
             self.recovery.search = None
             # Leave the election first: a standby takes over while this query winds down.
@@ -365,7 +370,7 @@ class Engine:
                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                     )
                 self._query = None
-            self._state, self._reason = "stopped", reason
+            self._become(State.STOPPED, reason)
             self._restored_from = None
             log.warning("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, reason)
 
@@ -375,7 +380,8 @@ class Engine:
         self.zk.close()
         self.drain_rate.save()
         self._arrival_sampler.stop()
-        self._arrival_sampler.join(timeout=2)
+        if self._arrival_sampler.is_alive():
+            self._arrival_sampler.join(timeout=2)
         self._arrival_marks.close()
         self.watermarks.close()
         self._last_published.close()
@@ -448,7 +454,7 @@ class Engine:
             return
         query = self._query
         if query is None:
-            if self._state == "recovering" and self.recovery.backoff_over():
+            if self.lifecycle.state is State.RECOVERING and self.recovery.backoff_over():
                 self._restart_query()
             return
         if query.isActive:
@@ -462,7 +468,7 @@ class Engine:
         for the record to blame, at once; or a restart after a backoff, having left the
         election after repeated failures)."""
         outcome = self.recovery.query_died(error, self._kafka_answers, self._read_quarantine)
-        self._state, self._reason = "recovering", outcome.reason
+        self._become(State.RECOVERING, outcome.reason)
         if outcome.leave_election and self.gate.role != "none":
             self.election.stop()
             self.gate.step_down("query failing", rejoin=False)
@@ -517,9 +523,10 @@ class Engine:
         try:
             self._start_query()
         except Exception as exc:
-            self._reason = self.recovery.restart_failed(exc)
+            # The state stays (recovering: the main loop tries again after the backoff).
+            self._become(self.lifecycle.state, self.recovery.restart_failed(exc))
             return
-        self._state, self._reason = "running", ""
+        self._become(State.RUNNING, "")
         if self.gate.role == "none":  # left the election after repeated failures
             self.gate.joined()
             self.election.start()
@@ -566,9 +573,9 @@ class Engine:
         should it win meanwhile, its takeover publishes from the buffer at once and the
         query continues when the copy is done."""
         with self._lock:
-            if self._state != "running":
+            if self.lifecycle.state is not State.RUNNING:
                 raise Conflict(
-                    f"the pipeline is {self._state}, not running: only a running standby "
+                    f"the pipeline is {self.lifecycle.state}, not running: only a running standby "
                     "can persist"
                 )
             if self.gate.role == "active":
@@ -577,7 +584,7 @@ class Engine:
                     "that the active never pauses"
                 )
             started = time.monotonic()
-            self._state, self._reason = "persisting", "writing a snapshot"
+            self._become(State.PERSISTING, "writing a snapshot")
             try:
                 # A batch paused for backpressure completes now: its rows are buffered.
                 self.gate.abandon_waits()
@@ -608,7 +615,7 @@ class Engine:
                     time.monotonic() - started,
                 )
                 self._start_query()
-                self._state, self._reason = "running", ""
+                self._become(State.RUNNING, "")
             log.warning(
                 "engine %s pipeline %s: persisted snapshot %s in %.2f s (next offset %s, "
                 "batch %s, %s bytes)",
@@ -626,9 +633,10 @@ class Engine:
         """Load a snapshot (an id, `latest`) or rebuild `cold` into a stopped pipeline, then
         start it; GET /pipeline shows state `restoring` and the lag until in sync."""
         with self._lock:
-            if self._state not in ("stopped", "failed", "recovering"):
+            state = self.lifecycle.state
+            if state not in (State.STOPPED, State.RECOVERING):
                 raise Conflict(
-                    f"the pipeline is {self._state}: restore replaces the checkpoint, so stop "
+                    f"the pipeline is {state}: restore replaces the checkpoint, so stop "
                     "the pipeline first (POST /pipeline/stop)"
                 )
             log_starts = self.watermarks.log_starts()
@@ -647,7 +655,7 @@ class Engine:
             self._restored_from = source
             self._restore_started = time.monotonic()
             self._run(
-                "restoring",
+                State.RESTORING,
                 f"replaying from inbound offset {positions_text(next_offsets)} ({source})",
                 ready.starting,
             )
@@ -669,13 +677,7 @@ class Engine:
             )
 
     def _publisher(self) -> KafkaPublisher:
-        return KafkaPublisher(
-            self.kafka,
-            self.topics,
-            self.engine_id,
-            self.settings.max_message_bytes,
-            digest_cost=self.published_digests,
-        )
+        return self.clients.publisher(self.published_digests)
 
     def buffer(self, last: int) -> list[BufferedRow]:
         rows = self.gate.buffered()[-last:] if last > 0 else []
@@ -812,7 +814,7 @@ class Engine:
         self.election.resign_fenced(epoch, foreign)
 
     def _stepped_down(self, reason: str) -> None:
-        self.gate.step_down(reason, rejoin=self._state == "running")
+        self.gate.step_down(reason, rejoin=self.lifecycle.state is State.RUNNING)
 
     # -- status -------------------------------------------------------------------------
 
@@ -843,10 +845,11 @@ class Engine:
         lag = self._lag(self.gate.status().processed)
         self.sample_lag(lag)
         self.sync.update(
-            self._state, lag, self.drain_rate.value, self._query_position() is not None
+            self.lifecycle.state, lag, self.drain_rate.value, self._query_position() is not None
         )
-        if self.sync.value and self._state == "restoring":
-            self._state, self._reason = "running", ""
+        # Only from restoring: a stop may have moved it meanwhile (under the engine's lock,
+        # which this loop does not take).
+        if self.sync.value and self._become(State.RUNNING, "", only_from=State.RESTORING):
             log.warning(
                 "engine %s pipeline %s: restored from %s and in sync after %.1f s (%s)",
                 self.engine_id,
@@ -856,7 +859,7 @@ class Engine:
                 self.sync.describe(lag),
             )
         self._look_at_standbys()
-        if self._state not in ("running", "restoring", "persisting"):
+        if self.lifecycle.state not in (State.RUNNING, State.RESTORING, State.PERSISTING):
             return
         standing = self.standing()
         self.election.publish_standing(standing)
@@ -904,7 +907,7 @@ class Engine:
         """One sample of the lag's trend, while the query works: a stopped or recovering
         engine's lag grows with every inbound message, which says nothing about whether
         the engine keeps up (the gap in samples makes its trend unknown instead)."""
-        if self._state in ("running", "restoring"):
+        if self.lifecycle.state in (State.RUNNING, State.RESTORING):
             self.lag_history.add(lag)
 
     def pipeline(self) -> PipelineInfo:
@@ -936,8 +939,8 @@ class Engine:
             digest_s=agreement.digest_s + self.published_digests.seconds,
         )
         return pipeline_info(
-            self._state,
-            self._reason,
+            self.lifecycle.state.value,
+            self.lifecycle.reason,
             status,
             standing,
             trend,
