@@ -92,8 +92,8 @@ def test_a_gap_is_planned_from_the_checkpoint_history_when_it_reaches(engine):
     checkpoint = engine.settings.checkpoint_dir("a")
     for batch, end in enumerate((100, 200, 300, 400), start=5):
         _batch(checkpoint, engine.settings.inbound_topic, batch, end)
-    assert engine._on_gap(0, 350, 399) is True
-    assert engine._repair == RewindPoint(7, {0: 300})
+    assert engine.takeover.on_gap(0, 350, 399) is True
+    assert engine.takeover.plan == RewindPoint(7, {0: 300})
 
 
 def test_a_gap_older_than_the_history_is_planned_from_the_newest_snapshot_before_it(
@@ -108,9 +108,9 @@ def test_a_gap_older_than_the_history_is_planned_from_the_newest_snapshot_before
     ]
     monkeypatch.setattr(snapshot, "list_snapshots", lambda *_: infos)
     engine.watermarks.log_starts.return_value = {0: 100}
-    assert engine._on_gap(0, 200, 299) is True
-    assert isinstance(engine._repair, Manifest)
-    assert engine._repair.snapshot_id == "s2"
+    assert engine.takeover.on_gap(0, 200, 299) is True
+    assert isinstance(engine.takeover.plan, Manifest)
+    assert engine.takeover.plan.snapshot_id == "s2"
 
 
 def test_a_gap_in_one_partition_takes_a_snapshot_before_it_there_kept_in_every_partition(
@@ -125,16 +125,16 @@ def test_a_gap_in_one_partition_takes_a_snapshot_before_it_there_kept_in_every_p
     ]
     monkeypatch.setattr(snapshot, "list_snapshots", lambda *_: infos)
     engine.watermarks.log_starts.return_value = {0: 0, 1: 100, 2: 20}
-    assert engine._on_gap(1, 200, 299) is True
-    assert isinstance(engine._repair, Manifest)
-    assert engine._repair.snapshot_id == "s2"
+    assert engine.takeover.on_gap(1, 200, 299) is True
+    assert isinstance(engine.takeover.plan, Manifest)
+    assert engine.takeover.plan.snapshot_id == "s2"
 
 
 def test_a_gap_nothing_reaches_is_not_planned(engine, monkeypatch, caplog):
     monkeypatch.setattr(snapshot, "list_snapshots", lambda *_: [])
     engine.watermarks.log_starts.return_value = {0: 0}
-    assert engine._on_gap(0, 200, 299) is False
-    assert engine._repair is None
+    assert engine.takeover.on_gap(0, 200, 299) is False
+    assert engine.takeover.plan is None
     assert "msg_id 200..299 of partition 0 cannot be recomputed" in caplog.text
 
 

@@ -15,7 +15,7 @@ from kazoo.retry import KazooRetry
 import twinstream
 from twinstream.contract import Pipeline
 from twinstream.core.agreement import Agreement, DigestCost
-from twinstream.core.checkpoint import batch_end, batch_start, resume_point, unread
+from twinstream.core.checkpoint import batch_end, batch_start, unread
 from twinstream.core.election import (
     ForeignNodeError,
     Standing,
@@ -54,6 +54,7 @@ from twinstream.engine.positions import (
 from twinstream.engine.readiness import InSync, Redundancy
 from twinstream.engine.recovery import Recovery
 from twinstream.engine.status import pipeline_info
+from twinstream.engine.takeover import Takeover
 from twinstream.engine.timeline import Timeline
 from twinstream.platform.settings import Settings
 
@@ -89,19 +90,33 @@ class Engine:
             settings.num_buffered_msgs,
             self.meters,
             max_buffer_size=settings.max_buffered_msgs,
-            on_gap=self._on_gap,
+            # The gate holds its lock here: the takeover only notes the plan.
+            on_gap=lambda partition, first, last: self.takeover.on_gap(partition, first, last),
             on_fenced=self._resign,
             on_committed=self._committed,
         )
-        # A gap to recompute, found at a takeover: how (the main loop does it).
-        self._repair: persistence.Plan | None = None
-        # The repair was planned at a takeover, before the query's first batch: the batch in
-        # flight holds only rows after the gap, so the query stops without finishing it.
-        self._repair_at_once = False
         self.clients = clients
         self.zk = clients.zk
+        self.watermarks = clients.watermarks
+        # The last 15 minutes of this engine's figures (the operator page's chart): the
+        # latency of what it published, from each record's arrival in the inbound topic
+        # (sampled high watermarks, twinstream.engine.arrivals) to the commit.
+        self.recent = Timeline()
+        # What digesting its transactions' rows has cost this engine as the active.
+        self.published_digests = DigestCost()
+        # The takeover and the repair of a gap it finds (twinstream.engine.takeover).
+        self.takeover = Takeover(
+            settings,
+            engine_id,
+            self.gate,
+            clients.last_published,
+            self._publisher,
+            self.watermarks.log_starts,
+            self.recent,
+            self.log,
+        )
         self.election = clients.election(
-            on_elected=self._take_over,
+            on_elected=self.takeover.take_over,
             on_step_down=self._stepped_down,
             on_connection=self.gate.zk_connected,
             standing=self.standing,
@@ -123,7 +138,6 @@ class Engine:
         self.lifecycle = Lifecycle(self.log.named(Lifecycle.__module__))
         self._restored_from: str | None = None
         self._restore_started = 0.0
-        self.watermarks = clients.watermarks
         self._progress_cache: tuple[float, Any, dict[str, Any]] = (0.0, None, {})
         # Built ahead of a takeover, so that winning costs only the fence and the tail read.
         self._last_published = clients.last_published
@@ -140,8 +154,6 @@ class Engine:
             self.gate.bound,
         )
         self._follower = clients.follower
-        # What digesting its transactions' rows has cost this engine as the active.
-        self.published_digests = DigestCost()
         self._following = False
         self.batch_timings = BatchTimings()
         # What this engine's batches process a second, for the next query's batch size.
@@ -157,11 +169,6 @@ class Engine:
         # (twinstream.engine.readiness). Both change in the main loop only.
         self.sync = InSync(settings.in_sync_s, settings.in_sync_hold_s, settings.in_sync_lag)
         self.redundancy = Redundancy(engine_id, settings.engine_ids)
-        self._spare: KafkaPublisher | None = None
-        # The last 15 minutes of this engine's figures (the operator page's chart): the
-        # latency of what it published, from each record's arrival in the inbound topic
-        # (sampled high watermarks, twinstream.engine.arrivals) to the commit.
-        self.recent = Timeline()
         self.arrivals = Arrivals()
         self._arrival_marks = clients.arrival_marks
         self._arrival_sampler = ArrivalSampler(
@@ -171,7 +178,7 @@ class Engine:
     def open(self) -> None:
         """Start what runs beside the query before it starts: the arrival sampler's thread,
         and a publisher prepared for a takeover."""
-        self._prepare_publisher()
+        self.takeover.prepare_publisher()
         self._arrival_sampler.start()
 
     # -- the admin API's operations (twinstream.engine.api.EngineApi) -------------------
@@ -449,8 +456,9 @@ class Engine:
             self._lock.release()
 
     def _check_query(self) -> None:
-        if self._repair is not None:
-            self._rewind_for_repair()
+        if self.takeover.due():
+            self.takeover.rewind(self._stop_query_between_batches)
+            self._restart_query()
             return
         query = self._query
         if query is None:
@@ -474,50 +482,6 @@ class Engine:
             self.gate.step_down("query failing", rejoin=False)
         if outcome.restart_now:
             self._restart_query()
-
-    def _on_gap(self, partition: int, first: int, last: int) -> bool:
-        """The gate found msg_id first..last of `partition` in no buffer at a takeover. Plan
-        to recompute it (twinstream.engine.persistence); the main loop rewinds. False: nothing
-        reaches back to it."""
-        plan = persistence.repair_plan(
-            self.settings, self.engine_id, partition, first, self.watermarks.log_starts
-        )
-        if plan is None:
-            log.error(
-                "engine %s pipeline %s: msg_id %s..%s of partition %s cannot be recomputed: "
-                "the checkpoint history and the snapshots begin after it, or Kafka no longer "
-                "holds it",
-                self.engine_id,
-                self.settings.pipeline,
-                first,
-                last,
-                partition,
-            )
-            return False
-        self._repair = plan
-        return True
-
-    def _rewind_for_repair(self) -> None:
-        plan, self._repair = self._repair, None
-        at_once, self._repair_at_once = self._repair_at_once, False
-        if plan is None:
-            return
-        try:
-            self.gate.abandon_waits()
-            self._stop_query_between_batches(timeout_s=0.0 if at_once else 30.0)
-            source, next_offsets = persistence.rewind(self.settings, self.engine_id, plan)
-            self.gate.rewind(next_offsets)
-            log.warning(
-                "engine %s pipeline %s: rewound to msg_id %s (%s) to recompute the gap",
-                self.engine_id,
-                self.settings.pipeline,
-                positions_text(next_offsets),
-                source,
-            )
-        except Exception as exc:
-            log.exception("engine %s: rewinding for the repair failed", self.engine_id)
-            self.gate.repair_failed(f"{type(exc).__name__}: {exc}")
-        self._restart_query()
 
     def _restart_query(self) -> None:
         try:
@@ -757,38 +721,8 @@ class Engine:
 
     # -- election callbacks -------------------------------------------------------------
 
-    def _prepare_publisher(self) -> None:
-        try:
-            self._spare = self._publisher()
-        except Exception as exc:  # a takeover builds one itself
-            log.warning("engine %s: could not prepare a publisher: %s", self.engine_id, exc)
-            self._spare = None
-
     def _committed(self, rows: Sequence[Output]) -> None:
         self.recent.published(self.arrivals.latencies(rows, time.time()))
-
-    def _take_over(self, epoch: int) -> None:
-        self.recent.takeover(epoch)
-        spare, self._spare = self._spare, None
-
-        def fence() -> KafkaPublisher:
-            return (spare or self._publisher()).fence()
-
-        try:
-            self.gate.take_over(epoch, fence=fence, last_committed=self._last_published)
-        finally:
-            # A fenced or used producer can never serve a later takeover: build the next one.
-            threading.Thread(target=self._prepare_publisher, daemon=True).start()
-        # An engine back after both were killed holds nothing yet and its checkpoint went on
-        # past what was published: the gap is known before any batch, so it is repaired now
-        # and the batch in flight (all of it after the gap) is not waited for.
-        # Said before the gate asks for the repair: the main loop may act on it at once.
-        self._repair_at_once = True
-        self._repair_at_once = self.gate.resumes_at(
-            lambda: resume_point(
-                self.settings.checkpoint_dir(self.engine_id), self.settings.inbound_topic
-            )
-        )
 
     def _resign(self) -> None:
         """The gate's producer can publish no more: give up the leadership and queue again;
