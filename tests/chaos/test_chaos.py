@@ -4,8 +4,9 @@ of the scenario must be in the outbound or dead-letter topic exactly once.
 
 `make chaos` runs 100 kill -9 failovers (TWINSTREAM_CHAOS_FAILOVERS), alternating between
 the engines (the takeover, supervisord's restart and the victim back as an in-sync standby,
-about a minute each); `make test` runs none of this module's scenarios (the suite has a
-30-minute budget): each names the tests of `make test` that meet its guarantee.
+about a minute each). Every scenario here is `chaos_only`: `make test` collects and skips
+them (its 30-minute budget), and each names the tests of `make test` that meet its
+guarantee.
 """
 
 from __future__ import annotations
@@ -41,9 +42,8 @@ from twinstream.stack.supervisor import Supervisor, at_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
+# `make chaos` sets 100; a run by hand may ask for fewer.
 FAILOVERS = int(os.environ.get("TWINSTREAM_CHAOS_FAILOVERS", "1"))
-# `make chaos` runs the scenarios that take minutes and have a short version elsewhere.
-FULL = os.environ.get("TWINSTREAM_CHAOS_FULL") == "1"
 # events/s: steady, well inside what one engine sustains on two cores, and light enough
 # that a restarted engine's Spark start is not starved by the active's batches.
 RATE = 200.0
@@ -113,12 +113,13 @@ def test_kill9_failovers_alternate_between_the_engines_and_lose_nothing(engines,
     assert_exactly_once(engines, firsts, sent)
 
 
-@pytest.mark.skipif(not FULL, reason="make chaos only (its short version is in tests/integration)")
+@pytest.mark.chaos_only
 def test_both_engines_killed_at_once_under_load_supervisord_restarts_them(engines, settings):
     """kill -9 of both engines at once under steady load; supervisord restarts both, in
     whatever order they come back. Every msg_id exactly once: a range no buffer covered
     (the standby's checkpoint past what the active had published) is repaired, never
-    reported lost. tests/integration/test_engines.py forces such a range every time."""
+    reported lost. `make chaos` only: in `make test`,
+    tests/integration/test_engines.py's double kill forces such a range every time."""
     engines.wait_pair()
     firsts = inbound_ends(settings)
     load = SteadyLoad(settings, RATE).start()
@@ -250,9 +251,9 @@ class ServingSince(threading.Thread):
 # and LOST are unit-tested (tests/unit/test_election.py, test_gate.py).
 @pytest.mark.chaos_only
 def test_zookeeper_down_holds_the_output_and_resumes_within_5s(engines, settings):
-    # 30 s in `make chaos`; 12 s in `make test`, still twelve times the engines' 1 s session:
-    # every session has expired by the time ZooKeeper is back, which is the scenario.
-    down_s = 30.0 if FULL else 12.0
+    # Thirty times the engines' 1 s session: every session has expired by the time
+    # ZooKeeper is back, which is the scenario.
+    down_s = 30.0
     engines.wait_pair()
     firsts = inbound_ends(settings)
     load = SteadyLoad(settings, RATE).start()

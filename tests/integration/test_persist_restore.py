@@ -12,17 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from devkit.harness import EngineProcess, Pipeline, wait_for
 from tests.integration.engines import (
     assert_exactly_once_and_as_reference,
-    processed,
+    in_sync,
+    persist,
 )
 from twinstream.engine import snapshot
 from twinstream.engine.client import EngineError
-from twinstream.platform.kafka import admin_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
 
@@ -30,18 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engi
 # Events per measured load: a persist lasts a few seconds, so three of them fit in 15 s
 # (loads of 20,000 cost make test ~10 s more).
 LOAD = 15_000
-
-
-def _persist(engine: EngineProcess) -> dict[str, Any]:
-    response = engine.post("/pipeline/persist")
-    assert response.status_code == 200, response.text
-    manifest: dict[str, Any] = response.json()
-    return manifest
-
-
-def _in_sync(engine: EngineProcess) -> bool:
-    info = engine.try_get("/pipeline") or {}
-    return bool(info.get("in_sync")) and info.get("state") == "running"
 
 
 class Stalls(threading.Thread):
@@ -99,7 +85,7 @@ def _standby(pipeline: Pipeline) -> EngineProcess:
             (
                 e
                 for e in pipeline.engines.values()
-                if e.proc.poll() is None and standby(e) and _in_sync(e)
+                if e.proc.poll() is None and standby(e) and in_sync(e)
             ),
             None,
         )
@@ -135,7 +121,7 @@ def test_persisting_the_standby_never_pauses_the_output_and_survives_a_takeover(
                 return stalls.position() >= t
 
             wait_for(reached, 120, f"msg_id {target} published")
-            manifests.append(_persist(_standby(pipeline)))
+            manifests.append(persist(_standby(pipeline)))
 
     rhythm = longest_pause_of_the_output(lambda _stalls: None)
     longest = longest_pause_of_the_output(persist_three_times)
@@ -175,66 +161,3 @@ def test_persisting_the_standby_never_pauses_the_output_and_survives_a_takeover(
     assert_exactly_once_and_as_reference(pipeline, pipeline.produced)
     latest = snapshot.choose(pipeline.settings.snapshot_dir, pipeline.settings.pipeline, "latest")
     assert latest.snapshot_id == result["r"].json()["snapshot_id"]
-
-
-@pytest.mark.chaos_only
-def test_damaged_and_expired_snapshots_are_refused_and_cold_still_works(pipeline: Pipeline):
-    """`make chaos` only (~45 s of `make test`): damaged, truncated and half-written
-    snapshots are refused in tests/unit/test_snapshot.py, a restore the topic's retention
-    outran in tests/unit/test_operate.py, and an engine rebuilt cold joins in sync in
-    test_engines.py's preference test."""
-    _a, b = pipeline.start_pair()
-    manifests = []
-    for _ in range(3):
-        pipeline.join_load(pipeline.load(1_000, rate=0))
-        wait_for(
-            lambda: processed(b) >= pipeline.produced - 1, 120, f"engine {b.engine_id} caught up"
-        )
-        manifests.append(_persist(b))
-    oldest, middle, newest = (pipeline.settings.snapshot_dir / m["snapshot_id"] for m in manifests)
-    # A file of the state store: a snapshot (.zip) or, with changelog checkpointing, the
-    # changelog of a batch (.changelog).
-    state_file = next(
-        p
-        for p in sorted((newest / "checkpoint" / "state").rglob("*"))
-        if p.suffix in (".zip", ".changelog")
-    )
-    state_file.write_bytes(state_file.read_bytes()[:10])  # truncated
-    buffer_file = middle / snapshot.BUFFER
-    data = bytearray(buffer_file.read_bytes())
-    data[5] ^= 0x01  # same size, one bit off
-    buffer_file.write_bytes(bytes(data))
-
-    assert b.post("/pipeline/restore", {"snapshot": "latest"}).status_code == 409  # running
-    assert b.post("/pipeline/stop").status_code == 200
-    truncated = b.post("/pipeline/restore", {"snapshot": newest.name})
-    assert truncated.status_code == 422
-    assert "damaged or truncated" in truncated.json()["reason"]
-    assert state_file.name in truncated.json()["reason"]
-    flipped = b.post("/pipeline/restore", {"snapshot": middle.name})
-    assert flipped.status_code == 422
-    assert "buffer.jsonl has sha256" in flipped.json()["reason"]
-
-    # Kafka deletes what the only valid snapshot would replay: `latest` picks it and refuses.
-    admin = AdminClient(admin_config(pipeline.settings))
-    cut = manifests[0]["next_offset"] + 10
-    (future,) = admin.delete_records(
-        [TopicPartition(pipeline.settings.inbound_topic, 0, cut)]
-    ).values()
-    future.result()
-    expired = b.post("/pipeline/restore", {"snapshot": "latest"})
-    assert expired.status_code == 422
-    reason = expired.json()["reason"]
-    assert oldest.name in reason, reason
-    assert f"starts at {cut}" in reason, reason
-    assert "cold" in reason, reason
-    assert b.get("/pipeline")["state"] == "stopped"
-
-    cold = b.post("/pipeline/restore", {"snapshot": "cold"})
-    assert cold.status_code == 200, cold.text
-    assert cold.json()["next_offset"] == cut
-    pipeline.join_load(pipeline.load(500, rate=0))
-    wait_for(lambda: _in_sync(b), 180, f"engine {b.engine_id} in sync after a cold rebuild")
-    wait_for(lambda: processed(b) >= pipeline.produced - 1, 120, f"engine {b.engine_id} caught up")
-    assert b.get("/pipeline")["restored_from"] == "cold"
-    assert b.role() == "standby"
