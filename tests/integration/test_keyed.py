@@ -22,10 +22,10 @@ import pytest
 
 from devkit.harness import Pipeline, wait_for
 from pipelines import sessions
+from tests.integration.engines import in_sync
 from tests.integration.test_partitions import (
     SHARED,
     assert_exactly_once_per_partition_by_progress,
-    in_sync,
     published_total,
 )
 from twinstream.core.rows import record_id, split_record_id

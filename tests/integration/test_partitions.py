@@ -14,8 +14,10 @@ period and triggers restore_and_resync from the newest proven snapshot: the one 
 scheduled persist took of its standby, which agreed with the active then), that agrees with
 the published output again and then takes over by a second kill -9.
 Every (partition, offset) is then in exactly one transaction, the rows those of a
-reference run, each key in one partition and its outputs in offset order. The audit DAG
-then proves each partition of the quarantine test's output, and names the ranges of a
+reference run, each key in one partition and its outputs in offset order.
+
+The audit DAG proves each partition of what the quarantine run published (one run, a
+module fixture, for the quarantine test and the audit test), and names the ranges of a
 broken copy.
 """
 
@@ -24,7 +26,8 @@ from __future__ import annotations
 import collections
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,7 @@ from confluent_kafka.admin import AdminClient
 
 from devkit.harness import EngineProcess, Pipeline, wait_for
 from pipelines.hostmetrics.generate import synthetic
-from tests.integration.engines import load_dag, return_value, task_states
+from tests.integration.engines import in_sync, load_dag, return_value, task_states
 from twinstream.edge.reader import Record, read_committed
 from twinstream.engine import snapshot
 from twinstream.ops import cli
@@ -69,11 +72,6 @@ def published_total(engine: EngineProcess) -> int:
     """Records of every partition the engine knows published (last msg_id + 1 each)."""
     info = engine.try_get("/pipeline") or {}
     return sum(v + 1 for v in (info.get("published") or {}).values())
-
-
-def in_sync(engine: EngineProcess) -> bool:
-    info = engine.try_get("/pipeline") or {}
-    return bool(info.get("in_sync")) and info.get("state") == "running"
 
 
 def take_over(pipeline: Pipeline, dead: EngineProcess, successor: EngineProcess) -> None:
@@ -240,25 +238,40 @@ def test_three_partitions_on_shared_storage_kill_9_and_a_lost_engine_restored_th
         pipeline.discard()
 
 
-def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactly_that_record(
-    stack_env, tmp_path, monkeypatch: pytest.MonkeyPatch, dag_run_env
-):
-    """A bug outside the per-record guard (the fault-injection setting makes the transform
-    raise on any batch holding a marker record) used to fail the batch on both engines for
-    good. The engines find the marker record themselves, over three partitions, quarantine
-    it (the same decision on both, through ZooKeeper), dead-letter it, and publish
-    everything else exactly once, as the transform computes it without it; both engines
-    stay up."""
-    marker = "POISON-7f3a"
+# The marker record the fault-injection setting makes the transform raise on.
+MARKER = "POISON-7f3a"
+
+
+@dataclass(frozen=True)
+class QuarantineRun:
+    """A pair of engines over three partitions, run until they had published everything
+    but the marker record their transform raises on."""
+
+    pipeline: Pipeline
+    engines: tuple[EngineProcess, EngineProcess]
+    pids: set[int]
+    poisoned: set[tuple[int, int]]  # the marker record's (partition, offset)
+    checkpoints: Path  # where a `file://` URL put the engines' checkpoints
+
+
+@pytest.fixture(scope="module")
+def quarantine_run(
+    quiet_stack_engines: None, stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[QuarantineRun]:
+    """The quarantine scenario's run, whose output both the quarantine test and the audit
+    test look at: one run for both (an engine pair's start and its search cost make test
+    two minutes), either of them run alone still has it."""
+    tmp_path = tmp_path_factory.mktemp("quarantine")
     # Batches of at most 250: the search halves a failed batch down to one record, and
     # after a half passes, the next batch Spark plans fails whole again; a catch-up batch of
     # thousands costs several halvings more (each a restart of the query).
-    env = {"TWINSTREAM_FAULT_MARKER": marker, "TWINSTREAM_MAX_OFFSETS_PER_TRIGGER": "250"}
+    env = {"TWINSTREAM_FAULT_MARKER": MARKER, "TWINSTREAM_MAX_OFFSETS_PER_TRIGGER": "250"}
     # The checkpoints by a `file://` URL, as on HDFS or S3: Spark writes them through
     # Hadoop's file system for the scheme, the engines narrow each failed batch's offsets
-    # entry through fsspec's (twinstream.platform.storage), and Spark must then run the narrowed
-    # one.
-    shared = {"TWINSTREAM_CHECKPOINT_ROOT": f"file://{tmp_path / 'shared'}/checkpoints"}
+    # entry through fsspec's (twinstream.platform.storage), and Spark must then run the
+    # narrowed one.
+    checkpoints = tmp_path / "shared" / "checkpoints"
+    shared = {"TWINSTREAM_CHECKPOINT_ROOT": f"file://{checkpoints}"}
     pipeline = Pipeline(stack_env, tmp_path / "poison", partitions=PARTITIONS, env=shared)
     assert not storage.is_local(pipeline.settings.checkpoint_dir("a"))
     try:
@@ -272,10 +285,10 @@ def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactl
         # offset. One marker: a second search costs ~40 s of restarts and proves nothing
         # more here (several offenders, in any partition: tests/unit/test_quarantine.py).
         record = json.loads(stream[2_100] or b"")
-        stream[2_100] = json.dumps({**record, "note": marker}).encode()
+        stream[2_100] = json.dumps({**record, "note": MARKER}).encode()
         pipeline.join_load(pipeline.send(stream, rate=1000))
         poisoned = {
-            (r.partition, r.offset) for r in pipeline.inbound() if marker.encode() in (r.raw or b"")
+            (r.partition, r.offset) for r in pipeline.inbound() if MARKER.encode() in (r.raw or b"")
         }
         assert {p for p, _ in poisoned} == {2}, poisoned
         wait_for(
@@ -286,71 +299,96 @@ def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactl
         active = pipeline.active()
         assert active is not None
         pipeline.wait_caught_up(active, field="published", timeout_s=180)
-        # Spark's checkpoints are where the URL says, none in the engines' own folders.
-        for engine_id in ("a", "b"):
-            on_shared = tmp_path / "shared" / "checkpoints" / pipeline.name / engine_id
-            assert (on_shared / "commits").is_dir(), on_shared
-            assert not (pipeline.settings.engine_dir(engine_id) / "checkpoint").exists()
-
-        s = pipeline.settings
-        expected = pipeline.reference_by_position(exclude=poisoned)
-        got: dict[tuple[int, int], list[tuple[str, str | None, str]]] = {}
-        for record in sorted(pipeline.outputs(), key=lambda r: (r.topic, r.partition, r.offset)):
-            assert record.msg_id is not None
-            position = (record.partition, record.msg_id)
-            if position in poisoned:
-                assert record.topic == s.dlq_topic
-                reason = json.loads(record.value)["reason"]
-                assert reason.startswith("quarantined: "), reason
-                assert f"fault injected: a record holds '{marker}'" in reason
-                assert position not in got  # once
-                got[position] = []
-                continue
-            got.setdefault(position, []).append((record.topic, record.key, record.value))
-        assert set(got) == set(expected) | poisoned
-        for position, rows in expected.items():
-            want = [
-                (s.outbound_topic if o.kind == "out" else s.dlq_topic, o.key, o.value) for o in rows
-            ]
-            assert got.get(position, []) == want, position
-        assert_exactly_once_per_partition_by_progress(pipeline)
-
-        assert {e.pid for e in (a, b) if e.proc.poll() is None} == pids
-        for engine in (a, b):
-
-            def running(e: EngineProcess = engine) -> dict[str, Any] | None:
-                info = e.get("/pipeline")
-                return info if info["state"] == "running" else None
-
-            info = wait_for(running, 60, f"engine {engine.engine_id} running")
-            assert {(q["partition"], q["msg_id"]) for q in info["quarantined"]} == poisoned
-        labels = f'engine="{a.engine_id}",pipeline="{pipeline.name}"'
-        assert f"twinstream_quarantined_offsets{{{labels}}} 1.0" in a.get_text("/metrics")
-
-        # Released through the CLI once "the bug is fixed", named as the CLI lists it.
-        for key, value in pipeline.env.items():
-            monkeypatch.setenv(key, value)
-        partition, offset = max(poisoned)
-        released = f"{partition}:{offset}" if partition else str(offset)
-        assert cli.main(["quarantine", "release", released]) == 0
-        assert cli.main(["quarantine", "release", released]) == 1  # not quarantined now
-        wait_for(
-            lambda: (
-                {(q["partition"], q["msg_id"]) for q in a.get("/pipeline")["quarantined"]}
-                == poisoned - {(partition, offset)}
-            ),
-            30,
-            "the release visible in GET /pipeline",
-        )
-
-        # The audit DAG over these three partitions, on what the engines published: it
-        # reads the topics alone, and its Spark jobs get the two cores the engines had.
-        pipeline.discard()
-        audit_passes_each_partition_and_names_the_ranges_of_a_broken_copy(
-            pipeline, dag_run_env, monkeypatch
-        )
+        yield QuarantineRun(pipeline, (a, b), pids, poisoned, checkpoints)
     finally:
         pipeline.discard()
+
+
+@pytest.fixture(scope="module")
+def three_partition_output(quarantine_run: QuarantineRun) -> Pipeline:
+    """What the quarantine run's engines published over three partitions, its engines
+    stopped: the audit reads the topics alone, and its Spark jobs get the two cores the
+    engines had. A test of the running engines (quarantine_run) must come before any test
+    that asks for this, in this module's order."""
+    quarantine_run.pipeline.discard()
+    return quarantine_run.pipeline
+
+
+def test_a_transform_that_raises_on_a_record_in_any_partition_quarantines_exactly_that_record(
+    quarantine_run: QuarantineRun, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+):
+    """A bug outside the per-record guard (the fault-injection setting makes the transform
+    raise on any batch holding a marker record) used to fail the batch on both engines for
+    good. The engines find the marker record themselves, over three partitions, quarantine
+    it (the same decision on both, through ZooKeeper), dead-letter it, and publish
+    everything else exactly once, as the transform computes it without it; both engines
+    stay up."""
+    pipeline, (a, b), pids, poisoned = (
+        quarantine_run.pipeline,
+        quarantine_run.engines,
+        quarantine_run.pids,
+        quarantine_run.poisoned,
+    )
+    request.node.twinstream_pipeline = pipeline  # a failure shows the engines' logs
+    assert {e.pid for e in (a, b) if e.proc.poll() is None} == pids, (
+        "the quarantine run's engines were stopped before this test (three_partition_output "
+        "stops them: a test asking for it must come after this one)"
+    )
+    # Spark's checkpoints are where the URL says, none in the engines' own folders.
+    for engine_id in ("a", "b"):
+        on_shared = quarantine_run.checkpoints / pipeline.name / engine_id
+        assert (on_shared / "commits").is_dir(), on_shared
+        assert not (pipeline.settings.engine_dir(engine_id) / "checkpoint").exists()
+
+    s = pipeline.settings
+    expected = pipeline.reference_by_position(exclude=poisoned)
+    got: dict[tuple[int, int], list[tuple[str, str | None, str]]] = {}
+    for record in sorted(pipeline.outputs(), key=lambda r: (r.topic, r.partition, r.offset)):
+        assert record.msg_id is not None
+        position = (record.partition, record.msg_id)
+        if position in poisoned:
+            assert record.topic == s.dlq_topic
+            reason = json.loads(record.value)["reason"]
+            assert reason.startswith("quarantined: "), reason
+            assert f"fault injected: a record holds '{MARKER}'" in reason
+            assert position not in got  # once
+            got[position] = []
+            continue
+        got.setdefault(position, []).append((record.topic, record.key, record.value))
+    assert set(got) == set(expected) | poisoned
+    for position, rows in expected.items():
+        want = [
+            (s.outbound_topic if o.kind == "out" else s.dlq_topic, o.key, o.value) for o in rows
+        ]
+        assert got.get(position, []) == want, position
+    assert_exactly_once_per_partition_by_progress(pipeline)
+
+    for engine in (a, b):
+
+        def running(e: EngineProcess = engine) -> dict[str, Any] | None:
+            info = e.get("/pipeline")
+            return info if info["state"] == "running" else None
+
+        info = wait_for(running, 60, f"engine {engine.engine_id} running")
+        assert {(q["partition"], q["msg_id"]) for q in info["quarantined"]} == poisoned
+    labels = f'engine="{a.engine_id}",pipeline="{pipeline.name}"'
+    assert f"twinstream_quarantined_offsets{{{labels}}} 1.0" in a.get_text("/metrics")
+
+    # Released through the CLI once "the bug is fixed", named as the CLI lists it.
+    for key, value in pipeline.env.items():
+        monkeypatch.setenv(key, value)
+    partition, offset = max(poisoned)
+    released = f"{partition}:{offset}" if partition else str(offset)
+    assert cli.main(["quarantine", "release", released]) == 0
+    assert cli.main(["quarantine", "release", released]) == 1  # not quarantined now
+    wait_for(
+        lambda: (
+            {(q["partition"], q["msg_id"]) for q in a.get("/pipeline")["quarantined"]}
+            == poisoned - {(partition, offset)}
+        ),
+        30,
+        "the release visible in GET /pipeline",
+    )
 
 
 def _last_audit(path: Path) -> dict[str, Any]:
@@ -388,19 +426,23 @@ def _windows(report: dict[str, Any]) -> dict[int, tuple[int, int]]:
     return {int(p): (f["first_msg_id"], f["end_msg_id"]) for p, f in report["partitions"].items()}
 
 
-def audit_passes_each_partition_and_names_the_ranges_of_a_broken_copy(
-    pipeline: Pipeline, dag_run_env: Callable[[Pipeline], None], monkeypatch: pytest.MonkeyPatch
+def test_the_audit_proves_each_of_three_partitions_and_names_the_ranges_of_a_broken_copy(
+    three_partition_output: Pipeline,
+    dag_run_env: Callable[[Pipeline], None],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The audit proves each of the three partitions contiguous on its own and leaves its
-    cursor where it ended in each, and a copy of `.out` with the same msg_ids dropped and
-    repeated in every partition, audited up to the ends it is told, fails, naming the
-    ranges of each. (Where an audit starts and ends is tests/unit/test_audit.py's; the
-    cursor's positions after a real audit are asserted here.)
+    """On what the quarantine run's engines published over three partitions, the audit DAG
+    proves each partition contiguous on its own and leaves its cursor where it ended in
+    each, and a copy of `.out` with the same msg_ids dropped and repeated in every
+    partition, audited up to the ends it is told, fails, naming the ranges of each. (Where
+    an audit starts and ends is tests/unit/test_audit.py's; the cursor's positions after a
+    real audit are asserted here.)
 
     An audit right after publishing covers every record published (issue 33 point 8): the
     in-flight margin stays at its default, 20,000 msg_ids, far more than these partitions
     hold, and the audit ends where the committed progress records do, not margin below the
     inbound end (which left this whole load unaudited: "nothing to audit below msg_id 0")."""
+    pipeline = three_partition_output
     dag_run_env(pipeline)
     # The default margin, said here so that no environment can shrink it to fit the test.
     monkeypatch.setenv("TWINSTREAM_AUDIT_INFLIGHT_MSGS", "20000")

@@ -1,6 +1,6 @@
 """The retention guard against real Kafka, run by `dag.test()` on a pipeline of its own.
 (The output audit through SparkSubmitOperator and Great Expectations runs on the three
-partitions of test_partitions.py's quarantine test, whose engines publish what it audits.)"""
+partitions test_partitions.py's quarantine run publishes: its test of the audit.)"""
 
 from __future__ import annotations
 
