@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -70,39 +71,51 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("make chaos only (its guarantee is met in make test by the tests it names)")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The stack's own tests run first among the integration tests, while `up` has left
-    every pipeline's engines running, and the operator page's; then the chaos scenarios on
-    the stack's own hostmetrics engines, still warm (a restart of both costs about a minute
-    on two cores); then the modules that stop them to free the cores for engines of their
-    own, and those that need no engine of the stack. Tests marked `stack_teardown` stop the
-    shared stack, so they run after all others."""
-    groups = (
-        "tests/integration/test_stack.py",
-        "tests/integration/test_operator_page.py",
-        "tests/chaos/test_chaos.py",
-    )
-    # Modules that need none of the stack's engines, after the first module that stops
-    # them: before it, the idle hostmetrics pair shared the two cores with their Spark.
-    engine_free = (
-        "tests/integration/test_contract.py",
-        "tests/integration/test_new_pipeline.py",
-        "tests/integration/test_spark_kafka.py",
-    )
+# The states of the shared stack's engines a test asks for by fixture, in the order a run
+# passes through them: every engine as `up` left it, then the hostmetrics pair running under
+# supervisord (on which tests/chaos/test_chaos.py's scenarios run, still warm: a restart of
+# both costs about a minute on two cores), then all of them stopped to free the cores for
+# engines of a test's own. Each fixture re-establishes its state, so any test run alone or
+# out of this order still passes, only slower (a stopped engine's Spark start).
+ENGINE_STATES = ("up_engines", "stack_engines", "quiet_stack_engines")
 
-    def order(item: pytest.Item) -> tuple[bool, bool, int]:
-        path = item.path.as_posix()
-        group = next((i + 1 for i, g in enumerate(groups) if path.endswith(g)), len(groups) + 1)
-        if path.endswith(engine_free):
-            group = len(groups) + 2
-        if "/tests/unit/" in path or "/tests/dags/" in path:
-            group = 0
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Unit and DAG tests first; then each integration and chaos module whole, in the order
+    of the first of ENGINE_STATES any of its tests asks for (a module's tests share its
+    module-scoped fixtures and run in their file's order); modules that ask for none of
+    them after those: once the engines are stopped, no idle pair shares the two cores with
+    their Spark. A new module needs no entry anywhere: its fixtures place it. Tests marked
+    `stack_teardown` stop the shared stack, so they run after all others."""
+
+    def state(item: pytest.Item) -> int:
+        names = getattr(item, "fixturenames", ())
+        return next(
+            (i + 1 for i, name in enumerate(ENGINE_STATES) if name in names),
+            len(ENGINE_STATES) + 1,
+        )
+
+    def late(item: pytest.Item) -> bool:
         # Deleting SCRAM users goes after every test that restarts a broker: in three full
         # runs a broker restarted after such a deletion refused valid SCRAM logins for
         # minutes (not root-caused; see the remove-pipeline test).
-        late = item.get_closest_marker("after_broker_restarts") is not None
-        return item.get_closest_marker("stack_teardown") is not None, late, group
+        return item.get_closest_marker("after_broker_restarts") is not None
 
+    def teardown(item: pytest.Item) -> bool:
+        return item.get_closest_marker("stack_teardown") is not None
+
+    module_state: dict[Path, int] = {}
+    for item in items:
+        if not late(item) and not teardown(item):
+            module_state[item.path] = min(module_state.get(item.path, 99), state(item))
+
+    def order(item: pytest.Item) -> tuple[bool, bool, int]:
+        path = item.path.as_posix()
+        if "/tests/unit/" in path or "/tests/dags/" in path:
+            return False, False, 0
+        return teardown(item), late(item), module_state.get(item.path, len(ENGINE_STATES) + 1)
+
+    # Stable: within a place, modules and their tests keep the order pytest collected them in.
     items.sort(key=order)
 
 
@@ -154,6 +167,28 @@ def stack(settings: Settings) -> Iterator[core.UpReport]:
         core.down(settings)
 
 
+def settled(settings: Settings) -> str | None:
+    """The pipeline's active engine once its election has settled (one active, every other
+    engine standby), else None."""
+    roles = core.engine_roles(settings)
+    active = [e for e, role in roles.items() if role == "active"]
+    standby = [e for e, role in roles.items() if role == "standby"]
+    return active[0] if len(active) == 1 and len(standby) == len(roles) - 1 else None
+
+
+@pytest.fixture(scope="module")
+def up_engines(stack, settings) -> None:
+    """Every engine of every pipeline on the stack running under its supervisord, each
+    pipeline with one active and its other engines standby, as `up` leaves them: a no-op
+    right after `up` (these tests run first), else the stopped engines started again."""
+    supervisor = Supervisor(Layout.of(settings))
+    # All at once: supervisord's start returns only after the program's `startsecs`.
+    at_once(supervisor.start, [f"engine-{e}" for e in registry.engines(settings)])
+    for each in registry.stack(settings).values():
+        # Spark's start on two shared cores: minutes when four engines start at once.
+        wait_for(partial(settled, each), 300, f"{each.pipeline}: one active engine")
+
+
 @pytest.fixture(scope="module")
 def quiet_stack_engines(stack, settings) -> None:
     """The stack's own engines idle on another pipeline; stopping them leaves the two
@@ -175,15 +210,10 @@ def stack_engines(stack, settings) -> str:
     # Both at once: supervisord's start returns only after the program's `startsecs` (10 s
     # for an engine), and the second JVM's start need not wait for the first's.
     at_once(supervisor.start, [f"engine-{e}" for e in settings.engine_ids])
-
-    def settled() -> str | None:
-        roles = core.engine_roles(settings)
-        active = [e for e, role in roles.items() if role == "active"]
-        standby = [e for e, role in roles.items() if role == "standby"]
-        return active[0] if len(active) == 1 and len(standby) == len(roles) - 1 else None
-
     # Spark's start on two shared cores: up to a few minutes when both start at once.
-    active: str = wait_for(settled, 300, "one active engine and the others standby")
+    active: str = wait_for(
+        lambda: settled(settings), 300, "one active engine and the others standby"
+    )
     return active
 
 

@@ -57,18 +57,18 @@ def _in_order_per_partition(settings, topic, starts, values):
         assert mine == sorted(mine), f"partition {partition} out of order"
 
 
-def test_up_reports_every_service_started(stack, stack_engines, settings):
-    # stack_engines: modules before this one may have stopped the engines to free the cores.
+@pytest.mark.usefixtures("up_engines")
+def test_up_reports_every_service_started(stack, settings):
     assert stack.started_supervisor
     # in, out, dlq and progress of each example
     assert [t.action for t in stack.topics] == ["created"] * 8
     assert core.status(settings, echo=lambda _line: None) == 0
 
 
+@pytest.mark.usefixtures("up_engines")
 def test_up_runs_every_pipeline_of_the_file_each_with_its_own_engines_and_election(
     stack, settings, capsys
 ):
-    # This module runs first among the integration tests: every engine `up` started runs.
     assert set(stack.actives) == {"hostmetrics", "payments"}
     assert stack.actives["hostmetrics"] in settings.engine_ids
     assert stack.actives["payments"] in ("c", "d")
@@ -100,6 +100,7 @@ def test_up_runs_every_pipeline_of_the_file_each_with_its_own_engines_and_electi
     ]
 
 
+@pytest.mark.usefixtures("up_engines")
 def test_up_runs_the_publisher_adapters_a_pipelines_entry_asks_for(stack, settings, capsys):
     """Issue 37: payments' entry asks for two publisher adapters following a folder
     (tests/conftest.py writes it): `up` runs both under supervisord, one elected active;
@@ -176,6 +177,7 @@ def _unprotected_gauge(payments, engine_id: str) -> float | None:
     return None
 
 
+@pytest.mark.usefixtures("up_engines")
 def test_an_active_with_no_standby_that_could_take_over_is_a_problem_until_one_could(
     stack, settings, capsys
 ):
@@ -218,6 +220,7 @@ def test_an_active_with_no_standby_that_could_take_over_is_a_problem_until_one_c
     wait_for(lambda: _unprotected_gauge(payments, active) == 0.0, 15, "twinstream_unprotected 0")
 
 
+@pytest.mark.usefixtures("up_engines")
 def test_an_optional_member_may_be_absent_or_null_and_is_still_type_checked(stack, settings):
     """Issue 33: a member present on some records only could not be declared (absent it was
     missing_field, null it was wrong_type). payments declares `merchant` optional (a
