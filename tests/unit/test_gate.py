@@ -575,3 +575,18 @@ def test_each_takeover_is_remembered_with_when_it_won_and_its_first_commit():
     gate.step_down("drill")
     gate.take_over(9, fence=fence, last_committed=lambda: {0: 5})
     assert [t.epoch for t in gate.status().takeovers] == [9, 8]
+
+
+def test_a_gate_logs_under_its_own_name_with_the_engine_and_the_pipeline(caplog):
+    """The engine's one adapter (twinstream.core.logs.EngineLog) gives every part its
+    prefix and extra; the record still names the module that wrote it."""
+    from twinstream.core.logs import EngineLog
+
+    engine_log = EngineLog(logging.getLogger("twinstream.engine.app"), "a", "p")
+    gate = Gate("a", "p", 3, log=engine_log)
+    gate.joined()
+    gate.take_over(2, fence=lambda: FakePublisher(), last_committed=lambda: {})
+    (record,) = [r for r in caplog.records if "ACTIVE at epoch 2" in r.getMessage()]
+    assert record.name == "twinstream.core.gate"
+    assert record.getMessage().startswith("engine a pipeline p: ACTIVE at epoch 2")
+    assert (record.engine, record.pipeline) == ("a", "p")

@@ -36,9 +36,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from twinstream.core.logs import EngineLog
 from twinstream.core.rows import NONE, Output, range_text
 
-log = logging.getLogger(__name__)
+_module_log = logging.getLogger(__name__)
 
 # What a standby's buffer says of a range (Gate.rows_between): its rows, or that it has not
 # processed the range's end yet, or that it does not hold the range's start (any more).
@@ -173,9 +174,11 @@ class Agreement:
         bound: Callable[[], int],
         wall_clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
+        log: EngineLog | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.pipeline = pipeline
+        self._log = (log or EngineLog(_module_log, engine_id, pipeline)).named(__name__)
         self._rows_between = rows_between
         self._published_rows = published_rows
         self._bound = bound
@@ -246,10 +249,8 @@ class Agreement:
         """Forget every comparison and queued range (the engine's state was replaced: a
         restore): what it computes from now on is compared afresh."""
         if self._status.state == "disagrees":
-            log.warning(
-                "engine %s pipeline %s: agreement reset (%s); it disagreed at %s",
-                self.engine_id,
-                self.pipeline,
+            self._log.warning(
+                "agreement reset (%s); it disagreed at %s",
                 why,
                 self._status.difference.text() if self._status.difference else "?",
             )
@@ -261,10 +262,8 @@ class Agreement:
 
     def _unchecked(self, r: PublishedRange, why: str) -> None:
         self._status.ranges_unchecked += 1
-        log.debug(
-            "engine %s pipeline %s: msg_id %s not compared: %s",
-            self.engine_id,
-            self.pipeline,
+        self._log.debug(
+            "msg_id %s not compared: %s",
             r.text(),
             why,
         )
@@ -279,20 +278,16 @@ class Agreement:
             self._status.checked[r.partition] = r.last
             if self._status.state == "unchecked":
                 self._status.state = "agrees"
-                log.info(
-                    "engine %s pipeline %s: agrees with the active (msg_id %s compared)",
-                    self.engine_id,
-                    self.pipeline,
+                self._log.info(
+                    "agrees with the active (msg_id %s compared)",
                     r.text(),
                 )
             return
         try:
             theirs = self._published_rows(r)
         except Exception as exc:  # the difference stands; only its msg_id is unknown
-            log.warning(
-                "engine %s pipeline %s: could not read back the active's rows of msg_id %s: %s",
-                self.engine_id,
-                self.pipeline,
+            self._log.warning(
+                "could not read back the active's rows of msg_id %s: %s",
                 r.text(),
                 exc,
             )
@@ -300,12 +295,10 @@ class Agreement:
         found = first_difference(r, mine, theirs, self._wall_clock())
         self._status.state = "disagrees"
         self._status.difference = found
-        log.error(
-            "engine %s pipeline %s: DISAGREES with the active at %s: the active published %s, "
+        self._log.error(
+            "DISAGREES with the active at %s: the active published %s, "
             "this engine computed %s. It will not lead until restored (restore_and_resync, "
             "snapshot proven) or overridden (POST /pipeline/override)",
-            self.engine_id,
-            self.pipeline,
             found.text(),
             [(o.kind, o.key, o.value[:200]) for o in found.active_rows],
             [(o.kind, o.key, o.value[:200]) for o in found.engine_rows],

@@ -48,9 +48,10 @@ from itertools import takewhile
 from typing import Protocol
 
 from twinstream.core.agreement import NOT_HELD, NOT_YET, Held
+from twinstream.core.logs import EngineLog
 from twinstream.core.rows import Output, range_text, span
 
-log = logging.getLogger(__name__)
+_module_log = logging.getLogger(__name__)
 
 # Partition -> msg_id: how far something has got in each inbound partition.
 Positions = Mapping[int, int]
@@ -213,8 +214,11 @@ class Gate:
         on_gap: Callable[[int, int, int], bool] | None = None,
         on_fenced: Callable[[], None] | None = None,
         on_committed: Callable[[Sequence[Output]], None] | None = None,
+        log: EngineLog | None = None,
     ) -> None:
         self.engine_id = engine_id
+        # "engine <id> pipeline <name>: " before every line (the engine's, or its own).
+        self._log = (log or EngineLog(_module_log, engine_id, pipeline)).named(__name__)
         # Told of every committed transaction's rows, after the commit (a report, such as
         # their latency: it can neither delay nor fail a publish).
         self._on_committed = on_committed
@@ -276,11 +280,8 @@ class Gate:
                 mine = sorted((r for r in group if r.msg_id > newest), key=lambda r: r.msg_id)
                 fresh += mine
             if len(fresh) < len(rows):
-                log.info(
-                    "engine %s pipeline %s: batch %s repeats %s rows already buffered "
-                    "(replay after restart); dropped",
-                    self.engine_id,
-                    self.pipeline,
+                self._log.info(
+                    "batch %s repeats %s rows already buffered (replay after restart); dropped",
                     batch_id,
                     len(rows) - len(fresh),
                 )
@@ -340,10 +341,8 @@ class Gate:
                 if self._paused is None:
                     self._paused = self._pause_reason()
                     paused_at = self._clock()
-                    log.warning(
-                        "engine %s pipeline %s: batch %s: query paused: %s",
-                        self.engine_id,
-                        self.pipeline,
+                    self._log.warning(
+                        "batch %s: query paused: %s",
                         batch_id,
                         self._paused,
                     )
@@ -352,10 +351,8 @@ class Gate:
             backoff = min(backoff * 2, 2.0)
         with self._lock:
             if self._paused is not None:
-                log.warning(
-                    "engine %s pipeline %s: batch %s: query resumed after %.1f s paused",
-                    self.engine_id,
-                    self.pipeline,
+                self._log.warning(
+                    "batch %s: query resumed after %.1f s paused",
                     batch_id,
                     self._clock() - paused_at,
                 )
@@ -415,10 +412,8 @@ class Gate:
             except Exception:
                 publisher.close()
                 raise
-            log.info(
-                "engine %s pipeline %s: fenced in %.3f s, read the last committed msg_id in %.3f s",
-                self.engine_id,
-                self.pipeline,
+            self._log.info(
+                "fenced in %.3f s, read the last committed msg_id in %.3f s",
                 fenced - started,
                 time.monotonic() - fenced,
             )
@@ -434,11 +429,9 @@ class Gate:
             self._zk_connected = True
             self._set_role("active")
             self._metrics.takeover()
-            log.warning(
-                "engine %s pipeline %s: ACTIVE at epoch %s; last published msg_id %s, "
+            self._log.warning(
+                "ACTIVE at epoch %s; last published msg_id %s, "
                 "processed up to msg_id %s, buffer holds %s",
-                self.engine_id,
-                self.pipeline,
                 epoch,
                 self._positions("last_published"),
                 self._positions("last_processed"),
@@ -505,11 +498,8 @@ class Gate:
             self._held = []
             self._set_role("standby" if rejoin else "none")
             if was == "active":
-                log.warning(
-                    "engine %s pipeline %s: stepped down from active (%s); last published "
-                    "msg_id %s",
-                    self.engine_id,
-                    self.pipeline,
+                self._log.warning(
+                    "stepped down from active (%s); last published msg_id %s",
                     reason,
                     self._positions("last_published"),
                 )
@@ -605,10 +595,8 @@ class Gate:
             if repair is None:
                 return
             self._repairs.remove(repair)
-            log.error(
-                "engine %s pipeline %s: repair of msg_id %s failed: %s",
-                self.engine_id,
-                self.pipeline,
+            self._log.error(
+                "repair of msg_id %s failed: %s",
                 range_text(repair.partition, repair.first, repair.last),
                 why,
             )
@@ -622,11 +610,9 @@ class Gate:
             return False
         self._repairs.append(Repair(first, last, partition=partition))
         self._repair_started = self._clock()
-        log.warning(
-            "engine %s pipeline %s: GAP msg_id %s (%s messages): no buffer holds them; "
+        self._log.warning(
+            "GAP msg_id %s (%s messages): no buffer holds them; "
             "recomputing them before publishing anything later",
-            self.engine_id,
-            self.pipeline,
             range_text(partition, first, last),
             last - first + 1,
         )
@@ -712,10 +698,8 @@ class Gate:
             return 0
         if not self._zk_connected:
             self._held = rows
-            log.warning(
-                "engine %s pipeline %s: ZooKeeper session suspended; holding msg_id %s",
-                self.engine_id,
-                self.pipeline,
+            self._log.warning(
+                "ZooKeeper session suspended; holding msg_id %s",
                 span(rows),
             )
             return 0
@@ -735,11 +719,9 @@ class Gate:
         try:
             self._publisher.publish(rows, self._epoch)
         except Fenced as exc:
-            log.error(
-                "engine %s pipeline %s: cannot publish msg_id %s (%s); nothing of it was "
+            self._log.error(
+                "cannot publish msg_id %s (%s); nothing of it was "
                 "committed; stepping down, keeping the rows",
-                self.engine_id,
-                self.pipeline,
                 span(rows),
                 exc,
             )
@@ -748,11 +730,8 @@ class Gate:
                 self._on_fenced()
             return 0
         except TransientPublishError as exc:
-            log.warning(
-                "engine %s pipeline %s: transaction for msg_id %s aborted (%s); "
-                "retrying with the next batch",
-                self.engine_id,
-                self.pipeline,
+            self._log.warning(
+                "transaction for msg_id %s aborted (%s); retrying with the next batch",
                 span(rows),
                 exc,
             )
@@ -766,15 +745,11 @@ class Gate:
             try:
                 self._on_committed(rows)
             except Exception:
-                log.exception(
-                    "engine %s pipeline %s: commit report failed", self.engine_id, self.pipeline
-                )
+                self._log.exception("commit report failed")
         if self._took_over_at is not None:
-            log.info(
-                "engine %s pipeline %s: first transaction as active (msg_id %s, %s rows) "
+            self._log.info(
+                "first transaction as active (msg_id %s, %s rows) "
                 "committed %.3f s after taking over; the transaction took %.3f s",
-                self.engine_id,
-                self.pipeline,
                 span(rows),
                 len(rows),
                 self._clock() - self._took_over_at,
@@ -793,18 +768,14 @@ class Gate:
         ):
             repair.seconds = round(self._clock() - self._repair_started, 3)
             self._metrics.repaired(repair.last - repair.first + 1)
-            log.warning(
-                "engine %s pipeline %s: REPAIRED msg_id %s (%s messages) in %.1f s",
-                self.engine_id,
-                self.pipeline,
+            self._log.warning(
+                "REPAIRED msg_id %s (%s messages) in %.1f s",
                 range_text(repair.partition, repair.first, repair.last),
                 repair.last - repair.first + 1,
                 repair.seconds,
             )
-        log.info(
-            "engine %s pipeline %s: batch %s: published msg_id %s (%s rows) at epoch %s",
-            self.engine_id,
-            self.pipeline,
+        self._log.info(
+            "batch %s: published msg_id %s (%s rows) at epoch %s",
             batch_id,
             span(rows),
             len(rows),
@@ -815,11 +786,9 @@ class Gate:
     def _report_uncovered(self, partition: int, first: int, last: int) -> None:
         self._uncovered.append(Uncovered(partition, first, last))
         self._metrics.uncovered(first, last)
-        log.error(
-            "engine %s pipeline %s: UNCOVERED msg_id %s (%s messages): no engine's "
+        self._log.error(
+            "UNCOVERED msg_id %s (%s messages): no engine's "
             "buffer holds them; they are missing from the outbound topics",
-            self.engine_id,
-            self.pipeline,
             range_text(partition, first, last),
             last - first + 1,
         )

@@ -27,6 +27,7 @@ from confluent_kafka import (
 
 from twinstream.core.agreement import DigestCost, PublishedRange, digest
 from twinstream.core.gate import Fenced, TransientPublishError, by_partition
+from twinstream.core.logs import EngineLog
 from twinstream.core.rows import DLQ, NONE, OUT, Output, dead_letter, encode
 from twinstream.platform.connections import KafkaConnection, PipelineTopics
 
@@ -103,6 +104,7 @@ class KafkaPublisher:
         self.digest_cost = digest_cost or DigestCost()
         self._max_message_bytes = max_message_bytes
         self._engine_id = engine_id.encode()
+        self._log = EngineLog(log, engine_id, topics.pipeline)
         self._timeout_s = timeout_s
         self._unsettled = False
         self._producer = Producer(
@@ -141,14 +143,12 @@ class KafkaPublisher:
                 error: KafkaError = exc.args[0]
                 denied = access_denied(error, self._kafka, self._topics.pipeline)
                 if denied is not None:
-                    log.error("engine %s: %s", self._engine_id.decode(), denied)
+                    self._log.error("%s", denied)
                     raise TransientPublishError(denied) from exc
                 if not error.retriable() or time.monotonic() > deadline:
                     raise TransientPublishError(f"init_transactions failed: {exc}") from exc
-                log.warning(
-                    "engine %s pipeline %s: init_transactions: %s; trying again",
-                    self._engine_id.decode(),
-                    self._topics.pipeline,
+                self._log.warning(
+                    "init_transactions: %s; trying again",
                     error,
                 )
 
@@ -170,11 +170,8 @@ class KafkaPublisher:
             if not refused:
                 raise
             rows = self._replace_refused(rows, refused)
-            log.error(
-                "engine %s pipeline %s: Kafka refused msg_id %s (%s); publishing their dead "
-                "letters instead",
-                self._engine_id.decode(),
-                self._topics.pipeline,
+            self._log.error(
+                "Kafka refused msg_id %s (%s); publishing their dead letters instead",
                 ", ".join(f"{p}:{o}" if p else str(o) for p, o in sorted(refused)),
                 "; ".join(sorted({e.name() for e in refused.values()})),
             )
@@ -275,7 +272,7 @@ class KafkaPublisher:
                 # Said as what it is, whatever happens next: a producer librdkafka gave up on
                 # (fatal) is replaced through the election, like a fenced one; otherwise the
                 # rows are held and the next batch tries again (a grant needs no restart).
-                log.error("engine %s: %s", self._engine_id.decode(), denied)
+                self._log.error("%s", denied)
                 if error.fatal():
                     raise Fenced(denied) from exc
                 self._abort()

@@ -94,6 +94,7 @@ class Engine:
             on_gap=lambda partition, first, last: self.takeover.on_gap(partition, first, last),
             on_fenced=self._resign,
             on_committed=self._committed,
+            log=self.log,
         )
         self.clients = clients
         self.zk = clients.zk
@@ -152,6 +153,7 @@ class Engine:
             self.gate.rows_between,
             clients.published_rows,
             self.gate.bound,
+            log=self.log,
         )
         self._follower = clients.follower
         self._following = False
@@ -208,10 +210,8 @@ class Engine:
         not disagree."""
         if not self.agreement.override():
             raise Conflict("this engine does not disagree with the active: nothing to override")
-        log.warning(
-            "engine %s pipeline %s: an operator overrode its disagreement; it may lead",
-            self.engine_id,
-            self.settings.pipeline,
+        self.log.warning(
+            "an operator overrode its disagreement; it may lead",
         )
         return self.pipeline()
 
@@ -240,10 +240,8 @@ class Engine:
                     '{"snapshot": "latest"} (or "cold")'
                 )
                 self._become(State.STOPPED, reason)
-                log.error(
-                    "engine %s pipeline %s: not started: %s",
-                    self.engine_id,
-                    self.settings.pipeline,
+                self.log.error(
+                    "not started: %s",
                     reason,
                 )
                 return
@@ -258,7 +256,7 @@ class Engine:
         except ForeignNodeError as exc:
             # Not a crash to restart from: nothing changes until someone deletes the node.
             self._become(State.STOPPED, str(exc))
-            log.error("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, exc)
+            self.log.error("%s", exc)
             return
         self._become(state, reason)
         self.gate.joined()
@@ -286,10 +284,8 @@ class Engine:
             quarantined=self.recovery.excluded,
             max_offsets=self._max_offsets,
         )
-        log.info(
-            "engine %s pipeline %s: query %s started from %s%s",
-            self.engine_id,
-            self.settings.pipeline,
+        self.log.info(
+            "query %s started from %s%s",
             self._query.name,
             self.settings.checkpoint_dir(self.engine_id),
             ""
@@ -306,11 +302,8 @@ class Engine:
             self.settings.min_offsets_per_trigger,
             self.settings.max_offsets_per_trigger,
         )
-        log.info(
-            "engine %s pipeline %s: batches of at most %s records (%s records/s measured, "
-            "%.1f s a batch)",
-            self.engine_id,
-            self.settings.pipeline,
+        self.log.info(
+            "batches of at most %s records (%s records/s measured, %.1f s a batch)",
             limit,
             "none" if self.drain_rate.value is None else f"{self.drain_rate.value:,.0f}",
             self.settings.max_batch_s,
@@ -369,17 +362,15 @@ class Engine:
                     # On SIGTERM to the process group the JVM's shutdown hook may stop the
                     # SparkContext first; the query is gone either way, and the engine must
                     # still leave ZooKeeper and close its clients.
-                    log.warning(
-                        "engine %s pipeline %s: the query did not stop cleanly (%s); "
+                    self.log.warning(
+                        "the query did not stop cleanly (%s); "
                         "Spark is probably shutting down already",
-                        self.engine_id,
-                        self.settings.pipeline,
                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                     )
                 self._query = None
             self._become(State.STOPPED, reason)
             self._restored_from = None
-            log.warning("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, reason)
+            self.log.warning("%s", reason)
 
     def close(self) -> None:
         self._stop("engine shutting down")
@@ -416,10 +407,8 @@ class Engine:
             if standby and floors:
                 self.gate.note_published(floors)
         except Exception as exc:  # the next look retries; the buffer keeps its floor of N
-            log.warning(
-                "engine %s pipeline %s: could not follow the active's published ranges: %s",
-                self.engine_id,
-                self.settings.pipeline,
+            self.log.warning(
+                "could not follow the active's published ranges: %s",
                 exc,
             )
 
@@ -441,7 +430,7 @@ class Engine:
         self.drain_rate.save()
         summary = self.batch_timings.summary()
         if summary is not None:
-            log.info("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, summary)
+            self.log.info("%s", summary)
 
     def check_query(self) -> None:
         """The main loop's look at the query, every second: recover a query that died (a
@@ -518,7 +507,7 @@ class Engine:
             try:
                 entries = self.quarantine.entries()
             except Exception as exc:  # status reads must not fail on ZooKeeper
-                log.warning("engine %s: quarantine unreadable: %s", self.engine_id, exc)
+                self.log.warning("quarantine unreadable: %s", exc)
                 entries = {**self.recovery.excluded}
             self._quarantine_seen = (time.monotonic(), entries)
         return entries
@@ -555,10 +544,8 @@ class Engine:
                 self._stop_query_between_batches()
                 # Each step logged: a persist that hangs (seen once under CPU starvation,
                 # 2026-11-26) then shows where.
-                log.info(
-                    "engine %s pipeline %s: persist: query stopped after %.2f s",
-                    self.engine_id,
-                    self.settings.pipeline,
+                self.log.info(
+                    "persist: query stopped after %.2f s",
                     time.monotonic() - started,
                 )
                 # The query is stopped: the buffer and the checkpoint agree and stay put.
@@ -572,19 +559,14 @@ class Engine:
                     agreement.checked,
                 )
             finally:
-                log.info(
-                    "engine %s pipeline %s: persist: restarting the query after %.2f s",
-                    self.engine_id,
-                    self.settings.pipeline,
+                self.log.info(
+                    "persist: restarting the query after %.2f s",
                     time.monotonic() - started,
                 )
                 self._start_query()
                 self._become(State.RUNNING, "")
-            log.warning(
-                "engine %s pipeline %s: persisted snapshot %s in %.2f s (next offset %s, "
-                "batch %s, %s bytes)",
-                self.engine_id,
-                self.settings.pipeline,
+            self.log.warning(
+                "persisted snapshot %s in %.2f s (next offset %s, batch %s, %s bytes)",
                 manifest.snapshot_id,
                 time.monotonic() - started,
                 positions_text(manifest.positions()),
@@ -623,10 +605,8 @@ class Engine:
                 f"replaying from inbound offset {positions_text(next_offsets)} ({source})",
                 ready.starting,
             )
-            log.warning(
-                "engine %s pipeline %s: restoring from %s at inbound offset %s (log start %s)",
-                self.engine_id,
-                self.settings.pipeline,
+            self.log.warning(
+                "restoring from %s at inbound offset %s (log start %s)",
                 source,
                 positions_text(next_offsets),
                 positions_text(log_starts),
@@ -690,10 +670,8 @@ class Engine:
         done = time.perf_counter()
         self.batch_timings.sink(1000 * (collected - started), 1000 * (done - collected))
         self.meters.batch(done - started)
-        log.debug(
-            "engine %s pipeline %s: batch %s, %s rows, %s published, msg_id %s..%s",
-            self.engine_id,
-            self.settings.pipeline,
+        self.log.debug(
+            "batch %s, %s rows, %s published, msg_id %s..%s",
             batch_id,
             len(rows),
             published,
@@ -734,13 +712,11 @@ class Engine:
 
         def foreign() -> None:
             self.meters.foreign_fence()
-            log.error(
-                "engine %s pipeline %s: fenced at epoch %s by a producer that is no engine "
+            self.log.error(
+                "fenced at epoch %s by a producer that is no engine "
                 "(transactional id %s); resigning so that the next winner fences it back. "
                 "Whoever did it holds this pipeline's engine credentials: rotate them "
                 "(README, Security)",
-                self.engine_id,
-                self.settings.pipeline,
                 epoch,
                 self.settings.transactional_id,
             )
@@ -784,10 +760,8 @@ class Engine:
         # Only from restoring: a stop may have moved it meanwhile (under the engine's lock,
         # which this loop does not take).
         if self.sync.value and self._become(State.RUNNING, "", only_from=State.RESTORING):
-            log.warning(
-                "engine %s pipeline %s: restored from %s and in sync after %.1f s (%s)",
-                self.engine_id,
-                self.settings.pipeline,
+            self.log.warning(
+                "restored from %s and in sync after %.1f s (%s)",
                 self._restored_from,
                 time.monotonic() - self._restore_started,
                 self.sync.describe(lag),
@@ -810,10 +784,8 @@ class Engine:
         try:
             standings = self.election.standings() if active else {}
         except Exception as exc:  # ZooKeeper away: the election's own listener says so
-            log.debug(
-                "engine %s pipeline %s: standings unread (%r)",
-                self.engine_id,
-                self.settings.pipeline,
+            self.log.debug(
+                "standings unread (%r)",
                 exc,
             )
             return
@@ -821,19 +793,15 @@ class Engine:
         if cover is None:
             return
         if not cover.ready and (before is None or before.ready):
-            log.error(
-                "engine %s pipeline %s: active with no standby that could take over (%s): "
+            self.log.error(
+                "active with no standby that could take over (%s): "
                 "the next failure stops the output",
-                self.engine_id,
-                self.settings.pipeline,
                 "; ".join(f"{e}: {why}" for e, why in sorted(cover.not_ready.items()))
                 or "no other engine configured",
             )
         elif cover.ready and before is not None and not before.ready:
-            log.warning(
-                "engine %s pipeline %s: standby %s could take over again",
-                self.engine_id,
-                self.settings.pipeline,
+            self.log.warning(
+                "standby %s could take over again",
                 ", ".join(cover.ready),
             )
 

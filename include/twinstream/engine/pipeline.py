@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from twinstream.contract import DEAD_LETTER, MSG_ID, RAW, ContractError, Pipeline
+from twinstream.core.logs import EngineLog
 from twinstream.core.quarantine import describe
 from twinstream.core.rows import (
     DLQ,
@@ -572,6 +573,7 @@ def warm_up_engine(
     count = settings.warm_up_records
     if count <= 0 or pipeline.sample is None:
         return
+    elog = EngineLog(log, engine_id, settings.pipeline)
     try:
         behind = backlog()
     except (OSError, ValueError):  # the query reports an unreadable checkpoint itself
@@ -579,10 +581,8 @@ def warm_up_engine(
     if behind is not None and behind >= count:
         # Real records warm it as well, and sooner: a restart after a kill has the
         # input of its downtime to catch up on (the warm-up cost a rejoin ~10 s).
-        log.info(
-            "engine %s pipeline %s: no warm-up, %s inbound records to catch up on",
-            engine_id,
-            settings.pipeline,
+        elog.info(
+            "no warm-up, %s inbound records to catch up on",
             behind,
         )
         return
@@ -592,18 +592,14 @@ def warm_up_engine(
         shutil.rmtree(folder, ignore_errors=True)
         rows = warm_up(spark, settings, pipeline, folder, count)
     except Exception as exc:  # the real query works or fails on its own
-        log.warning(
-            "engine %s pipeline %s: warm-up failed after %.1f s, the query starts cold: %s",
-            engine_id,
-            settings.pipeline,
+        elog.warning(
+            "warm-up failed after %.1f s, the query starts cold: %s",
             time.monotonic() - started,
             describe(exc),
         )
     else:
-        log.info(
-            "engine %s pipeline %s: warmed up in %.1f s (%s sample records, %s rows)",
-            engine_id,
-            settings.pipeline,
+        elog.info(
+            "warmed up in %.1f s (%s sample records, %s rows)",
             time.monotonic() - started,
             count,
             rows,

@@ -21,6 +21,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
+from twinstream.core.logs import EngineLog
 from twinstream.platform.connections import KafkaConnection, PipelineTopics
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class InboundWatermarks:
         self.kafka = kafka
         self.topics = topics
         self.engine_id = engine_id
+        self._log = EngineLog(log, engine_id, topics.pipeline)
         self._new_consumer = consumer
         self._clock = clock
         self._lock = threading.Lock()
@@ -151,11 +153,8 @@ class InboundWatermarks:
                     for p in self.partitions(timeout_s=2)
                 }
             except Exception as exc:
-                log.warning(
-                    "engine %s pipeline %s: inbound high watermark unavailable: %s; asking "
-                    "again with a new consumer",
-                    self.engine_id,
-                    self.topics.pipeline,
+                self._log.warning(
+                    "inbound high watermark unavailable: %s; asking again with a new consumer",
                     exc,
                 )
                 # Seen after a broker was killed and came back: this idle consumer kept

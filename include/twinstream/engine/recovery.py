@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinstream.core.checkpoint import narrow_batch
+from twinstream.core.logs import EngineLog
 from twinstream.core.quarantine import (
     Bisection,
     QuarantineStore,
@@ -59,6 +60,7 @@ class Recovery:
     ) -> None:
         self.settings = settings
         self.engine_id = engine_id
+        self._log = EngineLog(log, engine_id, settings.pipeline)
         self.quarantine = quarantine
         self.clock = clock
         # The quarantined offsets the running query excludes (offset -> reason).
@@ -90,10 +92,8 @@ class Recovery:
         if batch_error is not None and failed is not None and kafka_answers():
             self.failures = 0
             step, self.search = next_step(failed, quarantined(), self.excluded, self.search)
-            log.error(
-                "engine %s pipeline %s: batch %s (%s) failed: %s; %s",
-                self.engine_id,
-                self.settings.pipeline,
+            self._log.error(
+                "batch %s (%s) failed: %s; %s",
                 failed.batch_id,
                 failed.describe(),
                 batch_error[1],
@@ -110,10 +110,8 @@ class Recovery:
                 reason = self.quarantine.add(
                     step.record, quarantine_reason(batch_error[1]), self.engine_id
                 )
-                log.error(
-                    "engine %s pipeline %s: msg_id %s QUARANTINED (%s): it goes to %s",
-                    self.engine_id,
-                    self.settings.pipeline,
+                self._log.error(
+                    "msg_id %s QUARANTINED (%s): it goes to %s",
                     record_text(step.record),
                     reason,
                     self.settings.dlq_topic,
@@ -126,10 +124,8 @@ class Recovery:
         first_line = str(error).splitlines()[0] if error is not None else "no error reported"
         reason = f"streaming query stopped: {first_line}; restarting in {delay:.0f} s"
         self.restart_at = self.clock() + delay
-        log.error(
-            "engine %s pipeline %s: %s (failure %s in a row)",
-            self.engine_id,
-            self.settings.pipeline,
+        self._log.error(
+            "%s (failure %s in a row)",
             reason,
             self.failures,
         )
@@ -141,5 +137,5 @@ class Recovery:
         delay = min(30.0, 2.0**self.failures)
         self.restart_at = self.clock() + delay
         reason = f"restarting the query failed: {exc}; again in {delay:.0f} s"
-        log.error("engine %s pipeline %s: %s", self.engine_id, self.settings.pipeline, reason)
+        self._log.error("%s", reason)
         return reason
