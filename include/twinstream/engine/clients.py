@@ -56,7 +56,8 @@ class EngineClients:
     arrival_marks: InboundWatermarks
     """The arrival sampler's own consumer (a thread of its own: never shared)."""
     last_published: LastPublishedReader
-    """Where the published output ends, read at a takeover: built ahead, never shared."""
+    """Where the published output ends, read at a takeover (and at a start, before the
+    engine contends): built ahead, so that a win pays no client's bootstrap."""
     active_position: LastPublishedReader
     """The same for a standby's periodic look: a takeover never waits behind it."""
     follower: ProgressFollower

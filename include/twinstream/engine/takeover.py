@@ -4,9 +4,10 @@ A takeover, in order (docs/design.md, "The failover protocol" and "Threads and l
 
 1. The election's thread calls `take_over(epoch)`: the gate fences with the publisher
    prepared ahead (`prepare_publisher`), reads where the published output ends (the
-   `last_published` reader, never shared) and publishes what its buffer holds after it
-   (`twinstream.core.gate.Gate.take_over`). A new spare publisher is prepared on a thread
-   of its own: a fenced or used producer can serve no later takeover.
+   `last_published` reader: a standby's periodic look uses another) and publishes what
+   its buffer holds after it (`twinstream.core.gate.Gate.take_over`). A new spare
+   publisher is prepared on a thread of its own: a fenced or used producer can serve no
+   later takeover.
 2. A range above the last published msg_id that the buffer does not cover: the gate, with
    its lock held, asks `on_gap`, which plans its recomputation
    (`twinstream.engine.persistence.repair_plan`: a checkpoint batch, else a snapshot) and
