@@ -170,3 +170,19 @@ def test_a_record_that_fails_alone_twice_is_quarantined_and_the_search_ends(engi
     assert engine.quarantine.add.call_args.args[0] == 100
     assert engine.recovery.search is None
     assert engine.lifecycle.state == "running"  # restarted at once, the record set aside
+
+
+def test_a_query_that_fails_to_restart_after_a_repair_is_retried_after_the_backoff(
+    engine, started
+):
+    """A repair's rewind restarts a running query; a start that raises leaves the engine
+    recovering, so the main loop tries again after the backoff instead of never."""
+    started.side_effect = [RuntimeError("Kafka away"), mock.MagicMock(name="query")]
+    engine._restart_query()
+    assert engine.lifecycle.state == "recovering"
+    assert "restarting the query failed: Kafka away; again in 2 s" in engine.lifecycle.reason
+    engine._query = None
+    engine.recovery.restart_at = 0.0
+    engine.check_query()
+    assert started.call_count == 2
+    assert engine.lifecycle.state == "running"

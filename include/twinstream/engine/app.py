@@ -476,8 +476,9 @@ class Engine:
         try:
             self._start_query()
         except Exception as exc:
-            # The state stays (recovering: the main loop tries again after the backoff).
-            self._become(self.lifecycle.state, self.recovery.restart_failed(exc))
+            # Recovering, whatever it was (a repair's rewind restarts a running query): the
+            # main loop tries again after the backoff, and only from recovering.
+            self._become(State.RECOVERING, self.recovery.restart_failed(exc))
             return
         self._become(State.RUNNING, "")
         if self.gate.role == "none":  # left the election after repeated failures
