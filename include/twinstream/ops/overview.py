@@ -372,7 +372,7 @@ def engine_view(
         view.uncovered
         or view.disagrees
         or server.zk_state != "CONNECTED"
-        or pipe.state in ("failed", "stopped")
+        or pipe.state == "stopped"
     ):
         view.health = FAIL
     elif (
