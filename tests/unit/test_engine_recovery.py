@@ -172,9 +172,7 @@ def test_a_record_that_fails_alone_twice_is_quarantined_and_the_search_ends(engi
     assert engine.lifecycle.state == "running"  # restarted at once, the record set aside
 
 
-def test_a_query_that_fails_to_restart_after_a_repair_is_retried_after_the_backoff(
-    engine, started
-):
+def test_a_query_that_fails_to_restart_after_a_repair_is_retried_after_the_backoff(engine, started):
     """A repair's rewind restarts a running query; a start that raises leaves the engine
     recovering, so the main loop tries again after the backoff instead of never."""
     started.side_effect = [RuntimeError("Kafka away"), mock.MagicMock(name="query")]
