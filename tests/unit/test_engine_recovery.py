@@ -184,3 +184,23 @@ def test_a_query_that_fails_to_restart_after_a_repair_is_retried_after_the_backo
     engine.check_query()
     assert started.call_count == 2
     assert engine.lifecycle.state == "running"
+
+
+def test_a_persist_whose_query_will_not_restart_leaves_the_engine_recovering(
+    engine, started, monkeypatch
+):
+    """Not persisting for good: the main loop restarts the query after the backoff."""
+    from twinstream.engine import persistence
+
+    engine.gate.joined()
+    monkeypatch.setattr(persistence, "write", mock.MagicMock(name="write"))
+    monkeypatch.setattr(engine, "_stop_query_between_batches", lambda: None)
+    started.side_effect = RuntimeError("Kafka away")
+    with pytest.raises(RuntimeError, match="Kafka away"):
+        engine.persist()
+    assert engine.lifecycle.state == "recovering"
+    started.side_effect = None
+    engine._query = None
+    engine.recovery.restart_at = 0.0
+    engine.check_query()
+    assert engine.lifecycle.state == "running"

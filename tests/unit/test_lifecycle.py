@@ -97,11 +97,11 @@ def test_a_move_is_logged_with_the_engine_and_the_pipeline(
 
 
 def test_the_engine_logs_a_refused_move_and_goes_on(engine, caplog) -> None:
-    """A persisting engine cannot be found recovering: its query is stopped on purpose."""
+    """A persisting engine cannot start a restore: both hold the engine's lock."""
     engine.lifecycle.move(State.PERSISTING, "writing a snapshot")
-    assert engine._become(State.RECOVERING, "query died") is False
+    assert engine._become(State.RESTORING, "restoring cold") is False
     assert engine.lifecycle.state is State.PERSISTING
-    assert "cannot go from persisting to recovering (query died)" in caplog.text
+    assert "cannot go from persisting to restoring (restoring cold)" in caplog.text
     assert "This is a bug of the engine: report it" in caplog.text
 
 

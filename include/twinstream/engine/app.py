@@ -543,8 +543,7 @@ class Engine:
                 # A batch paused for backpressure completes now: its rows are buffered.
                 self.gate.abandon_waits()
                 self._stop_query_between_batches()
-                # Each step logged: a persist that hangs (seen once under CPU starvation,
-                # 2026-11-26) then shows where.
+                # Each step logged: a persist that hangs (CPU starvation) shows where.
                 self.log.info(
                     "persist: query stopped after %.2f s",
                     time.monotonic() - started,
@@ -564,7 +563,12 @@ class Engine:
                     "persist: restarting the query after %.2f s",
                     time.monotonic() - started,
                 )
-                self._start_query()
+                try:
+                    self._start_query()
+                except Exception as exc:
+                    # Recovering: the main loop restarts the query after the backoff.
+                    self._become(State.RECOVERING, self.recovery.restart_failed(exc))
+                    raise
                 self._become(State.RUNNING, "")
             self.log.warning(
                 "persisted snapshot %s in %.2f s (next offset %s, batch %s, %s bytes)",

@@ -41,8 +41,9 @@ TRANSITIONS: Mapping[State, frozenset[State]] = {
     State.RUNNING: frozenset({State.STOPPED, State.RECOVERING, State.PERSISTING}),
     # in sync (the main loop), stop, the query died, a repair's restart of the query.
     State.RESTORING: frozenset({State.RUNNING, State.STOPPED, State.RECOVERING}),
-    # the copy is done and the query restarted.
-    State.PERSISTING: frozenset({State.RUNNING}),
+    # the copy is done and the query restarted; or its restart failed (retried after a
+    # backoff).
+    State.PERSISTING: frozenset({State.RUNNING, State.RECOVERING}),
     # the query restarted, stop, restore (a restore's refused start stops it).
     State.RECOVERING: frozenset({State.RUNNING, State.STOPPED, State.RESTORING}),
 }
