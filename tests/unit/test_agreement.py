@@ -245,3 +245,34 @@ def test_the_ring_drops_a_fan_outs_rows_together_or_not_at_all():
     assert gate.rows_between(0, 1, 2) == [out(1, "x"), out(1, "y"), out(2, "b")]
     gate.on_batch(2, [out(3, "c")])
     assert [r.msg_id for r in gate.buffered()] == [2, 3]
+
+
+def test_a_restore_s_reset_during_a_check_is_not_lost_to_the_check_s_result():
+    """The main loop checks while an admin API thread resets (a restore): the reset waits
+    for the check, so the restored engine starts unchecked, not with the old difference."""
+    import threading
+
+    mine, theirs = [out(0, "engine-b")], [out(0, "engine-a")]
+    buffer = Buffer(mine)
+    reading, release = threading.Event(), threading.Event()
+
+    def slow_read_back(r: PublishedRange) -> list[Output]:
+        reading.set()
+        assert release.wait(5)
+        return theirs
+
+    check = Agreement("b", "p", buffer.between, slow_read_back, lambda: 1000)
+    check.offer([PublishedRange(0, 0, 0, digest(theirs), 7, "a", 100)])
+    checking = threading.Thread(target=check.check, args=(True,), name="main-loop")
+    checking.start()
+    assert reading.wait(5)
+    resetting = threading.Thread(target=check.reset, args=("restored",), name="admin-api")
+    resetting.start()
+    resetting.join(0.2)
+    assert resetting.is_alive()  # waits for the check in flight
+    assert check.status().state == "unchecked"  # a status read does not wait
+    release.set()
+    checking.join(5)
+    resetting.join(5)
+    assert check.status().state == "unchecked"
+    assert check.eligible

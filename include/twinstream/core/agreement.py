@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -186,11 +187,18 @@ class Agreement:
         self._timer = timer
         self._pending: dict[int, deque[PublishedRange]] = {}
         self._status = AgreementStatus("unchecked")
+        # The main loop offers and checks; admin API threads override and reset (a
+        # restore). Status reads take a copy without it: a read never waits on a check.
+        self._lock = threading.RLock()
 
     # -- what the engine calls ----------------------------------------------------------
 
     def offer(self, ranges: Iterable[PublishedRange]) -> None:
         """Queue the active's published ranges, in the order the progress topic has them."""
+        with self._lock:
+            self._offer(ranges)
+
+    def _offer(self, ranges: Iterable[PublishedRange]) -> None:
         for r in ranges:
             self._pending.setdefault(r.partition, deque()).append(r)
         excess = sum(len(q) for q in self._pending.values()) - MAX_PENDING
@@ -207,6 +215,10 @@ class Agreement:
         below it, and its rows are kept until compared). Not a standby (the active, or out
         of the election): the ranges are its own, or cannot be compared; they are settled
         unchecked."""
+        with self._lock:
+            return self._check(standby)
+
+    def _check(self, standby: bool) -> dict[int, int]:
         floors: dict[int, int] = {}
         for partition, queue in self._pending.items():
             while queue:
@@ -240,14 +252,19 @@ class Agreement:
 
     def override(self) -> bool:
         """An operator lets a disagreeing engine lead; False when it does not disagree."""
-        if self._status.state != "disagrees":
-            return False
-        self._status.overridden = True
-        return True
+        with self._lock:
+            if self._status.state != "disagrees":
+                return False
+            self._status.overridden = True
+            return True
 
     def reset(self, why: str) -> None:
         """Forget every comparison and queued range (the engine's state was replaced: a
         restore): what it computes from now on is compared afresh."""
+        with self._lock:
+            self._reset(why)
+
+    def _reset(self, why: str) -> None:
         if self._status.state == "disagrees":
             self._log.warning(
                 "agreement reset (%s); it disagreed at %s",
