@@ -82,7 +82,7 @@ PROGRESS_EVERY_S = 10.0
 T = TypeVar("T")
 
 # --------------------------------------------------------------------------------------
-# The pure part: targets, verdicts, the capacity from a ramp (tests/unit/test_bench_seconds.py)
+# The pure part: targets, verdicts, the capacity from a ramp (tests/unit/kits/test_bench_seconds.py)
 
 
 @dataclass(frozen=True)

@@ -426,7 +426,7 @@ class Pipeline:
         and back once each JVM has gone. A graceful stop waits for the batch in flight, the
         election and Spark's shutdown, 2-17 s a test, and asserts nothing there: a clean
         stop is tested where it is the point (the stack's `down` in tests/integration/test_stack.py,
-        an engine's close in tests/unit/test_engine_lifecycle.py)."""
+        an engine's close in tests/unit/engine/test_app.py)."""
         engines = [e for e in self.engines.values() if e.proc.poll() is None]
         for engine in engines:
             engine.remember_tree()

@@ -12,7 +12,7 @@ least length: 180 s in `make chaos`; in `make test` the outage lasts until every
 reached its bound, the kill, and 10 s of the survivor holding its rows after it (70-90 s
 on two cores: an active's failed publish attempts take most of it). `make test` runs the
 killed pipeline alone: its survivor, too, waits the outage out and resumes, and a lone
-active pausing at its bound is tests/unit/test_gate.py's; a third JVM on two cores made
+active pausing at its bound is tests/unit/core/test_gate.py's; a third JVM on two cores made
 every failed attempt slower (the test took 150-210 s with it).
 """
 

@@ -26,8 +26,8 @@ pytestmark = [
 @pytest.mark.chaos_only
 def test_damaged_and_expired_snapshots_are_refused_and_cold_still_works(pipeline: Pipeline):
     """`make chaos` only (~45 s of `make test`): damaged, truncated and half-written
-    snapshots are refused in tests/unit/test_snapshot.py, a restore the topic's retention
-    outran and the cold rebuild chosen instead in tests/unit/test_operate.py. No test of
+    snapshots are refused in tests/unit/engine/test_snapshot.py, a restore the topic's retention
+    outran and the cold rebuild chosen instead in tests/unit/ops/test_operate.py. No test of
     `make test` rebuilds an engine cold on the stack: this one and
     tests/chaos/test_standbys.py's preference test do."""
     _a, b = pipeline.start_pair()

@@ -75,7 +75,7 @@ def test_a_standby_far_ahead_keeps_every_unpublished_row_pausing_at_its_bound(
     `make chaos` only (63 s of `make test`): in `make test` the outbound outage
     (tests/chaos/test_outage.py) pauses a standby at its bound ahead of what its active
     published and kills the active then, 0 lost and 0 repeated; the double kill below runs
-    a standby 1,000 rows ahead; a ring smaller than the lead is tests/unit/test_gate.py's
+    a standby 1,000 rows ahead; a ring smaller than the lead is tests/unit/core/test_gate.py's
     (test_a_standby_far_ahead_of_a_lagging_active_still_covers_the_takeover)."""
     bound = 1_000
     a, b = pipeline.start_pair(
@@ -109,7 +109,7 @@ def test_a_kill_9_makes_the_in_sync_standby_active_not_one_queued_before_it_far_
     (its pipeline stopped and started again). A kill -9 of the active gives the win to `c`,
     first in ZooKeeper's queue: `c` hands it on before taking an epoch, and the in-sync
     standby becomes the active. `make chaos` only (61 s of `make test`): the hand-on is
-    unit-tested (tests/unit/test_election.py: the preference, a winner far behind handing on
+    unit-tested (tests/unit/core/test_election.py: the preference, a winner far behind handing on
     without an epoch), and tests/integration/test_agreement.py's three engines fail over
     twice in `make test`. Every msg_id once, as the reference computes it. (`a` and `b`
     below are the pair's active and standby, whichever engine ids won.)"""

@@ -283,7 +283,7 @@ def quarantine_run(
         # A record of a host whose key Kafka's partitioner (CRC32 of the key, modulo the
         # partitions) puts in partition 2: host-001 of this seed; its record id is not its
         # offset. One marker: a second search costs ~40 s of restarts and proves nothing
-        # more here (several offenders, in any partition: tests/unit/test_quarantine.py).
+        # more here (several offenders, in any partition: tests/unit/core/test_quarantine.py).
         record = json.loads(stream[2_100] or b"")
         stream[2_100] = json.dumps({**record, "note": MARKER}).encode()
         pipeline.join_load(pipeline.send(stream, rate=1000))
@@ -435,7 +435,7 @@ def test_the_audit_proves_each_of_three_partitions_and_names_the_ranges_of_a_bro
     proves each partition contiguous on its own and leaves its cursor where it ended in
     each, and a copy of `.out` with the same msg_ids dropped and repeated in every
     partition, audited up to the ends it is told, fails, naming the ranges of each. (Where
-    an audit starts and ends is tests/unit/test_audit.py's; the cursor's positions after a
+    an audit starts and ends is tests/unit/ops/test_audit.py's; the cursor's positions after a
     real audit are asserted here.)
 
     An audit right after publishing covers every record published (issue 33 point 8): the

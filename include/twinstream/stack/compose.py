@@ -7,7 +7,7 @@ the twinstream image:
     python -m twinstream.stack.compose kafka-init           # kafka-init: users, ACLs, topics
 
 and the brokers' security settings, docker/kafka/server.properties (`kafka_properties`;
-tests/unit/test_compose.py compares; `python -m twinstream.stack.compose properties` writes).
+tests/unit/stack/test_compose.py compares; `python -m twinstream.stack.compose properties` writes).
 
 The engines' parts of docker-compose.yaml are rendered from pipelines.toml, as many engines
 per pipeline as its entry names (`engines = ["a", "b", "c"]`: 1 active + 2 standbys):
@@ -19,7 +19,7 @@ apache/kafka's user in group 0; kafka-init as Airflow's user, group 0); clients 
 certificate alone, in a volume of its own. Every engine of every pipeline has its service (its
 admin port published and probed, its own state volume, the Spark worker's mount of it) and
 its Airflow connection; rendering changes nothing outside the marked blocks, and
-tests/unit/test_compose.py fails on a file that does not follow pipelines.toml.
+tests/unit/stack/test_compose.py fails on a file that does not follow pipelines.toml.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def kafka_properties() -> str:
     variables would ask for JKS key stores with password files."""
     lines = [
         "# Rendered by `python -m twinstream.stack.compose properties`",
-        "# (twinstream/stack/compose.py); tests/unit/test_compose.py checks it.",
+        "# (twinstream/stack/compose.py); tests/unit/stack/test_compose.py checks it.",
         f"sasl.enabled.mechanisms={MECHANISM}",
         *(
             # A broker only checks SCRAM logins: it logs in to no one with a password.
@@ -166,7 +166,7 @@ def compose_pipelines(pipelines_file: Path = COMPOSE_PIPELINES_FILE) -> dict[str
     """The pipelines compose runs, name -> settings, as its containers see them: every one
     of the file (kafka-init's registry.stack); a pipeline without `engines` of its own runs
     the file's TWINSTREAM_ENGINE_IDS on _ENGINE_ADMIN_PORTS, which are the settings'
-    defaults (tests/unit/test_compose.py), whatever the caller's environment says."""
+    defaults (tests/unit/stack/test_compose.py), whatever the caller's environment says."""
     defaults = Settings.model_fields
     base = load_settings(
         pipelines_file=pipelines_file,

@@ -22,7 +22,7 @@ from twinstream.platform import registry
 from twinstream.platform.settings import Settings, load_settings
 from twinstream.stack import compose as stack_compose
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = REPO / "docker-compose.yaml"
 
 BROKERS = ["kafka-1", "kafka-2", "kafka-3"]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from tests.unit.test_operator_ui import logged_in
-from tests.unit.test_overview import ACTIVE, fake_engines, standby
+from tests.unit.ops.test_operator_ui import logged_in
+from tests.unit.ops.test_overview import ACTIVE, fake_engines, standby
 from twinstream.ops.operator_ui.app import Sources, create_app
 from twinstream.platform.settings import load_settings
 

@@ -128,7 +128,7 @@ def test_the_plain_pipe_computes_the_pairs_outputs_for_valid_records():
 
     from bench.plain_pipe import transform
 
-    golden = Path(__file__).parents[1] / "data" / "hostmetrics-golden.jsonl.gz"
+    golden = Path(__file__).parents[2] / "data" / "hostmetrics-golden.jsonl.gz"
     windows: dict[str, Any] = {}
     compared = 0
     with gzip.open(golden, "rt") as lines:

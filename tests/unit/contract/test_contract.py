@@ -195,8 +195,9 @@ def test_new_pipeline_offers_engines_and_ports_no_pipeline_uses(tmp_path, capsys
     hint = capsys.readouterr().out
     from twinstream.ops.skeleton import pipelines_entry
 
-    # The entry as skeleton.pipelines_entry writes it (tests/unit/test_pipeline_fields_documented.py
-    # holds its keys to the registry's), with the engines and ports no pipeline uses.
+    # The entry as skeleton.pipelines_entry writes it (its keys held to the registry's by
+    # tests/unit/contract/test_pipeline_fields_documented.py), with the engines and ports no
+    # pipeline uses.
     assert pipelines_entry("shop_totals", [("e", 8705), ("f", 8706)]).rstrip() in hint
     # What it offers is what the pipelines file then accepts beside the examples.
     repo = (REPO_ROOT / "pipelines.toml").read_text()

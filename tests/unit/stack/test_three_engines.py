@@ -2,8 +2,8 @@
 `engines = ["c", "d", "e"]`, gets three supervised engine programs, three Airflow
 connections, three checkpoints, three health probes and three rows in `make up`'s summary
 and in `twinstream status`'s view; `up` settles on one active among the three. Nothing in
-`make up` assumes a pair: these tests say so for N = 3 (compose: tests/unit/test_compose.py;
-the persist DAG's choice of standby: tests/unit/test_pick_standby.py)."""
+`make up` assumes a pair: these tests say so for N = 3 (compose: tests/unit/stack/test_compose.py;
+the persist DAG's choice of standby: tests/unit/ops/test_pick_standby.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from supervisor.options import ServerOptions
 
-from tests.unit.test_overview import ACTIVE, fake_engines, standby
+from tests.unit.ops.test_overview import ACTIVE, fake_engines, standby
 from twinstream.ops.overview import OK, overview
 from twinstream.platform import registry
 from twinstream.platform.settings import Settings, load_settings

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from tests.unit.test_file_sink import stream
+from tests.unit.edge.test_file_sink import stream
 from twinstream.edge.file_sink import SinkError
 from twinstream.edge.http_sink import HttpSink
 

@@ -114,7 +114,7 @@ def test_the_local_stack_runs_one_zookeeper_or_an_odd_ensemble(monkeypatch):
 
 
 def test_admin_tls_needs_a_certificate_and_its_key_that_load(monkeypatch, tmp_path):
-    from tests.unit.test_admin_api import write_tls_files
+    from tests.unit.engine.test_api import write_tls_files
 
     tls = write_tls_files(tmp_path)
     plain = load_settings()
@@ -140,7 +140,7 @@ def test_admin_tls_needs_a_certificate_and_its_key_that_load(monkeypatch, tmp_pa
 
 
 def test_a_client_with_the_ca_alone_reaches_the_engines_over_https(monkeypatch, tmp_path):
-    from tests.unit.test_admin_api import write_tls_files
+    from tests.unit.engine.test_api import write_tls_files
 
     tls = write_tls_files(tmp_path)
     monkeypatch.setenv("TWINSTREAM_ADMIN_TLS_CAFILE", str(tls.ca))

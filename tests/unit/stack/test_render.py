@@ -343,7 +343,7 @@ def test_airflows_own_secrets_backend_reads_the_rewritten_file_at_every_lookup(t
 def test_https_engines_connections_carry_the_ca_the_dags_verify_them_with(tmp_path):
     import json
 
-    from tests.unit.test_admin_api import write_tls_files
+    from tests.unit.engine.test_api import write_tls_files
     from twinstream.engine.client import EngineClient
     from twinstream.stack.launch import engine_connections
 

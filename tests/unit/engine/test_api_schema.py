@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.unit.test_admin_api import AUTH, TOKEN, FakeEngine
+from tests.unit.engine.test_api import AUTH, TOKEN, FakeEngine
 from twinstream.engine.api import create_app, public_paths
 
 APP = create_app(FakeEngine(), TOKEN)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.unit.fakes import FakeClock, pipeline_info
-from tests.unit.test_overview import fake_engines, pipelines
+from tests.unit.ops.test_overview import fake_engines, pipelines
 from twinstream.core.rows import OUT, Output
 from twinstream.engine.api import LagTrend, buffer_text
 from twinstream.engine.lag_trend import LagHistory

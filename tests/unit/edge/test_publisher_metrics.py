@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_publisher_adapter import Cluster, Znodes
+from tests.unit.edge.test_publisher_adapter import Cluster, Znodes
 from twinstream.edge import publisher
 from twinstream.edge.publisher import Status
 from twinstream.edge.publisher_metrics import MetricsServer, PublisherMetrics

@@ -204,7 +204,7 @@ def test_takeovers_are_merged_from_every_engine_newest_first(tmp_path: Path):
 
 
 def test_snapshots_show_age_and_whether_kafka_still_holds_what_they_replay(tmp_path: Path):
-    from tests.unit.test_snapshot import fake_checkpoint, rows
+    from tests.unit.engine.test_snapshot import fake_checkpoint, rows
 
     host = pipelines(tmp_path)["hostmetrics"]
     checkpoint = fake_checkpoint(tmp_path / "engine-b")  # continues at inbound offset 66

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.unit.test_publisher_adapter import TOPICS, Cluster, dies_at_third_commit
+from tests.unit.edge.test_publisher_adapter import TOPICS, Cluster, dies_at_third_commit
 from twinstream.edge.publisher import SEQ_HEADER, SOURCE_HEADER, PublisherAdapter, Status
 from twinstream.edge.sources import (
     STDIN,

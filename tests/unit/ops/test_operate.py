@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.unit.engine.test_snapshot import Clock, fake_checkpoint, write
 from tests.unit.fakes import disagreement, pipeline_info, server_info
-from tests.unit.test_snapshot import Clock, fake_checkpoint, write
 from twinstream.engine.api import (
     AgreementInfo,
     BufferedRow,

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from tests.unit.test_file_sink import stream
+from tests.unit.edge.test_file_sink import stream
 from twinstream.edge.file_sink import FileSink
 from twinstream.edge.reader import Record
 from twinstream.edge.subscriber import deliver

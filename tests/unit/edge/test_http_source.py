@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.unit.test_publisher_adapter import TOPICS, Cluster
+from tests.unit.edge.test_publisher_adapter import TOPICS, Cluster
 from twinstream.edge.http_source import HttpSource
 from twinstream.edge.publisher import SOURCE_HEADER, PublisherAdapter
 

@@ -114,7 +114,7 @@ def test_each_baselines_main_class_is_one_java_defines():
 
     from bench.baseline import FLINK, KAFKA_STREAMS
 
-    java = Path(__file__).parents[2] / "java"
+    java = Path(__file__).parents[3] / "java"
     for app in (KAFKA_STREAMS, FLINK):
         source = java / app.folder / "src/main/java" / (app.main.replace(".", "/") + ".java")
         assert source.is_file(), f"{app.main}: no {source}"

@@ -16,7 +16,7 @@ from fastapi import HTTPException, Request
 from fastapi.testclient import TestClient
 
 from tests.unit import fakes
-from tests.unit.test_overview import ACTIVE, fake_engines, standby
+from tests.unit.ops.test_overview import ACTIVE, fake_engines, standby
 from twinstream.engine.client import EngineClient
 from twinstream.ops.operator_ui import vendor
 from twinstream.ops.operator_ui.app import PREFIX, STATIC, Sources, create_app
