@@ -60,7 +60,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.plots import write_figures
-from devkit.harness import free_port, machine, percentile, wait_for
+from devkit.harness import free_ports, machine, percentile, wait_for
 from devkit.services import LocalServices
 from twinstream.engine.spark import kafka_jars, session, stop_session
 from twinstream.platform.settings import REPO_ROOT, Settings, load_settings
@@ -79,8 +79,7 @@ class PrivateKafka(LocalServices):
         super().__init__()
         self.settings = settings
         self.folder = folder
-        self.port = free_port()
-        self.controller_port = free_port()
+        self.port, self.controller_port = free_ports(2)
         self._admin: AdminClient | None = None
 
     @property

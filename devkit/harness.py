@@ -90,9 +90,18 @@ def inbound_ends(settings: Settings, timeout_s: float = 60.0) -> dict[int, int]:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    (port,) = free_ports(1)
+    return port
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: each socket stays bound until all are, or the kernel may
+    hand the port it just freed to the next ask (two engines then share an admin port)."""
+    with contextlib.ExitStack() as bound:
+        socks = [bound.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 @dataclass
@@ -292,7 +301,7 @@ class Pipeline:
         self.name = f"t{uuid.uuid4().hex[:8]}"
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        self.ports = {e: free_port() for e in engine_ids}
+        self.ports = dict(zip(engine_ids, free_ports(len(engine_ids)), strict=True))
         # ZooKeeper knows one SASL user, the stack's (its jaas.conf): every pipeline's
         # engines log in as it, whatever their own state folder.
         stack = _with_env(base_env, load_settings)

@@ -386,9 +386,9 @@ def test_an_http_client_that_retries_after_a_timeout_does_not_duplicate_a_record
     import urllib.error
     import urllib.request
 
-    from devkit.harness import free_port
+    from devkit.harness import free_ports
 
-    ports = {name: free_port() for name in ("a", "b")}
+    ports = dict(zip(("a", "b"), free_ports(2), strict=True))
     adapters = {
         name: _adapter(pipeline, name, f"http://127.0.0.1:{port}") for name, port in ports.items()
     }
