@@ -774,7 +774,7 @@ class Engine:
         self._look_at_standbys()
         if self.lifecycle.state not in (State.RUNNING, State.RESTORING, State.PERSISTING):
             return
-        standing = self.standing()
+        standing = Standing(self.sync.value, lag, self.agreement.eligible, self.sync.lag_s)
         self.election.publish_standing(standing)
         self.recent.lag(standing.lag)
         rate = self._events_per_s()

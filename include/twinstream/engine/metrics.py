@@ -209,11 +209,11 @@ class EngineMetrics(Metrics):
 
     def standbys(self, cover: Cover | None, now: float | None = None) -> None:
         """The active's view of its standbys; a standby (None) is never unprotected."""
-        unprotected = cover is not None and not cover.ready
-        self._unprotected.set(1 if unprotected else 0)
-        since = cover.since if cover is not None else None
-        seconds = 0.0 if since is None else max(0.0, (time.time() if now is None else now) - since)
-        self._unprotected_seconds.set(round(seconds, 1))
+        seconds = (
+            None if cover is None else cover.unprotected_s(time.time() if now is None else now)
+        )
+        self._unprotected.set(0 if seconds is None else 1)
+        self._unprotected_seconds.set(seconds or 0.0)
         self._ready_standbys.set(0 if cover is None else len(cover.ready))
 
     def role(self, role: str) -> None:

@@ -125,6 +125,10 @@ class Cover:
     not_ready: dict[str, str] = field(default_factory=dict)
     since: float | None = None
 
+    def unprotected_s(self, now: float) -> float | None:
+        """How long no standby could take over, at `now`; None while one could."""
+        return None if self.since is None else round(max(0.0, now - self.since), 1)
+
 
 class Redundancy:
     """Which standbys could take over from this engine while it is active (see the module's
@@ -153,10 +157,9 @@ class Redundancy:
         not_ready = {e: why for e, why in reasons.items() if why is not None}
         since = None
         if not ready:
-            before = self._cover
-            since = before.since if before is not None and before.since is not None else None
-            if since is None:
-                since = self._clock()
+            # Since the first look that found none, not the last.
+            before = self._cover.since if self._cover is not None else None
+            since = before if before is not None else self._clock()
         self._cover = Cover(ready, not_ready, since)
         return self._cover
 

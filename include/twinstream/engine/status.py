@@ -99,7 +99,7 @@ def standby_cover(cover: Cover, now: float) -> StandbyCover:
         unprotected_since=None
         if since is None
         else datetime.fromtimestamp(since, UTC).isoformat(timespec="seconds"),
-        unprotected_s=None if since is None else round(max(0.0, now - since), 1),
+        unprotected_s=cover.unprotected_s(now),
     )
 
 

@@ -486,7 +486,7 @@ def no_ready_standby(engines: list[EngineView]) -> str | None:
     cover = active.standbys
     lasted = ""
     if cover is not None and cover.unprotected_since is not None:
-        lasted = f" for {_duration(cover.unprotected_s)} (since {cover.unprotected_since})"
+        lasted = f" for {age_text(cover.unprotected_s)} (since {cover.unprotected_since})"
     said = "; ".join(f"engine {e} {why}" for e, why in sorted(reasons.items()))
     return (
         f"no standby could take over from engine {active.engine_id}{lasted}: "
@@ -496,12 +496,17 @@ def no_ready_standby(engines: list[EngineView]) -> str | None:
     )
 
 
-def _duration(seconds: float | None) -> str:
+def age_text(seconds: float | None) -> str:
+    """ "42 s", "17 min", "3.5 h", "2.0 d"; "?" when unknown."""
     if seconds is None:
-        return "a while"
+        return "?"
     if seconds < 120:
         return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 def snapshot_views(

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from twinstream.core.rows import positions_text
 from twinstream.engine.timeline import PipelineTimeline
-from twinstream.ops.overview import FAIL, WARN, EngineView, Overview, PipelineView
+from twinstream.ops.overview import FAIL, WARN, EngineView, Overview, PipelineView, age_text
 
 ROLE_STYLES = {"active": "bold green", "standby": "cyan"}
 HEALTH_STYLES = {FAIL: "bold red", WARN: "yellow"}
@@ -37,18 +37,6 @@ def console() -> Console:
 
 def _number(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
 
 
 def _notes(engine: EngineView) -> Text:
@@ -181,7 +169,7 @@ def history(pipeline: PipelineView) -> Text:
     if valid:
         s = valid[0]
         lines.append(
-            f"  newest snapshot: {s.snapshot_id} (engine {s.engine_id}, {_age(s.age_s)} old)\n"
+            f"  newest snapshot: {s.snapshot_id} (engine {s.engine_id}, {age_text(s.age_s)} old)\n"
         )
     else:
         lines.append("  newest snapshot: none (persist_standby_state makes one)\n", style="yellow")
