@@ -25,9 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.plots import plot, write_figures
 from devkit.chaos import SteadyLoad
-from devkit.harness import machine
+from devkit.harness import example_pipeline, machine
 from twinstream.engine.client import EngineClient
-from twinstream.platform import registry
 from twinstream.platform.settings import REPO_ROOT, Settings
 
 WANTED = {
@@ -131,7 +130,7 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=10_000)
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
     args = parser.parse_args()
-    figures = run(registry.configured(), args.seconds, args.rate, args.hosts)
+    figures = run(example_pipeline(), args.seconds, args.rate, args.hosts)
     for e, f in figures["engines"].items():
         print(
             f"engine {e} ({f['role']}): {f['digest_s']:.2f} s digesting in {f['batch_s']:.1f} s "

@@ -63,6 +63,7 @@ from devkit.harness import (
     Pipeline,
     VisibleTimes,
     bench_pipeline,
+    example_pipeline,
     inbound_ends,
     machine,
     summary,
@@ -366,7 +367,7 @@ def main() -> int:
     idle_cpu: dict[str, Any] = {}
     takeover: dict[str, Any] = {}
     # The stack's own pipeline as it runs (three partitions in pipelines.toml).
-    stack = registry.configured()
+    stack = example_pipeline()
     if "first" in parts:
         print(f"(first) the stack's own engines, {args.first_rate:,.0f} events/s", flush=True)
         early = first_minute(stack, args.first_rate, args.first_seconds)

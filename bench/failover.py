@@ -49,9 +49,8 @@ from devkit.chaos import (
     failover_round,
     flagged,
 )
-from devkit.harness import OutputSampler, inbound_ends, machine, summary, wait_for
+from devkit.harness import OutputSampler, example_pipeline, inbound_ends, machine, summary, wait_for
 from twinstream.ops.drill import KafkaEpochTail, Takeover, measure_takeover
-from twinstream.platform import registry
 from twinstream.platform.settings import REPO_ROOT
 
 
@@ -171,7 +170,7 @@ def main() -> int:
     args = parser.parse_args()
 
     # The stack's own pipeline as it runs (three partitions in pipelines.toml).
-    settings = registry.configured()
+    settings = example_pipeline()
     engines = SupervisedEngines(settings)
     if not engines.supervisor.is_running():
         raise SystemExit("the local stack is not running: start it with `make up`")

@@ -19,8 +19,7 @@ from typing import Any
 import psutil
 
 from bench.plots import write_figures
-from devkit.harness import machine
-from twinstream.platform import registry
+from devkit.harness import example_pipeline, machine
 from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor
@@ -104,7 +103,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "docs" / "bench")
     args = parser.parse_args()
-    figures = {**sample(registry.configured(), args.seconds), "machine": machine()}
+    figures = {**sample(example_pipeline(), args.seconds), "machine": machine()}
     for part, cores in figures["cores_by_part"].items():
         print(f"{part:28s} {cores:6.3f} cores")
     print(f"idle stack: {figures['cores_total']:.3f} cores over {figures['seconds']:.0f} s")

@@ -43,7 +43,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from bench.plots import plot, rate_series, write_figures
 from bench.seconds import counted
 from devkit.chaos import SupervisedEngines, audit_ranges
-from devkit.harness import inbound_ends, machine, wait_for
+from devkit.harness import example_pipeline, inbound_ends, machine, wait_for
 from pipelines.hostmetrics.generate import reading
 from twinstream.core.election import zk_client
 from twinstream.edge.publisher import (
@@ -212,7 +212,7 @@ class Adapters:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = arguments(argv)
-    settings = registry.configured()
+    settings = example_pipeline()
     if registry.load(settings).name != "hostmetrics":
         raise SystemExit("bench.publishers feeds the stack's hostmetrics pipeline")
     engines = SupervisedEngines(settings)

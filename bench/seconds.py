@@ -67,6 +67,7 @@ from devkit.chaos import (
 from devkit.harness import (
     OutputSampler,
     VisibleTimes,
+    example_pipeline,
     inbound_ends,
     machine,
     summary,
@@ -691,7 +692,7 @@ def measure(run: Run, args: argparse.Namespace, figures: dict[str, Any]) -> None
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = arguments(argv)
-    settings = registry.configured()
+    settings = example_pipeline()
     if registry.load(settings).name != "hostmetrics":
         raise SystemExit("bench.seconds drives the stack's hostmetrics pipeline")
     engines = SupervisedEngines(settings)

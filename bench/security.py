@@ -29,8 +29,7 @@ from typing import Any
 from bench.drain import takeovers
 from bench.plots import plot_drains, write_figures
 from bench.throughput import drain_with_engines, on_backlog
-from devkit.harness import bench_pipeline, machine
-from twinstream.platform import registry
+from devkit.harness import bench_pipeline, example_pipeline, machine
 from twinstream.platform.kafka import watermarks
 from twinstream.platform.settings import REPO_ROOT
 
@@ -50,7 +49,7 @@ def one_mode(secure: bool, args: argparse.Namespace) -> dict[str, Any]:
     print(f"== Kafka security {mode}: restarting the stack", flush=True)
     up_s = restart_stack(secure)
     print(f"  the stack up in {up_s:.0f} s", flush=True)
-    stack = registry.configured()
+    stack = example_pipeline()
     assert stack.kafka_security == secure
     print(f"  (a) {args.takeovers} takeovers after kill -9 at 1,000 events/s", flush=True)
     takeover = takeovers(stack, 1000.0, args.takeovers, 0)

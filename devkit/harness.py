@@ -42,6 +42,14 @@ from twinstream.stack.tls import kafka_superuser_config
 from twinstream.testing import reference
 
 
+def example_pipeline() -> Settings:
+    """The pipeline a benchmark or the test stack drives: TWINSTREAM_PIPELINE, else the
+    example hostmetrics, as the stack runs it (the environment plus its pipelines-file
+    entry). The product has no default pipeline; the developers' kits choose this one."""
+    base = load_settings()
+    return registry.chosen(base, base.pipeline or "hostmetrics")
+
+
 def wait_for(
     condition: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.2
 ) -> Any:

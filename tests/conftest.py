@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.harness import Pipeline, wait_for
+from devkit.harness import Pipeline, example_pipeline, wait_for
 from twinstream.platform import registry
 from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack import core
@@ -155,7 +155,7 @@ def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 def settings(stack_env: dict[str, str]) -> Settings:
     """The stack's own pipeline (hostmetrics) as the stack runs it: the environment plus
     its entry in the pipelines file (three partitions)."""
-    return registry.configured()
+    return example_pipeline()
 
 
 @pytest.fixture(scope="session")

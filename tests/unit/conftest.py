@@ -26,7 +26,7 @@ def engine(tmp_path: Path) -> Engine:
     """An engine built from fake clients (tests.unit.fakes.engine_clients: nothing reaches
     a network, no thread starts), its state in tmp_path, its query running."""
     # No stack has run on a fresh clone: no secret files; the ZooKeeper client is a fake.
-    settings = load_settings(zk_password="unit-test", state_dir=tmp_path)
+    settings = load_settings(pipeline="hostmetrics", zk_password="unit-test", state_dir=tmp_path)
     e = Engine(settings, "a", mock.MagicMock(name="pipeline"), engine_clients())
     e.lifecycle.move(State.RUNNING, "")
     e._query = mock.MagicMock(name="query")

@@ -56,6 +56,11 @@ def _progress(line: str) -> None:
     print(f"\r{line}", end="", file=sys.stderr, flush=True)
 
 
+# The commands that work on one pipeline (their --pipeline, TWINSTREAM_PIPELINE, or the
+# pipelines file's only one); the others work on every pipeline or name their engine.
+ONE_PIPELINE = ("publish", "subscribe", "quarantine", "kafka-config")
+
+
 def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
     if args.source:
         return _publish_from(settings, args)
@@ -776,7 +781,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         chosen = getattr(args, "pipeline", None)
         settings = load_settings()
-        if chosen:
+        if args.command in ONE_PIPELINE:
+            # --pipeline, TWINSTREAM_PIPELINE or the file's only one; else an error naming them.
+            settings = registry.chosen(settings, chosen)
+        elif chosen:
             settings = registry.settings_for(settings, chosen)
         handler = {
             "publish": cmd_publish,

@@ -16,10 +16,15 @@ import difflib
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from twinstream.contract import Pipeline
 from twinstream.contract import load as load_module
-from twinstream.platform.settings import Settings, SettingsError, load_settings
+from twinstream.platform import settings as environment
+from twinstream.platform.settings import CommonSettings, SettingsError, TaskSettings
+
+# Any process's settings: each function returns the kind it was given.
+S = TypeVar("S", bound=CommonSettings)
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,7 @@ def entries(path: Path) -> dict[str, Entry]:
     return found
 
 
-def settings_for(base: Settings, name: str) -> Settings:
+def settings_for(base: S, name: str) -> S:
     """The settings of pipeline `name` on the stack `base` describes.
 
     The base's own pipeline keeps the base's topics; another gets `<name>.in`, `.out`,
@@ -153,7 +158,7 @@ def settings_for(base: Settings, name: str) -> Settings:
     return _settings_for(base, name, entries(base.pipelines_file))
 
 
-def _settings_for(base: Settings, name: str, listed: dict[str, Entry]) -> Settings:
+def _settings_for(base: S, name: str, listed: dict[str, Entry]) -> S:
     """settings_for with the pipelines file already read (`stack` reads it once)."""
     if name not in listed:
         raise SettingsError(
@@ -183,13 +188,13 @@ def _settings_for(base: Settings, name: str, listed: dict[str, Entry]) -> Settin
     return base.model_copy(update=update)
 
 
-def stack(base: Settings) -> dict[str, Settings]:
+def stack(base: S) -> dict[str, S]:
     """The pipelines the stack runs, name -> settings, in the file's order: the ones in
     TWINSTREAM_STACK_PIPELINES, or every one in the pipelines file; with
     TWINSTREAM_PIPELINE_MODULE, that one pipeline. Refuses two pipelines sharing an engine
     id or an admin port: each engine is one pipeline's."""
     if base.pipeline_module:
-        return {base.pipeline: base}
+        return {base.pipeline_name: base}
     listed = entries(base.pipelines_file)
     unknown = [n for n in base.stack_pipelines if n not in listed]
     if unknown:
@@ -212,7 +217,7 @@ def stack(base: Settings) -> dict[str, Settings]:
     return result
 
 
-def for_engine(base: Settings, engine_id: str) -> Settings:
+def for_engine(base: S, engine_id: str) -> S:
     """The settings of the stack pipeline that engine `engine_id` runs."""
     pipelines = stack(base)
     for settings in pipelines.values():
@@ -222,16 +227,16 @@ def for_engine(base: Settings, engine_id: str) -> Settings:
     raise SettingsError(f"no pipeline of this stack runs engine {engine_id!r}; engines: {known}")
 
 
-def engines(base: Settings) -> list[str]:
+def engines(base: S) -> list[str]:
     """Every engine of the stack, pipeline by pipeline."""
     return [e for settings in stack(base).values() for e in settings.engine_ids]
 
 
-def names(settings: Settings) -> list[str]:
-    return list(entries(settings.pipelines_file))
+def names(pipelines_file: Path) -> list[str]:
+    return list(entries(pipelines_file))
 
 
-def load(settings: Settings) -> Pipeline:
+def load(settings: CommonSettings) -> Pipeline:
     """The pipeline these settings run: TWINSTREAM_PIPELINE_MODULE if set, else the
     pipelines file's entry for TWINSTREAM_PIPELINE. Imports the pipeline's module."""
     if settings.pipeline_module:
@@ -250,22 +255,34 @@ def load(settings: Settings) -> Pipeline:
     return load_module(spec, root)
 
 
-def configured() -> Settings:
-    """The environment's own pipeline (TWINSTREAM_PIPELINE) as the stack runs it:
-    TWINSTREAM_* and its entry in the pipelines file (partitions, engines). What a tool
-    that drives the stack's pipeline needs; plain load_settings() knows the environment
-    only."""
-    base = load_settings()
-    return settings_for(base, base.pipeline)
-
-
-def pipeline_settings(name: str) -> Settings:
+def pipeline_settings(name: str) -> TaskSettings:
     """Pipeline `name`'s settings on the stack the environment describes (a DAG task's
     view: TWINSTREAM_* plus the pipelines file)."""
-    return settings_for(load_settings(), name)
+    return settings_for(environment.load(TaskSettings), name)
 
 
-def free_engines(base: Settings, count: int = 2) -> list[tuple[str, int]]:
+def chosen(base: S, name: str | None = None) -> S:
+    """The settings of the one pipeline a command works on: `name`, else the environment's
+    (TWINSTREAM_PIPELINE), else the pipelines file's only pipeline. With several and none
+    chosen, the error lists them: the product has no default pipeline of its own."""
+    name = name or base.pipeline
+    if not name and base.pipeline_module:
+        raise SettingsError(
+            "TWINSTREAM_PIPELINE_MODULE is set but TWINSTREAM_PIPELINE is not: name the "
+            "pipeline that module declares"
+        )
+    if not name:
+        listed = entries(base.pipelines_file)
+        if len(listed) != 1:
+            raise SettingsError(
+                f"which pipeline? give --pipeline NAME or set TWINSTREAM_PIPELINE: "
+                f"{base.pipelines_file} lists {', '.join(listed) or 'none'}"
+            )
+        name = next(iter(listed))
+    return settings_for(base, name)
+
+
+def free_engines(base: S, count: int = 2) -> list[tuple[str, int]]:
     """`count` engine ids and admin ports no pipeline of the stack uses (for a new
     pipeline's entry): the first free letters, the ports after the highest in use."""
     pipelines = stack(base)

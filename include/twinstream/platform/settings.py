@@ -1,7 +1,23 @@
-"""One typed settings object, read from ``TWINSTREAM_*`` environment variables.
+"""Typed settings, read from ``TWINSTREAM_*`` environment variables, in groups per process.
 
-Every process of the platform (the local stack, the engines, Airflow tasks, tests) builds its
-view of the world from :func:`load_settings`, so a port or a topic name is defined once.
+Each process reads and validates only the groups it uses, at its edge:
+
+==================  ==========================================================================
+``EngineSettings``  an engine (``spark_jobs/engine.py``): where things are, its pipeline, the
+                    engine's tuning and in-sync bounds
+``TaskSettings``    an Airflow task or DAG file: where things are, the pipelines, the
+                    housekeeping schedules and bounds
+``AdapterSettings`` a publisher or subscriber adapter: where things are, its pipeline
+``Settings``        the local stack and the operator's CLI, which start and configure every
+                    other process, so read every group (``StackLayout`` only here)
+==================  ==========================================================================
+
+The groups: ``Connections`` (where Kafka, ZooKeeper, the engines' admin APIs, shared storage
+and the pipelines file are, and who this process is), ``PipelineSettings`` (the per-pipeline
+context: its name, topics and their configuration; a process's own from
+``TWINSTREAM_PIPELINE``, any other from `twinstream.platform.registry`), ``EngineTuning``,
+``InSyncBounds``, ``Housekeeping`` and ``StackLayout``. A function takes the narrowest group
+it reads, or the few values it reads: a port or a topic name is still defined once.
 Lists are given comma-separated: ``TWINSTREAM_KAFKA_PORTS=9092,9093,9094``.
 """
 
@@ -9,7 +25,7 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -36,51 +52,39 @@ PIPELINE_NAME = r"^[a-z][a-z0-9_-]{0,62}$"
 _ZK_HOST = r"[A-Za-z0-9_.\-]+:\d{1,5}"
 ZK_CONNECT = rf"^$|^{_ZK_HOST}(,{_ZK_HOST})*(/[A-Za-z0-9_.\-]+)*$"
 PipelineList = Annotated[list[Annotated[str, Field(pattern=PIPELINE_NAME)]], NoDecode]
+_ENV = SettingsConfigDict(env_prefix="TWINSTREAM_", frozen=True, extra="ignore")
 
 
 class SettingsError(ValueError):
     """The environment describes an impossible platform; the message says which variable."""
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TWINSTREAM_", frozen=True, extra="ignore")
+def _split_commas(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Connections(BaseSettings):
+    """Where Kafka, ZooKeeper, the engines' admin APIs, the shared storage and the pipelines
+    file are, and who this process is on them: what every process reads."""
+
+    model_config = _ENV
 
     # Where the local stack keeps data, logs and generated secrets. Tests point it elsewhere
     # so that they never touch a developer's running stack.
     state_dir: Path = REPO_ROOT / ".twinstream"
     # Jars fetched by Maven. Kept apart from state_dir so that a test stack reuses them.
     jars_dir: Path = REPO_ROOT / ".twinstream" / "jars"
-    dags_dir: Path = REPO_ROOT / "dags"
-    plugins_dir: Path = REPO_ROOT / "plugins"
-
     bind_host: str = "127.0.0.1"
     zk_port: Port = 2181
     # The local stack's ZooKeeper: one server, or an ensemble of 3 or 5 (node n serves clients
     # on zk_port + n - 1, its peers on zk_peer_port + n - 1 and zk_election_port + n - 1).
     zk_nodes: int = Field(default=1, ge=1, le=5)
-    zk_peer_port: Port = 2888
-    zk_election_port: Port = 3888
-    # ZooKeeper clamps session timeouts to [2, 20] x tickTime; 500 ms lets a dead engine's
-    # session expire within about a second.
-    zk_tick_ms: int = Field(default=500, ge=100, le=2000)
     kafka_ports: PortList = [9092, 9093, 9094]
-    kafka_controller_ports: PortList = [9192, 9193, 9194]
-    # With Kafka security: the brokers' mutual-TLS listener, on which they replicate and the
-    # stack itself (`up`, which holds the servers' key) makes the users and ACLs. Empty: each
-    # of kafka_ports + 200 (9292, 9293, 9294).
-    kafka_broker_ports: PortList = []
-    airflow_port: Port = 8080
-    # Whether a DAG Airflow sees for the first time starts paused (Airflow's
-    # dags_are_paused_at_creation). False: the housekeeping DAGs run on their schedules, as
-    # the README's "What runs by itself" says. The tests' stack sets it: they trigger DAGs
-    # themselves, and scheduled runs would disturb the engines under test. A DAG's state in
-    # an existing Airflow database is kept (toggle it in the UI or `airflow dags unpause`).
-    dags_paused: bool = False
     # Where clients find Kafka and ZooKeeper when they are not the local stack's own ports
     # on bind_host (compose: kafka-1:19092,..., zookeeper:2181). Empty: derived from ports.
     kafka_bootstrap: str = ""
-    # The mutual-TLS listeners the same way (compose: kafka-1:19095,...).
-    kafka_broker_bootstrap: str = ""
     # Several hosts and a chroot are accepted: "zk1:2181,zk2:2181,zk3:2181/prod".
     zk_connect: str = Field(default="", pattern=ZK_CONNECT)
     # Kafka with SASL/SCRAM over TLS and ACLs (twinstream.platform.kafka_auth); false: PLAINTEXT
@@ -94,8 +98,6 @@ class Settings(BaseSettings):
     # publisher: writes .in only; reader: reads the outputs only), or the stack's admin
     # (topics, configs, users and ACLs: `up`, the operator's tools, the tests' setup).
     kafka_role: Literal["admin", "engine", "publisher", "reader"] = "admin"
-
-    pipeline: str = Field(default="hostmetrics", pattern=PIPELINE_NAME)
     # Which pipelines run, and where their code is (twinstream.platform.registry).
     pipelines_file: Path = REPO_ROOT / "pipelines.toml"
     # A pipeline's module[:attribute] outside the pipelines file (tests' own pipelines).
@@ -103,37 +105,6 @@ class Settings(BaseSettings):
     # The pipelines the stack runs (`make up`, the DAGs); empty: every pipeline in the
     # pipelines file. `TWINSTREAM_PIPELINE` is the one pipeline a process works on.
     stack_pipelines: PipelineList = []
-    # A pipeline's topics; empty: <pipeline>.in, .out, .dlq and .progress. The progress
-    # topic holds one record per published transaction, the inbound range it covers
-    # (twinstream.core.outbound): how an input with no output is accounted for.
-    inbound_topic: str = ""
-    outbound_topic: str = ""
-    dlq_topic: str = ""
-    progress_topic: str = ""
-    inbound_retention_ms: int = Field(default=7 * DAY_MS, ge=60_000)
-    outbound_retention_ms: int = Field(default=7 * DAY_MS, ge=60_000)
-    dlq_retention_ms: int = Field(default=14 * DAY_MS, ge=60_000)
-    replication_factor: int = Field(default=3, ge=1)
-    min_insync_replicas: int = Field(default=2, ge=1)
-    # Partitions of each of the pipeline's four topics: a record's identity is (partition,
-    # offset), and its outputs go to the same partition number (twinstream.core.rows). A
-    # key's records must all be in one partition (producers partition by key) for per-key
-    # state; more partitions spread a pipeline over more executor cores. A pipelines.toml
-    # entry may set its own (`partitions = 3`).
-    partitions: int = Field(default=1, ge=1, le=32_767)
-
-    # Publisher adapters `make up` runs for the pipeline (twinstream.edge.publisher), from
-    # its pipelines-file entry (`publishers`): the source they follow (a file, a folder, or
-    # http://HOST:PORT to serve), how many (1 active, the rest standby), a folder's files.
-    publisher_source: str = ""
-    publisher_count: int = Field(default=0, ge=0, le=9)
-    publisher_pattern: str = "*.jsonl"
-    # The ports of those adapters' GET /metrics (`twinstream publish --metrics-port`), given
-    # in order to the stack's publisher programs, pipeline by pipeline, as the engines get
-    # their admin ports; empty: no /metrics. Clear of the engines' 87xx and of 8800, the
-    # port an HTTP source is usually given.
-    publisher_metrics_ports: PortList = [8811, 8812, 8813, 8814, 8815, 8816, 8817, 8818]
-
     # The engines: ids and admin API ports, pairwise. `engine_admin_host` is where their admin
     # APIs are reached; "{id}" is replaced by the engine id (compose: "engine-{id}").
     engine_ids: NameList = ["a", "b"]
@@ -150,99 +121,11 @@ class Settings(BaseSettings):
     admin_tls_certfile: str = ""
     admin_tls_keyfile: str = ""
     admin_tls_cafile: str = ""
-    # The admin API's OpenAPI document and Swagger UI (/openapi.json, /docs) are served to
-    # anyone who reaches the port, like /healthz: they describe the endpoints, no engine
-    # data. false: not served at all.
-    admin_api_docs: bool = True
     # Letters, digits and '_': it becomes a JAAS option name (user_<name>) in ZooKeeper.
     zk_user: str = Field(default="twinstream", pattern=r"^[A-Za-z0-9_]+$")
     zk_password: str = Field(default="", repr=False)
     # The largest session timeout request ZooKeeper clamps to 2 x tickTime (1 s at 500 ms).
     zk_session_timeout_s: float = Field(default=0.2, gt=0)
-    num_buffered_msgs: int = Field(default=10_000, ge=1)
-    # The memory bound, in rows, of both roles (twinstream.core.gate): a standby keeps every
-    # output the active has not published yet, and pauses its query once it holds this
-    # many; an active that cannot publish pauses its query once it holds this many
-    # unpublished. Nothing is dropped: a paused query leaves its input in Kafka.
-    max_buffered_msgs: int = Field(default=100_000, ge=1)
-    window_retention_ms: int = Field(default=60 * 60 * 1000, ge=1000)
-    # The largest inbound record: a larger one is a dead letter (`oversize`) before it is
-    # parsed (twinstream.engine.pipeline.validated).
-    max_record_bytes: int = Field(default=64 * 1024, ge=64)
-    # The largest Kafka message an engine writes. The outbound and dead-letter topics get
-    # max.message.bytes of at least this; a dead letter whose raw bytes would exceed it
-    # carries their prefix, full length and sha256 (twinstream.core.rows.dead_letter).
-    max_message_bytes: int = Field(default=1_000_000, ge=16_384)
-    # Test-only fault injection, off unless set: the transform raises on any batch holding
-    # a record that contains this text (a bug outside the per-record guard), so that tests
-    # can prove the quarantine. Never set it in production.
-    fault_marker: str = ""
-    trigger_interval_ms: int = Field(default=250, ge=0)
-    # Bounds a catch-up batch, so a standby that replays a backlog still reaches takeover
-    # readiness batch by batch rather than in one long batch. A steady stream runs in small
-    # batches whatever this is (what arrived in one trigger interval); a backlog (a restart,
-    # a rejoin, the end of an outage) drains in batches this large, each paying a batch's
-    # fixed cost (~0.6 s on two cores) once: at 5,000 that cost caps a drain near 5,000
-    # events/s, at 20,000 one batch takes ~2 s and a drain runs twice as fast.
-    max_offsets_per_trigger: int = Field(default=20_000, ge=1)
-    # A catch-up batch's length in time (twinstream.engine.batching): each query start sizes its
-    # batches to what the engine measured it processes in this long, between
-    # min_offsets_per_trigger and max_offsets_per_trigger. A takeover, a persist or a stop
-    # waits for the batch in flight: this bounds that wait on any machine.
-    max_batch_s: float = Field(default=3.0, gt=0)
-    min_offsets_per_trigger: int = Field(default=2_000, ge=1)
-    # An engine runs this many of its pipeline's sample records (`Pipeline.sample`) through
-    # its whole plan when its Spark session starts, before its query: the first batches of
-    # real records then run warm (twinstream.engine.pipeline.warm_up). 0: no warm-up.
-    warm_up_records: int = Field(default=2_000, ge=0)
-    # How often an engine logs where its batches spent their time (the medians since the
-    # last line: Spark's parts, the batch's job and the gate's publish on the driver).
-    batch_timings_log_s: float = Field(default=60.0, gt=0)
-    # An engine is in sync when it would reach the inbound head within this many seconds at
-    # the rate its own batches measured: what a takeover would wait for. It leaves only
-    # after in_sync_hold_s above it, or at twice it (twinstream.engine.readiness.InSync):
-    # a level engine's lag swings by a batch between triggers.
-    in_sync_s: float = Field(default=3.0, gt=0)
-    in_sync_hold_s: float = Field(default=5.0, ge=0)
-    # In records: the in-sync bound until an engine has measured its rate, and the margin
-    # by which a winner hands its win to a more caught-up in-sync engine (a batch's worth).
-    in_sync_lag: int = Field(default=5_000, ge=0)
-    engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")
-    # Where an engine's Spark runs: local[n] in the engine's own JVM (the default), a
-    # standalone cluster (spark://host:7077), yarn, k8s://...; "" leaves it to spark-submit's
-    # --master or spark-defaults.conf. On a cluster the executors need this project's Python
-    # (PYSPARK_PYTHON) and the pipelines' folder on their PYTHONPATH (README, "On a Spark
-    # cluster").
-    spark_master: str = Field(
-        default="local[2]",
-        pattern=r"^$|^(local(\[[0-9*]+\])?|spark://[^\s]+|yarn|k8s://[^\s]+|mesos://[^\s]+)$",
-    )
-    # More Spark settings for the engines, key=value pairs separated by ";" (Spark's values
-    # hold commas and spaces, never semicolons): a cluster's deploy settings, say
-    # "spark.executor.memory=2g;spark.kubernetes.container.image=...". The framework's own
-    # and the pipeline's win where they meet.
-    spark_conf: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
-    # Cores an engine's application takes on a cluster (spark.cores.max): a standalone
-    # master gives an application every free core by default, and the standby's would wait.
-    spark_cores: int = Field(default=1, ge=1)
-    # The local stack runs a Spark standalone master and one worker (`make up SPARK=standalone`)
-    # and its engines use them; the ports are the master's and its web UI's.
-    spark_standalone: bool = False
-    # Where the master and the worker listen and are reached; empty: bind_host (compose:
-    # their service names).
-    spark_master_host: str = ""
-    spark_worker_host: str = ""
-    spark_master_port: Port = 7077
-    spark_master_ui_port: Port = 8090
-    spark_worker_ui_port: Port = 8091
-    # 0: as many as the stack's engines take (engines x spark_cores), whatever the machine
-    # has: an application the worker has no core left for waits, and a standby without
-    # executors computes nothing.
-    spark_worker_cores: int = Field(default=0, ge=0)
-    # Empty: 1g per engine (Spark's default executor memory); an application whose executor
-    # the worker has no memory left for waits too.
-    spark_worker_memory: str = Field(default="", pattern=r"^$|^\d+[kmg]$")
-
     # Persist and restore. The snapshot root is shared storage (compose: a shared volume):
     # a folder or a URL Spark and Python both know (twinstream.platform.storage: hdfs://, s3a://,
     # gs://, abfs://, file://); snapshots live in <snapshot_root>/<pipeline>/. Empty:
@@ -252,41 +135,13 @@ class Settings(BaseSettings):
     # <engine>. Empty: <state_dir>/engines/<engine>/checkpoint. On a Spark cluster an
     # executor writes state there, so it must be storage every worker reaches.
     checkpoint_root: str = ""
-    # How often persist_standby_state runs: that DAG's schedule is built from this number,
-    # and check_kafka_retention reads the schedule back rather than this setting.
-    persist_interval_s: int = Field(default=900, ge=60)
-    snapshots_keep: int = Field(default=3, ge=1)
-    # An engine down or stopped this long makes watch_engines start restore_and_resync.
-    watch_grace_s: int = Field(default=120, ge=0)
-    # check_kafka_retention: inbound retention must exceed window retention + persist
-    # interval + this margin (the time a restore may take to start and replay).
-    restore_margin_s: int = Field(default=3600, ge=0)
-    # audit_output_topic: its schedule, and, with its Param up_to=margin only, how far below
-    # the inbound high watermark an audit stops (messages still in flight through the
-    # engines are not gaps yet); by default an audit ends at what the engines committed.
-    audit_interval_s: int = Field(default=600, ge=60)
-    audit_inflight_msgs: int = Field(default=20_000, ge=0)
-
-    zk_heap: str = Field(default="256m", pattern=r"^\d+[kmg]$")
-    kafka_heap: str = Field(default="512m", pattern=r"^\d+[kmg]$")
-    # How long `up` waits for every service to become healthy before it gives up.
-    startup_timeout_s: float = Field(default=420.0, gt=0)
 
     @field_validator(
-        "kafka_ports",
-        "kafka_controller_ports",
-        "kafka_broker_ports",
-        "engine_ids",
-        "engine_admin_ports",
-        "publisher_metrics_ports",
-        "stack_pipelines",
-        mode="before",
+        "kafka_ports", "engine_ids", "engine_admin_ports", "stack_pipelines", mode="before"
     )
     @classmethod
-    def _split_ports(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+    def _split_lists(cls, value: Any) -> Any:
+        return _split_commas(value)
 
     @field_validator("snapshot_root", "checkpoint_root", mode="before")
     @classmethod
@@ -308,48 +163,10 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("spark_conf", mode="before")
-    @classmethod
-    def _split_pairs(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        pairs: dict[str, str] = {}
-        for part in value.split(";"):
-            if not part.strip():
-                continue
-            key, sep, item = part.partition("=")
-            if not sep or not key.strip().startswith("spark."):
-                raise ValueError(
-                    f"{part.strip()!r} is not spark.<key>=<value>; pairs are separated by ';'"
-                )
-            pairs[key.strip()] = item.strip()
-        return pairs
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_topics(cls, values: Any) -> Any:
-        if isinstance(values, dict):
-            pipeline = values.get("pipeline") or "hostmetrics"
-            for field, suffix in TOPIC_SUFFIXES.items():
-                if not values.get(field):
-                    values[field] = f"{pipeline}.{suffix}"
-        return values
-
     @model_validator(mode="after")
-    def _check_consistency(self) -> Settings:
-        brokers = len(self.kafka_ports)
-        if brokers == 0:
+    def _check_connections(self) -> Connections:
+        if not self.kafka_ports:
             raise ValueError("kafka_ports must name at least one broker port")
-        if len(self.kafka_controller_ports) != brokers:
-            raise ValueError(
-                f"kafka_controller_ports has {len(self.kafka_controller_ports)} entries but "
-                f"kafka_ports has {brokers}: every node runs one broker and one controller"
-            )
-        if self.kafka_broker_ports and len(self.kafka_broker_ports) != brokers:
-            raise ValueError(
-                f"kafka_broker_ports has {len(self.kafka_broker_ports)} entries but kafka_ports "
-                f"has {brokers}: every broker has one mutual-TLS listener"
-            )
         if len(self.engine_admin_ports) != len(self.engine_ids):
             raise ValueError(
                 f"engine_admin_ports has {len(self.engine_admin_ports)} entries but engine_ids "
@@ -362,26 +179,7 @@ class Settings(BaseSettings):
             )
         if len(set(self.engine_ids)) != len(self.engine_ids):
             raise ValueError(f"engine_ids repeat a name: {self.engine_ids}")
-        ports = self.ports
-        clashes = sorted({p for p in ports if ports.count(p) > 1})
-        if clashes:
-            raise ValueError(f"ports are used twice: {clashes}")
-        if self.replication_factor > brokers:
-            raise ValueError(
-                f"replication_factor={self.replication_factor} needs at least that many "
-                f"brokers, kafka_ports has {brokers}"
-            )
-        if self.min_insync_replicas > self.replication_factor:
-            raise ValueError(
-                f"min_insync_replicas={self.min_insync_replicas} exceeds "
-                f"replication_factor={self.replication_factor}: no write could ever succeed"
-            )
         self._check_admin_tls()
-        topics = [self.inbound_topic, self.outbound_topic, self.dlq_topic, self.progress_topic]
-        if len(set(topics)) != len(topics):
-            raise ValueError(
-                f"inbound, outbound, dead-letter and progress topics must differ: {topics}"
-            )
         return self
 
     def _check_admin_tls(self) -> None:
@@ -425,27 +223,6 @@ class Settings(BaseSettings):
         return "https" if self.admin_tls or self.admin_tls_cafile else "http"
 
     @property
-    def ports(self) -> list[int]:
-        """Every port the local stack listens on."""
-        quorum = [*self.zk_peer_ports, *self.zk_election_ports] if self.zk_nodes > 1 else []
-        spark = (
-            [self.spark_master_port, self.spark_master_ui_port, self.spark_worker_ui_port]
-            if self.spark_standalone
-            else []
-        )
-        return [
-            *self.zk_client_ports,
-            *spark,
-            *quorum,
-            self.airflow_port,
-            *self.kafka_ports,
-            *self.kafka_controller_ports,
-            *(self.broker_ports if self.kafka_security else []),
-            *self.engine_admin_ports,
-            *self.publisher_metrics_ports,
-        ]
-
-    @property
     def kafka_ca_path(self) -> Path:
         return Path(self.kafka_tls_cafile) if self.kafka_tls_cafile else self.tls_dir / "ca.pem"
 
@@ -467,41 +244,9 @@ class Settings(BaseSettings):
         return ",".join(f"{self.bind_host}:{port}" for port in self.kafka_ports)
 
     @property
-    def broker_listener_servers(self) -> str:
-        """The brokers' mutual-TLS listeners (Kafka security only)."""
-        if self.kafka_broker_bootstrap:
-            return self.kafka_broker_bootstrap
-        return ",".join(f"{self.bind_host}:{port}" for port in self.broker_ports)
-
-    @property
-    def broker_ports(self) -> list[int]:
-        """The brokers' mutual-TLS listener ports (kafka_broker_ports)."""
-        return self.kafka_broker_ports or [port + 200 for port in self.kafka_ports]
-
-    @property
-    def standalone_master_url(self) -> str:
-        """The local stack's (or compose's) standalone master."""
-        return f"spark://{self.spark_master_host or self.bind_host}:{self.spark_master_port}"
-
-    @property
-    def engine_spark_master(self) -> str:
-        """The master the engines use: the local stack's standalone master when it runs one."""
-        if self.spark_standalone:
-            return self.standalone_master_url
-        return self.spark_master
-
-    @property
     def zk_client_ports(self) -> list[int]:
         """The local stack's ZooKeeper client ports, node 1 first."""
         return [self.zk_port + n for n in range(self.zk_nodes)]
-
-    @property
-    def zk_peer_ports(self) -> list[int]:
-        return [self.zk_peer_port + n for n in range(self.zk_nodes)]
-
-    @property
-    def zk_election_ports(self) -> list[int]:
-        return [self.zk_election_port + n for n in range(self.zk_nodes)]
 
     @property
     def zk_hosts(self) -> str:
@@ -526,25 +271,6 @@ class Settings(BaseSettings):
         servers, chroot = collect_hosts(self.zk_hosts)
         return [(host, int(port)) for host, port in servers], str(chroot or "")
 
-    @property
-    def airflow_url(self) -> str:
-        return f"http://{self.bind_host}:{self.airflow_port}"
-
-    @property
-    def transactional_id(self) -> str:
-        """Shared by every engine of the pipeline: a new active's init fences the old one."""
-        return self.topics().transactional_id
-
-    def topics(self) -> PipelineTopics:
-        """The pipeline's names in Kafka, for the clients that use nothing else of these."""
-        return PipelineTopics(
-            pipeline=self.pipeline,
-            inbound=self.inbound_topic,
-            outbound=self.outbound_topic,
-            dlq=self.dlq_topic,
-            progress=self.progress_topic,
-        )
-
     def zookeeper(self) -> ZooKeeperConnection:
         """Where ZooKeeper is and who this process is there; reads the password file (see
         `secret`) once, here."""
@@ -554,18 +280,6 @@ class Settings(BaseSettings):
             user=self.zk_user,
             password=self.secret("zk_password"),
         )
-
-    @property
-    def election_path(self) -> str:
-        return f"/twinstream/{self.pipeline}/election"
-
-    @property
-    def epoch_path(self) -> str:
-        return f"/twinstream/{self.pipeline}/epoch"
-
-    @property
-    def quarantine_path(self) -> str:
-        return f"/twinstream/{self.pipeline}/quarantine"
 
     def engine_admin_port(self, engine_id: str) -> int:
         try:
@@ -581,29 +295,6 @@ class Settings(BaseSettings):
 
     def engine_dir(self, engine_id: str) -> Path:
         return self.state_dir / "engines" / engine_id
-
-    def checkpoint_dir(self, engine_id: str) -> Location:
-        """The engine's Spark checkpoint: a local folder, or one on the shared storage
-        `checkpoint_root` names."""
-        return location(self.checkpoint_uri(engine_id))
-
-    def checkpoint_uri(self, engine_id: str) -> str:
-        """The same checkpoint as Spark's checkpointLocation names it: the configured URL
-        as written (universal-pathlib's str of an HDFS path drops its namenode)."""
-        if self.checkpoint_root:
-            return f"{self.checkpoint_root.strip().rstrip('/')}/{self.pipeline}/{engine_id}"
-        return str(self.engine_dir(engine_id) / "checkpoint")
-
-    @property
-    def snapshot_dir(self) -> Location:
-        """This pipeline's snapshots."""
-        root = location(self.snapshot_root or self.state_dir / "snapshots")
-        return root / self.pipeline
-
-    @property
-    def audit_dir(self) -> Path:
-        """This pipeline's audit cursor, results and Great Expectations Data Docs."""
-        return self.state_dir / "audit" / self.pipeline
 
     def engine_conn_id(self, engine_id: str) -> str:
         """The Airflow connection that holds the engine's admin URL and token."""
@@ -628,13 +319,437 @@ class Settings(BaseSettings):
         return len(self.kafka_ports) == 1
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """Read settings from the environment; a bad value raises SettingsError naming it."""
+class PipelineSettings(BaseSettings):
+    """The per-pipeline context: which pipeline, its topics and their configuration. A
+    process's own pipeline is TWINSTREAM_PIPELINE (no default: the product has no example
+    pipeline of its own); `twinstream.platform.registry` gives any other one's."""
+
+    model_config = _ENV
+
+    # The pipeline this process works on; "" for a process over every pipeline (the stack,
+    # the DAGs), and an error (`pipeline_name`) where one is needed and none was chosen.
+    pipeline: str = Field(default="", pattern=rf"^$|{PIPELINE_NAME}")
+    # A pipeline's topics; empty: <pipeline>.in, .out, .dlq and .progress. The progress
+    # topic holds one record per published transaction, the inbound range it covers
+    # (twinstream.core.outbound): how an input with no output is accounted for.
+    inbound_topic: str = ""
+    outbound_topic: str = ""
+    dlq_topic: str = ""
+    progress_topic: str = ""
+    inbound_retention_ms: int = Field(default=7 * DAY_MS, ge=60_000)
+    outbound_retention_ms: int = Field(default=7 * DAY_MS, ge=60_000)
+    dlq_retention_ms: int = Field(default=14 * DAY_MS, ge=60_000)
+    replication_factor: int = Field(default=3, ge=1)
+    min_insync_replicas: int = Field(default=2, ge=1)
+    # Partitions of each of the pipeline's four topics: a record's identity is (partition,
+    # offset), and its outputs go to the same partition number (twinstream.core.rows). A
+    # key's records must all be in one partition (producers partition by key) for per-key
+    # state; more partitions spread a pipeline over more executor cores. A pipelines.toml
+    # entry may set its own (`partitions = 3`).
+    partitions: int = Field(default=1, ge=1, le=32_767)
+    # Publisher adapters `make up` runs for the pipeline (twinstream.edge.publisher), from
+    # its pipelines-file entry (`publishers`): the source they follow (a file, a folder, or
+    # http://HOST:PORT to serve), how many (1 active, the rest standby), a folder's files.
+    publisher_source: str = ""
+    publisher_count: int = Field(default=0, ge=0, le=9)
+    publisher_pattern: str = "*.jsonl"
+    window_retention_ms: int = Field(default=60 * 60 * 1000, ge=1000)
+    # The largest inbound record: a larger one is a dead letter (`oversize`) before it is
+    # parsed (twinstream.engine.pipeline.validated).
+    max_record_bytes: int = Field(default=64 * 1024, ge=64)
+    # The largest Kafka message an engine writes. The outbound and dead-letter topics get
+    # max.message.bytes of at least this; a dead letter whose raw bytes would exceed it
+    # carries their prefix, full length and sha256 (twinstream.core.rows.dead_letter).
+    max_message_bytes: int = Field(default=1_000_000, ge=16_384)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_topics(cls, values: Any) -> Any:
+        if isinstance(values, dict) and values.get("pipeline"):
+            for field, suffix in TOPIC_SUFFIXES.items():
+                if not values.get(field):
+                    values[field] = f"{values['pipeline']}.{suffix}"
+        return values
+
+    @model_validator(mode="after")
+    def _check_pipeline(self) -> PipelineSettings:
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas={self.min_insync_replicas} exceeds "
+                f"replication_factor={self.replication_factor}: no write could ever succeed"
+            )
+        topics = [self.inbound_topic, self.outbound_topic, self.dlq_topic, self.progress_topic]
+        if self.pipeline and len(set(topics)) != len(topics):
+            raise ValueError(
+                f"inbound, outbound, dead-letter and progress topics must differ: {topics}"
+            )
+        return self
+
+    @property
+    def pipeline_name(self) -> str:
+        """The pipeline; a process that works on one and was given none stops here, named."""
+        if not self.pipeline:
+            raise SettingsError(
+                "no pipeline chosen: give --pipeline NAME, or set TWINSTREAM_PIPELINE to one "
+                "of the pipelines file's"
+            )
+        return self.pipeline
+
+    @property
+    def transactional_id(self) -> str:
+        """Shared by every engine of the pipeline: a new active's init fences the old one."""
+        return self.topics().transactional_id
+
+    def topics(self) -> PipelineTopics:
+        """The pipeline's names in Kafka, for the clients that use nothing else of these."""
+        return PipelineTopics(
+            pipeline=self.pipeline_name,
+            inbound=self.inbound_topic,
+            outbound=self.outbound_topic,
+            dlq=self.dlq_topic,
+            progress=self.progress_topic,
+        )
+
+    @property
+    def election_path(self) -> str:
+        return f"/twinstream/{self.pipeline_name}/election"
+
+    @property
+    def epoch_path(self) -> str:
+        return f"/twinstream/{self.pipeline_name}/epoch"
+
+    @property
+    def quarantine_path(self) -> str:
+        return f"/twinstream/{self.pipeline_name}/quarantine"
+
+
+class CommonSettings(Connections, PipelineSettings):
+    """What every process reads: where things are, and its pipeline. Where a pipeline's
+    checkpoints, snapshots and audit live joins the two."""
+
+    @model_validator(mode="after")
+    def _check_common(self) -> CommonSettings:
+        if self.replication_factor > len(self.kafka_ports):
+            raise ValueError(
+                f"replication_factor={self.replication_factor} needs at least that many "
+                f"brokers, kafka_ports has {len(self.kafka_ports)}"
+            )
+        return self
+
+    def checkpoint_dir(self, engine_id: str) -> Location:
+        """The engine's Spark checkpoint: a local folder, or one on the shared storage
+        `checkpoint_root` names."""
+        return location(self.checkpoint_uri(engine_id))
+
+    def checkpoint_uri(self, engine_id: str) -> str:
+        """The same checkpoint as Spark's checkpointLocation names it: the configured URL
+        as written (universal-pathlib's str of an HDFS path drops its namenode)."""
+        if self.checkpoint_root:
+            root = self.checkpoint_root.strip().rstrip("/")
+            return f"{root}/{self.pipeline_name}/{engine_id}"
+        return str(self.engine_dir(engine_id) / "checkpoint")
+
+    @property
+    def snapshot_dir(self) -> Location:
+        """This pipeline's snapshots."""
+        root = location(self.snapshot_root or self.state_dir / "snapshots")
+        return root / self.pipeline_name
+
+    @property
+    def audit_dir(self) -> Path:
+        """This pipeline's audit cursor, results and Great Expectations Data Docs."""
+        return self.state_dir / "audit" / self.pipeline_name
+
+
+class EngineTuning(BaseSettings):
+    """How an engine runs its query: batches, buffers, Spark, the warm-up; read by the
+    engines (and by the stack, which starts them)."""
+
+    model_config = _ENV
+
+    # The admin API's OpenAPI document and Swagger UI (/openapi.json, /docs) are served to
+    # anyone who reaches the port, like /healthz: they describe the endpoints, no engine
+    # data. false: not served at all.
+    admin_api_docs: bool = True
+    num_buffered_msgs: int = Field(default=10_000, ge=1)
+    # The memory bound, in rows, of both roles (twinstream.core.gate): a standby keeps every
+    # output the active has not published yet, and pauses its query once it holds this
+    # many; an active that cannot publish pauses its query once it holds this many
+    # unpublished. Nothing is dropped: a paused query leaves its input in Kafka.
+    max_buffered_msgs: int = Field(default=100_000, ge=1)
+    # Test-only fault injection, off unless set: the transform raises on any batch holding
+    # a record that contains this text (a bug outside the per-record guard), so that tests
+    # can prove the quarantine. Never set it in production.
+    fault_marker: str = ""
+    trigger_interval_ms: int = Field(default=250, ge=0)
+    # Bounds a catch-up batch, so a standby that replays a backlog still reaches takeover
+    # readiness batch by batch rather than in one long batch. A steady stream runs in small
+    # batches whatever this is (what arrived in one trigger interval); a backlog (a restart,
+    # a rejoin, the end of an outage) drains in batches this large, each paying a batch's
+    # fixed cost (~0.6 s on two cores) once: at 5,000 that cost caps a drain near 5,000
+    # events/s, at 20,000 one batch takes ~2 s and a drain runs twice as fast.
+    max_offsets_per_trigger: int = Field(default=20_000, ge=1)
+    # A catch-up batch's length in time (twinstream.engine.batching): each query start sizes its
+    # batches to what the engine measured it processes in this long, between
+    # min_offsets_per_trigger and max_offsets_per_trigger. A takeover, a persist or a stop
+    # waits for the batch in flight: this bounds that wait on any machine.
+    max_batch_s: float = Field(default=3.0, gt=0)
+    min_offsets_per_trigger: int = Field(default=2_000, ge=1)
+    # An engine runs this many of its pipeline's sample records (`Pipeline.sample`) through
+    # its whole plan when its Spark session starts, before its query: the first batches of
+    # real records then run warm (twinstream.engine.pipeline.warm_up). 0: no warm-up.
+    warm_up_records: int = Field(default=2_000, ge=0)
+    # How often an engine logs where its batches spent their time (the medians since the
+    # last line: Spark's parts, the batch's job and the gate's publish on the driver).
+    batch_timings_log_s: float = Field(default=60.0, gt=0)
+    # Where an engine's Spark runs: local[n] in the engine's own JVM (the default), a
+    # standalone cluster (spark://host:7077), yarn, k8s://...; "" leaves it to spark-submit's
+    # --master or spark-defaults.conf. On a cluster the executors need this project's Python
+    # (PYSPARK_PYTHON) and the pipelines' folder on their PYTHONPATH (README, "On a Spark
+    # cluster").
+    spark_master: str = Field(
+        default="local[2]",
+        pattern=r"^$|^(local(\[[0-9*]+\])?|spark://[^\s]+|yarn|k8s://[^\s]+|mesos://[^\s]+)$",
+    )
+    # More Spark settings for the engines, key=value pairs separated by ";" (Spark's values
+    # hold commas and spaces, never semicolons): a cluster's deploy settings, say
+    # "spark.executor.memory=2g;spark.kubernetes.container.image=...". The framework's own
+    # and the pipeline's win where they meet.
+    spark_conf: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    # Cores an engine's application takes on a cluster (spark.cores.max): a standalone
+    # master gives an application every free core by default, and the standby's would wait.
+    spark_cores: int = Field(default=1, ge=1)
+    # The local stack runs a Spark standalone master and one worker (`make up SPARK=standalone`)
+    # and its engines use them; the ports are the master's and its web UI's.
+    spark_standalone: bool = False
+    # Where the master and the worker listen and are reached; empty: bind_host (compose:
+    # their service names).
+    spark_master_host: str = ""
+    spark_master_port: Port = 7077
+
+    @field_validator("spark_conf", mode="before")
+    @classmethod
+    def _split_pairs(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        pairs: dict[str, str] = {}
+        for part in value.split(";"):
+            if not part.strip():
+                continue
+            key, sep, item = part.partition("=")
+            if not sep or not key.strip().startswith("spark."):
+                raise ValueError(
+                    f"{part.strip()!r} is not spark.<key>=<value>; pairs are separated by ';'"
+                )
+            pairs[key.strip()] = item.strip()
+        return pairs
+
+
+class InSyncBounds(BaseSettings):
+    """When an engine counts as in sync: the engines decide it, the status and the health
+    checks read the same bounds."""
+
+    model_config = _ENV
+
+    # An engine is in sync when it would reach the inbound head within this many seconds at
+    # the rate its own batches measured: what a takeover would wait for. It leaves only
+    # after in_sync_hold_s above it, or at twice it (twinstream.engine.readiness.InSync):
+    # a level engine's lag swings by a batch between triggers.
+    in_sync_s: float = Field(default=3.0, gt=0)
+    in_sync_hold_s: float = Field(default=5.0, ge=0)
+    # In records: the in-sync bound until an engine has measured its rate, and the margin
+    # by which a winner hands its win to a more caught-up in-sync engine (a batch's worth).
+    in_sync_lag: int = Field(default=5_000, ge=0)
+
+
+class Housekeeping(BaseSettings):
+    """The Airflow tasks' schedules and bounds: persist, retention, watch, audit."""
+
+    model_config = _ENV
+
+    dags_dir: Path = REPO_ROOT / "dags"
+    # How often persist_standby_state runs: that DAG's schedule is built from this number,
+    # and check_kafka_retention reads the schedule back rather than this setting.
+    persist_interval_s: int = Field(default=900, ge=60)
+    snapshots_keep: int = Field(default=3, ge=1)
+    # An engine down or stopped this long makes watch_engines start restore_and_resync.
+    watch_grace_s: int = Field(default=120, ge=0)
+    # check_kafka_retention: inbound retention must exceed window retention + persist
+    # interval + this margin (the time a restore may take to start and replay).
+    restore_margin_s: int = Field(default=3600, ge=0)
+    # audit_output_topic: its schedule, and, with its Param up_to=margin only, how far below
+    # the inbound high watermark an audit stops (messages still in flight through the
+    # engines are not gaps yet); by default an audit ends at what the engines committed.
+    audit_interval_s: int = Field(default=600, ge=60)
+    audit_inflight_msgs: int = Field(default=20_000, ge=0)
+
+
+class StackLayout(BaseSettings):
+    """The local stack's own ports, heaps and folders: read only by the stack (`make up`,
+    `twinstream.stack`), never by an engine, a task or an adapter."""
+
+    model_config = _ENV
+
+    plugins_dir: Path = REPO_ROOT / "plugins"
+    zk_peer_port: Port = 2888
+    zk_election_port: Port = 3888
+    # ZooKeeper clamps session timeouts to [2, 20] x tickTime; 500 ms lets a dead engine's
+    # session expire within about a second.
+    zk_tick_ms: int = Field(default=500, ge=100, le=2000)
+    kafka_controller_ports: PortList = [9192, 9193, 9194]
+    # With Kafka security: the brokers' mutual-TLS listener, on which they replicate and the
+    # stack itself (`up`, which holds the servers' key) makes the users and ACLs. Empty: each
+    # of kafka_ports + 200 (9292, 9293, 9294).
+    kafka_broker_ports: PortList = []
+    airflow_port: Port = 8080
+    # Whether a DAG Airflow sees for the first time starts paused (Airflow's
+    # dags_are_paused_at_creation). False: the housekeeping DAGs run on their schedules, as
+    # the README's "What runs by itself" says. The tests' stack sets it: they trigger DAGs
+    # themselves, and scheduled runs would disturb the engines under test. A DAG's state in
+    # an existing Airflow database is kept (toggle it in the UI or `airflow dags unpause`).
+    dags_paused: bool = False
+    # The mutual-TLS listeners the same way (compose: kafka-1:19095,...).
+    kafka_broker_bootstrap: str = ""
+    # The ports of those adapters' GET /metrics (`twinstream publish --metrics-port`), given
+    # in order to the stack's publisher programs, pipeline by pipeline, as the engines get
+    # their admin ports; empty: no /metrics. Clear of the engines' 87xx and of 8800, the
+    # port an HTTP source is usually given.
+    publisher_metrics_ports: PortList = [8811, 8812, 8813, 8814, 8815, 8816, 8817, 8818]
+    engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")
+    spark_worker_host: str = ""
+    spark_master_ui_port: Port = 8090
+    spark_worker_ui_port: Port = 8091
+    # 0: as many as the stack's engines take (engines x spark_cores), whatever the machine
+    # has: an application the worker has no core left for waits, and a standby without
+    # executors computes nothing.
+    spark_worker_cores: int = Field(default=0, ge=0)
+    # Empty: 1g per engine (Spark's default executor memory); an application whose executor
+    # the worker has no memory left for waits too.
+    spark_worker_memory: str = Field(default="", pattern=r"^$|^\d+[kmg]$")
+    zk_heap: str = Field(default="256m", pattern=r"^\d+[kmg]$")
+    kafka_heap: str = Field(default="512m", pattern=r"^\d+[kmg]$")
+    # How long `up` waits for every service to become healthy before it gives up.
+    startup_timeout_s: float = Field(default=420.0, gt=0)
+
+    @field_validator(
+        "kafka_controller_ports", "kafka_broker_ports", "publisher_metrics_ports", mode="before"
+    )
+    @classmethod
+    def _split_stack_lists(cls, value: Any) -> Any:
+        return _split_commas(value)
+
+
+class EngineSettings(CommonSettings, EngineTuning, InSyncBounds):
+    """What an engine reads (spark_jobs/engine.py)."""
+
+    @property
+    def standalone_master_url(self) -> str:
+        """The local stack's (or compose's) standalone master."""
+        return f"spark://{self.spark_master_host or self.bind_host}:{self.spark_master_port}"
+
+    @property
+    def engine_spark_master(self) -> str:
+        """The master the engines use: the local stack's standalone master when it runs one."""
+        if self.spark_standalone:
+            return self.standalone_master_url
+        return self.spark_master
+
+
+class TaskSettings(CommonSettings, Housekeeping, InSyncBounds):
+    """What an Airflow task or DAG file reads (dags/, spark_jobs/audit_output.py)."""
+
+
+class AdapterSettings(CommonSettings):
+    """What a publisher or subscriber adapter reads (twinstream.edge)."""
+
+
+class Settings(EngineSettings, TaskSettings, AdapterSettings, StackLayout):
+    """Every group: what the local stack and the operator's CLI read, which start and
+    configure every other process (each child gets these as TWINSTREAM_* variables and
+    reads its own groups of them)."""
+
+    @model_validator(mode="after")
+    def _check_stack(self) -> Settings:
+        brokers = len(self.kafka_ports)
+        if len(self.kafka_controller_ports) != brokers:
+            raise ValueError(
+                f"kafka_controller_ports has {len(self.kafka_controller_ports)} entries but "
+                f"kafka_ports has {brokers}: every node runs one broker and one controller"
+            )
+        if self.kafka_broker_ports and len(self.kafka_broker_ports) != brokers:
+            raise ValueError(
+                f"kafka_broker_ports has {len(self.kafka_broker_ports)} entries but kafka_ports "
+                f"has {brokers}: every broker has one mutual-TLS listener"
+            )
+        ports = self.ports
+        clashes = sorted({p for p in ports if ports.count(p) > 1})
+        if clashes:
+            raise ValueError(f"ports are used twice: {clashes}")
+        return self
+
+    @property
+    def ports(self) -> list[int]:
+        """Every port the local stack listens on."""
+        quorum = [*self.zk_peer_ports, *self.zk_election_ports] if self.zk_nodes > 1 else []
+        spark = (
+            [self.spark_master_port, self.spark_master_ui_port, self.spark_worker_ui_port]
+            if self.spark_standalone
+            else []
+        )
+        return [
+            *self.zk_client_ports,
+            *spark,
+            *quorum,
+            self.airflow_port,
+            *self.kafka_ports,
+            *self.kafka_controller_ports,
+            *(self.broker_ports if self.kafka_security else []),
+            *self.engine_admin_ports,
+            *self.publisher_metrics_ports,
+        ]
+
+    @property
+    def broker_listener_servers(self) -> str:
+        """The brokers' mutual-TLS listeners (Kafka security only)."""
+        if self.kafka_broker_bootstrap:
+            return self.kafka_broker_bootstrap
+        return ",".join(f"{self.bind_host}:{port}" for port in self.broker_ports)
+
+    @property
+    def broker_ports(self) -> list[int]:
+        """The brokers' mutual-TLS listener ports (kafka_broker_ports)."""
+        return self.kafka_broker_ports or [port + 200 for port in self.kafka_ports]
+
+    @property
+    def zk_peer_ports(self) -> list[int]:
+        return [self.zk_peer_port + n for n in range(self.zk_nodes)]
+
+    @property
+    def zk_election_ports(self) -> list[int]:
+        return [self.zk_election_port + n for n in range(self.zk_nodes)]
+
+    @property
+    def airflow_url(self) -> str:
+        return f"http://{self.bind_host}:{self.airflow_port}"
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load(kind: type[S], **overrides: Any) -> S:
+    """Read one process's settings (`kind`: EngineSettings, TaskSettings, AdapterSettings,
+    Settings) from the environment; a bad value raises SettingsError naming it. Variables
+    of groups `kind` does not hold are not read, so not validated."""
     try:
-        return Settings(**overrides)
+        return kind(**overrides)
     except ValidationError as exc:
         problems = "; ".join(
             f"TWINSTREAM_{'_'.join(str(p) for p in err['loc']).upper() or '*'}: {err['msg']}"
             for err in exc.errors()
         )
         raise SettingsError(f"invalid Twinstream configuration: {problems}") from exc
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Every group: the local stack's and the operator's CLI's settings."""
+    return load(Settings, **overrides)

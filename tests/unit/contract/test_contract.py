@@ -74,7 +74,7 @@ def test_the_pipelines_file_lists_modules_and_loads_the_named_one(tmp_path, monk
     path = write(tmp_path, '[flow]\nmodule = "mine.flow"\n\n[odd]\nmodule = "mine.flow:other"\n')
     monkeypatch.syspath_prepend(str(tmp_path))
     settings = load_settings(pipelines_file=path, pipeline="flow")
-    assert registry.names(settings) == ["flow", "odd"]
+    assert registry.names(settings.pipelines_file) == ["flow", "odd"]
     assert registry.load(settings).name == "flow"
     with pytest.raises(ContractError, match=r"mine\.flow has no Pipeline named 'other'"):
         registry.load(load_settings(pipelines_file=path, pipeline="odd"))
@@ -83,31 +83,57 @@ def test_the_pipelines_file_lists_modules_and_loads_the_named_one(tmp_path, monk
 
 
 def test_a_bad_pipelines_file_says_what_to_write(tmp_path):
-    missing = load_settings(pipelines_file=tmp_path / "none.toml")
+    missing = load_settings(pipeline="hostmetrics", pipelines_file=tmp_path / "none.toml")
     with pytest.raises(SettingsError, match=r"no pipelines file .* TWINSTREAM_PIPELINES_FILE"):
         registry.load(missing)
-    broken = load_settings(pipelines_file=write(tmp_path, "[flow]\nmodule = 3\n"))
+    broken = load_settings(
+        pipeline="hostmetrics", pipelines_file=write(tmp_path, "[flow]\nmodule = 3\n")
+    )
     with pytest.raises(SettingsError, match=r'\[flow\] needs module = "package.module'):
-        registry.names(broken)
+        registry.names(broken.pipelines_file)
     # A typo is named, with the key meant, not silently dropped (partitions stayed 1).
-    typo = load_settings(pipelines_file=write(tmp_path, '[flow]\nmodule = "a.b"\npartition = 3\n'))
+    typo = load_settings(
+        pipeline="hostmetrics",
+        pipelines_file=write(tmp_path, '[flow]\nmodule = "a.b"\npartition = 3\n'),
+    )
     with pytest.raises(SettingsError, match=r"\[flow\] has 'partition'.*did you mean 'partitions'"):
-        registry.names(typo)
+        registry.names(typo.pipelines_file)
     unimportable = load_settings(
-        pipelines_file=write(tmp_path, '[hostmetrics]\nmodule = "no.such.module"\n')
+        pipeline="hostmetrics",
+        pipelines_file=write(tmp_path, '[hostmetrics]\nmodule = "no.such.module"\n'),
     )
     with pytest.raises(ContractError, match=r"cannot import pipeline module 'no\.such\.module'"):
         registry.load(unimportable)
 
 
 def test_the_repositorys_pipelines_file_lists_both_examples_on_three_partitions(monkeypatch):
-    assert registry.names(load_settings()) == ["hostmetrics", "payments"]
-    assert {s.partitions for s in registry.stack(load_settings()).values()} == {3}
+    assert registry.names(load_settings().pipelines_file) == ["hostmetrics", "payments"]
+    assert {
+        s.partitions for s in registry.stack(load_settings(pipeline="hostmetrics")).values()
+    } == {3}
     # The environment's own pipeline as the stack runs it: its entry's partitions, not the
     # environment's default (a tool driving the stack's hostmetrics must see three).
     monkeypatch.delenv("TWINSTREAM_PARTITIONS", raising=False)
-    assert load_settings().partitions == 1
-    assert registry.configured().partitions == 3
+    assert load_settings(pipeline="hostmetrics").partitions == 1
+    assert registry.chosen(load_settings(pipeline="hostmetrics")).partitions == 3
+
+
+def test_a_command_on_one_pipeline_takes_the_chosen_one_or_the_files_only_one(tmp_path):
+    """The product has no default pipeline: with several listed and none chosen, the error
+    names them and the fix."""
+    two = load_settings(
+        pipelines_file=write(tmp_path, '[one]\nmodule = "m.one"\n\n[two]\nmodule = "m.two"\n')
+    )
+    assert two.pipeline == ""
+    with pytest.raises(SettingsError, match=r"give --pipeline NAME .* lists one, two"):
+        registry.chosen(two)
+    assert registry.chosen(two, "two").inbound_topic == "two.in"
+    assert registry.chosen(two.model_copy(update={"pipeline": "one"})).pipeline == "one"
+    (tmp_path / "only").mkdir()
+    only = load_settings(pipelines_file=write(tmp_path / "only", '[solo]\nmodule = "m.solo"\n'))
+    assert registry.chosen(only).topics().outbound == "solo.out"
+    with pytest.raises(SettingsError, match="no pipeline chosen"):
+        two.topics()
 
 
 def test_each_pipeline_gets_its_topics_engines_and_ports(tmp_path):
@@ -116,7 +142,7 @@ def test_each_pipeline_gets_its_topics_engines_and_ports(tmp_path):
         '[one]\nmodule = "m.one"\n\n'
         '[two]\nmodule = "m.two"\nengines = ["c", "d"]\nadmin_ports = [8703, 8704]\n',
     )
-    stack = registry.stack(load_settings(pipelines_file=path))
+    stack = registry.stack(load_settings(pipeline="hostmetrics", pipelines_file=path))
     one, two = stack["one"], stack["two"]
     assert (one.inbound_topic, one.engine_ids, one.engine_admin_ports) == (
         "one.in",
@@ -160,10 +186,12 @@ def test_the_stack_runs_the_chosen_pipelines_and_knows_each_engines_pipeline(tmp
     assert registry.for_engine(base, "a").inbound_topic == "one.in"
     with pytest.raises(SettingsError, match=r"no pipeline of this stack runs engine 'x'.*\(two\)"):
         registry.for_engine(base, "x")
-    only = load_settings(pipelines_file=path, stack_pipelines="two")
+    only = load_settings(pipeline="hostmetrics", pipelines_file=path, stack_pipelines="two")
     assert list(registry.stack(only)) == ["two"]
     with pytest.raises(SettingsError, match="names three, which"):
-        registry.stack(load_settings(pipelines_file=path, stack_pipelines="two,three"))
+        registry.stack(
+            load_settings(pipeline="hostmetrics", pipelines_file=path, stack_pipelines="two,three")
+        )
 
 
 def test_the_base_pipeline_keeps_its_topics_and_a_module_pipeline_is_the_whole_stack(tmp_path):
@@ -181,16 +209,19 @@ def test_two_pipelines_may_not_share_an_engine_or_a_port(tmp_path):
         '[one]\nmodule = "m"\n\n[two]\nmodule = "m"\nengines = ["c"]\nadmin_ports = [8701]\n',
     )
     with pytest.raises(SettingsError, match="admin port 8701 belongs to both 'one' and 'two'"):
-        registry.stack(load_settings(pipelines_file=clash))
+        registry.stack(load_settings(pipeline="hostmetrics", pipelines_file=clash))
     same = write(tmp_path, '[one]\nmodule = "m"\n\n[two]\nmodule = "m"\n')
     with pytest.raises(SettingsError, match="engine 'a' belongs to both"):
-        registry.stack(load_settings(pipelines_file=same))
+        registry.stack(load_settings(pipeline="hostmetrics", pipelines_file=same))
 
 
 def test_new_pipeline_offers_engines_and_ports_no_pipeline_uses(tmp_path, capsys):
     from twinstream.ops import cli
 
-    assert registry.free_engines(load_settings()) == [("e", 8705), ("f", 8706)]
+    assert registry.free_engines(load_settings(pipeline="hostmetrics")) == [
+        ("e", 8705),
+        ("f", 8706),
+    ]
     assert cli.main(["new-pipeline", "shop_totals", "--dir", str(tmp_path)]) == 0
     hint = capsys.readouterr().out
     from twinstream.ops.skeleton import pipelines_entry
@@ -202,7 +233,10 @@ def test_new_pipeline_offers_engines_and_ports_no_pipeline_uses(tmp_path, capsys
     # What it offers is what the pipelines file then accepts beside the examples.
     repo = (REPO_ROOT / "pipelines.toml").read_text()
     path = write(tmp_path, repo + hint[hint.index("[shop_totals]") : hint.index("\n\nand")])
-    assert registry.engines(load_settings(pipelines_file=path))[-2:] == ["e", "f"]
+    assert registry.engines(load_settings(pipeline="hostmetrics", pipelines_file=path))[-2:] == [
+        "e",
+        "f",
+    ]
 
 
 # Optional members and bounds: refused by name when they name nothing the schema declares.

@@ -76,7 +76,7 @@ KAFKA = KafkaConnection(
     ca_path=Path("ca.pem"),
     credentials_path=Path("kafka-credentials.json"),
 )
-TOPICS = Settings().topics()
+TOPICS = Settings(pipeline="hostmetrics").topics()
 
 
 @pytest.fixture

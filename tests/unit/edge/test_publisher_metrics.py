@@ -106,7 +106,7 @@ def _stack(tmp_path: Path, **env: Any) -> tuple[Settings, dict[str, Settings]]:
         '[bank]\nmodule = "bank.pipeline"\nengines = ["g", "h"]\nadmin_ports = [8707, 8708]\n'
         'publishers = { source = "/data/bank", count = 3 }\n'
     )
-    settings = load_settings(pipelines_file=path, state_dir=tmp_path, **env)
+    settings = load_settings(pipeline="hostmetrics", pipelines_file=path, state_dir=tmp_path, **env)
     return settings, dict(registry.stack(settings))
 
 
@@ -143,11 +143,11 @@ def test_too_few_metrics_ports_or_an_engines_port_are_refused_with_the_fix(tmp_p
 
 
 def test_the_default_metrics_ports_clash_with_no_other_port_of_the_stack():
-    settings = Settings()
+    settings = Settings(pipeline="hostmetrics")
     assert set(settings.publisher_metrics_ports) <= set(settings.ports)
     assert len(set(settings.ports)) == len(settings.ports)
     with pytest.raises(ValueError, match="ports are used twice"):
-        Settings(publisher_metrics_ports=[8701])
+        Settings(pipeline="hostmetrics", publisher_metrics_ports=[8701])
 
 
 # -- the adapter process, over fakes ---------------------------------------------------------
@@ -210,7 +210,9 @@ def test_an_adapter_process_on_standard_input_serves_its_metrics_and_ends_with_i
     monkeypatch.setattr(kafka, "connection", lambda _s: _Anything())
     monkeypatch.setattr(confluent_kafka, "Producer", lambda _config: cluster.producer())
     monkeypatch.setattr(publisher, "last_published", lambda _k, _t: cluster.resume())
-    settings = load_settings(zk_password="zk", admin_token="tok", state_dir=tmp_path)
+    settings = load_settings(
+        pipeline="hostmetrics", zk_password="zk", admin_token="tok", state_dir=tmp_path
+    )
     port = free_port()
     read_end, write_end = os.pipe()
     stop = threading.Event()

@@ -30,6 +30,13 @@ from twinstream.edge.sources import (
 from twinstream.ops import cli
 
 
+@pytest.fixture(autouse=True)
+def _one_pipeline_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's environment names the pipeline these commands work on (the
+    repository's file lists two: with none chosen, they refuse)."""
+    monkeypatch.setenv("TWINSTREAM_PIPELINE", "hostmetrics")
+
+
 def wait_for(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -349,4 +356,6 @@ def test_standard_input_is_no_source_make_up_can_give(tmp_path):
     path = tmp_path / "pipelines.toml"
     path.write_text('[shop]\nmodule = "shop.pipeline"\npublishers = { source = "-" }\n')
     with pytest.raises(SettingsError, match="standard input"):
-        registry.stack(load_settings(pipelines_file=path, state_dir=tmp_path))
+        registry.stack(
+            load_settings(pipeline="hostmetrics", pipelines_file=path, state_dir=tmp_path)
+        )

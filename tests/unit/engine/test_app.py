@@ -212,7 +212,7 @@ def test_an_engine_is_built_from_its_clients_and_starts_nothing_until_opened(tmp
     from twinstream.engine.app import Engine
     from twinstream.platform.settings import load_settings
 
-    settings = load_settings(zk_password="unit-test", state_dir=tmp_path)
+    settings = load_settings(pipeline="hostmetrics", zk_password="unit-test", state_dir=tmp_path)
     threads = set(threading.enumerate())
     clients: Any = engine_clients()  # its mocks' own methods
     engine = Engine(settings, "a", mock.MagicMock(name="pipeline"), clients)

@@ -39,7 +39,9 @@ def test_the_high_watermark_is_cached_and_a_failure_brings_a_new_consumer() -> N
         return consumer
 
     clock = Clock()
-    marks = InboundWatermarks(KAFKA, load_settings().topics(), "a", consumer=make, clock=clock)
+    marks = InboundWatermarks(
+        KAFKA, load_settings(pipeline="hostmetrics").topics(), "a", consumer=make, clock=clock
+    )
     assert marks.highs() == {0: 40}
     assert marks.highs() == {0: 40}  # cached: one question to Kafka
     assert consumers[0].get_watermark_offsets.call_count == 1
@@ -65,7 +67,9 @@ def test_the_offset_at_a_time_past_a_partitions_log_is_its_end() -> None:
         mock.MagicMock(partition=1, offset=12),
     ]
     consumer.get_watermark_offsets.return_value = (0, 77)
-    marks = InboundWatermarks(KAFKA, load_settings().topics(), "a", consumer=lambda _c: consumer)
+    marks = InboundWatermarks(
+        KAFKA, load_settings(pipeline="hostmetrics").topics(), "a", consumer=lambda _c: consumer
+    )
     assert marks.offsets_at(123) == {0: 77, 1: 12}
     assert marks.log_starts() == {0: 0, 1: 0}
     consumer.get_watermark_offsets.side_effect = KafkaException("down")

@@ -28,7 +28,7 @@ def warmed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def warm(records: int, backlog: Callable[[], int | None]) -> None:
     """engine a's warm-up with `records` sample records (no Spark: warm_up is faked)."""
-    settings = load_settings(warm_up_records=records)
+    settings = load_settings(pipeline="hostmetrics", warm_up_records=records)
     no_spark: Any = None
     plan_module.warm_up_engine(no_spark, settings, registry.load(settings), "a", backlog)
 

@@ -16,6 +16,13 @@ from twinstream.platform.kafka_auth import GROUP_PREFIXES, Credentials, users
 from twinstream.platform.settings import load_settings
 
 
+@pytest.fixture(autouse=True)
+def _one_pipeline_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's environment names the pipeline these commands work on (the
+    repository's file lists two: with none chosen, they refuse)."""
+    monkeypatch.setenv("TWINSTREAM_PIPELINE", "hostmetrics")
+
+
 @pytest.fixture
 def secured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Credentials:
     """A stack with Kafka security: its state folder here, every user's password made."""

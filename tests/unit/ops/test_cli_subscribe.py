@@ -27,6 +27,13 @@ from twinstream.platform.kafka import LibrdkafkaLog
 from twinstream.platform.settings import load_settings
 
 
+@pytest.fixture(autouse=True)
+def _one_pipeline_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's environment names the pipeline these commands work on (the
+    repository's file lists two: with none chosen, they refuse)."""
+    monkeypatch.setenv("TWINSTREAM_PIPELINE", "hostmetrics")
+
+
 def _identity(frame: Any) -> Any:
     return frame
 

@@ -66,7 +66,8 @@ def test_remove_pipeline_passes_the_name_and_the_answer_and_returns_its_code(
 
     monkeypatch.setattr(remove, "remove_pipeline", fake)
     assert cli.main(["remove-pipeline", "payments", "--yes"]) == 7
-    assert seen == {"name": "payments", "answer": True, "pipeline": "hostmetrics"}
+    # The stack's settings, no pipeline chosen: remove-pipeline names its own.
+    assert seen == {"name": "payments", "answer": True, "pipeline": ""}
 
 
 def test_new_pipeline_prints_the_entry_the_skeleton_makes(

@@ -130,7 +130,9 @@ _AN_ENGINE: type[EngineApi] = FakeEngine
 
 @pytest.fixture
 def settings(tmp_path):
-    return load_settings(state_dir=tmp_path, snapshot_root=tmp_path / "snaps")
+    return load_settings(
+        pipeline="hostmetrics", state_dir=tmp_path, snapshot_root=tmp_path / "snaps"
+    )
 
 
 # -- persist ------------------------------------------------------------------------------

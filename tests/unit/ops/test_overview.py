@@ -45,7 +45,7 @@ def fake_engines(answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | int 
 
 
 def pipelines(tmp_path: Path) -> dict[str, Settings]:
-    settings = load_settings(admin_token="t", state_dir=tmp_path)
+    settings = load_settings(pipeline="hostmetrics", admin_token="t", state_dir=tmp_path)
     return registry.stack(settings)
 
 
@@ -360,7 +360,7 @@ def test_the_adapter_reader_reads_the_status_nodes_and_waits_before_trying_again
     import twinstream.core.election as election
     from twinstream.ops.overview import AdapterReader
 
-    settings = load_settings(zk_password="pw", state_dir=tmp_path)
+    settings = load_settings(pipeline="hostmetrics", zk_password="pw", state_dir=tmp_path)
     node = "/twinstream/hostmetrics/publishers/status/in-1"
     status = {"role": "active", "epoch": 4, "position": "f@1.a:9", "source_lag": 12}
     made: list[_Zk] = []

@@ -97,7 +97,7 @@ class FakeAdmin:
 
 @pytest.fixture
 def settings(tmp_path):
-    return load_settings(state_dir=tmp_path, inbound_retention_ms=3_600_000)
+    return load_settings(pipeline="hostmetrics", state_dir=tmp_path, inbound_retention_ms=3_600_000)
 
 
 def test_missing_topics_are_created_with_the_configured_shape(settings):

@@ -20,10 +20,13 @@ def test_defaults_match_the_documented_platform():
     assert s.zk_tick_ms == 500
     assert s.kafka_ports == [9092, 9093, 9094]
     assert s.airflow_port == 8080
-    assert (s.inbound_topic, s.outbound_topic, s.dlq_topic) == (
-        "hostmetrics.in",
-        "hostmetrics.out",
-        "hostmetrics.dlq",
+    # No pipeline of the product's own: an example's name is no default.
+    assert (s.pipeline, s.inbound_topic, s.outbound_topic) == ("", "", "")
+    named = load_settings(pipeline="orders")
+    assert (named.inbound_topic, named.outbound_topic, named.dlq_topic) == (
+        "orders.in",
+        "orders.out",
+        "orders.dlq",
     )
     assert s.replication_factor == 3
     assert s.min_insync_replicas == 2
@@ -54,7 +57,10 @@ def test_environment_overrides_including_comma_separated_lists(monkeypatch, tmp_
         ({"TWINSTREAM_KAFKA_CONTROLLER_PORTS": "9192"}, "every node runs one broker"),
         ({"TWINSTREAM_REPLICATION_FACTOR": "4"}, "needs at least that many brokers"),
         ({"TWINSTREAM_MIN_INSYNC_REPLICAS": "3", "TWINSTREAM_REPLICATION_FACTOR": "2"}, "exceeds"),
-        ({"TWINSTREAM_OUTBOUND_TOPIC": "hostmetrics.in"}, "must differ"),
+        (
+            {"TWINSTREAM_PIPELINE": "hostmetrics", "TWINSTREAM_OUTBOUND_TOPIC": "hostmetrics.in"},
+            "must differ",
+        ),
         ({"TWINSTREAM_PIPELINE": "Bad Name"}, "TWINSTREAM_PIPELINE"),
         ({"TWINSTREAM_INBOUND_RETENTION_MS": "10"}, "TWINSTREAM_INBOUND_RETENTION_MS"),
     ],

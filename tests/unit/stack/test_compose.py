@@ -268,11 +268,9 @@ def test_kafka_init_waits_for_every_healthy_broker(services):
 def test_kafka_init_defaults_are_the_settings_defaults(services):
     env = services["kafka-init"]["environment"]
     defaults = Settings()
+    # Each pipeline's topics are its own (<name>.in, ...): none is set for all of them.
+    assert not {k for k in env if k.endswith("_TOPIC")}
     for key in [
-        "inbound_topic",
-        "outbound_topic",
-        "dlq_topic",
-        "progress_topic",
         "inbound_retention_ms",
         "outbound_retention_ms",
         "dlq_retention_ms",
@@ -287,16 +285,15 @@ def test_kafka_init_defaults_are_the_settings_defaults(services):
 
 def test_topic_settings_follow_the_environment(compose_binary):
     overrides = {
-        "TWINSTREAM_INBOUND_TOPIC": "metrics.raw",
         "TWINSTREAM_INBOUND_RETENTION_MS": "86400000",
-        "TWINSTREAM_DLQ_TOPIC": "metrics.bad",
+        "TWINSTREAM_DLQ_RETENTION_MS": "172800000",
     }
     services = rendered_config(compose_binary, env=overrides)["services"]
     for name in ["kafka-init", *AIRFLOW_SERVICES, *ENGINES]:
         env = services[name]["environment"]
         for key, value in overrides.items():
             assert env[key] == value, (name, key)
-        assert env["TWINSTREAM_OUTBOUND_TOPIC"] == "hostmetrics.out", name
+        assert env["TWINSTREAM_OUTBOUND_RETENTION_MS"] == "604800000", name
 
 
 def test_the_brokers_security_is_the_file_compose_py_renders_and_make_ups_own(services):

@@ -230,7 +230,7 @@ def test_no_deletes_nothing_and_edits_nothing(stack):
     ("name", "overrides", "code", "says"),
     [
         ("nope", {}, 2, "is not in"),
-        ("hostmetrics", {}, 1, "TWINSTREAM_PIPELINE"),
+        ("hostmetrics", {"pipeline": "hostmetrics"}, 1, "TWINSTREAM_PIPELINE"),
         ("shop", {"stack_pipelines": ["hostmetrics", "shop"]}, 1, "TWINSTREAM_STACK_PIPELINES"),
     ],
 )

@@ -10,7 +10,9 @@ from twinstream.stack.layout import Layout
 
 
 def _settings(tmp_path, **overrides):
-    return load_settings(state_dir=tmp_path, jars_dir=tmp_path / "jars", **overrides)
+    return load_settings(
+        pipeline="hostmetrics", state_dir=tmp_path, jars_dir=tmp_path / "jars", **overrides
+    )
 
 
 def _props(text):
@@ -182,7 +184,7 @@ def test_settings_round_trip_through_the_environment(tmp_path, monkeypatch):
     s = _settings(tmp_path, kafka_ports=[1001, 1002, 1003], inbound_retention_ms=123456)
     for key, value in render.settings_environment(s).items():
         monkeypatch.setenv(key, value)
-    assert load_settings() == s
+    assert load_settings(pipeline="hostmetrics") == s
 
 
 def test_supervisord_conf_parses_and_supervises_every_service(tmp_path):
@@ -376,7 +378,7 @@ def test_every_pipelines_engines_run_and_each_finds_its_own_pipeline(tmp_path, m
         for key, value in program.environment.items():
             monkeypatch.setenv(key, value)
         engine_id = name.removeprefix("engine-")
-        mine = registry.for_engine(load_settings(), engine_id)
+        mine = registry.for_engine(load_settings(pipeline="hostmetrics"), engine_id)
         expected = "payments" if engine_id in "cd" else "hostmetrics"
         assert (mine.pipeline, mine.inbound_topic) == (expected, f"{expected}.in")
         assert engine_id in mine.engine_ids

@@ -170,9 +170,9 @@ def test_the_cli_restarts_the_engine_it_is_given_with_the_stacks_settings(
     real = restart.restart_engine
     monkeypatch.setattr(restart, "restart_engine", fake)
     assert cli.main(["restart", "c", "--pipeline", "payments"]) == 0
-    # The stack's settings (TWINSTREAM_PIPELINE's), not payments': the engines are
-    # looked up among the stack's.
-    assert seen == {"engine": "c", "pipeline": "payments", "settings": "hostmetrics"}
+    # The stack's settings (no pipeline chosen), not payments': the engines are looked up
+    # among the stack's.
+    assert seen == {"engine": "c", "pipeline": "payments", "settings": ""}
     assert capsys.readouterr().out == "done\n"
     monkeypatch.setattr(restart, "restart_engine", real)
     monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(tmp_path))
