@@ -54,7 +54,7 @@ def plain_spark(settings: Settings, workdir: Path, total: int) -> OutputSampler:
     out, dlq = f"{settings.pipeline}.plain.out", f"{settings.pipeline}.plain.dlq"
     ensure_topics(AdminClient(admin_config(settings)), [TopicSpec(out, 1, 3), TopicSpec(dlq, 1, 3)])
     pipeline = registry.load(settings)
-    spark = session(settings, "twinstream-bench-plain", conf=spark_conf(settings, pipeline))
+    spark = session(settings, "twinstream-bench-plain", conf=spark_conf(pipeline))
     sampler = OutputSampler(settings, [out, dlq])
     try:
         rows = plan(validated(read_inbound(spark, settings), pipeline, settings), pipeline)

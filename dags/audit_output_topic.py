@@ -68,11 +68,11 @@ from airflow.sdk import Param, dag, task, task_group
 
 from twinstream.ops.audit import CURSOR_ID_PATTERN, TOPIC_NAME_PATTERN, UP_TO_PATTERN
 from twinstream.platform import registry
-from twinstream.platform.settings import REPO_ROOT, load_settings
+from twinstream.platform.settings import REPO_ROOT, TaskSettings, load
 
 # Read from the environment and the pipelines file only (no network, no Variables, no
 # pipeline code).
-SETTINGS = load_settings()
+SETTINGS = load(TaskSettings)
 PIPELINES = list(registry.stack(SETTINGS))
 
 DEFAULT_ARGS = {

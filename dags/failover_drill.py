@@ -31,10 +31,10 @@ from typing import Any
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
 from twinstream.platform import registry
-from twinstream.platform.settings import load_settings
+from twinstream.platform.settings import TaskSettings, load
 
 # Reads the pipelines file only (no pipeline code is imported at parse time).
-PIPELINES = list(registry.stack(load_settings()))
+PIPELINES = list(registry.stack(load(TaskSettings)))
 
 DEFAULT_ARGS = {
     "owner": "twinstream",

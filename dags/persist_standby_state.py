@@ -30,11 +30,11 @@ from typing import Any
 from airflow.sdk import dag, task, task_group
 
 from twinstream.platform import registry
-from twinstream.platform.settings import load_settings
+from twinstream.platform.settings import TaskSettings, load
 
 # Read from the environment and the pipelines file only (no network, no Variables, no
 # pipeline code): the schedule and the mapping need them.
-SETTINGS = load_settings()
+SETTINGS = load(TaskSettings)
 PERSIST_INTERVAL = timedelta(seconds=SETTINGS.persist_interval_s)
 PIPELINES = list(registry.stack(SETTINGS))
 

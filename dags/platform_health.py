@@ -47,32 +47,32 @@ def platform_health() -> None:
     @task
     def zookeeper_serving() -> str:
         from twinstream.ops.platform_health import check_zookeeper
-        from twinstream.platform.settings import load_settings
+        from twinstream.platform.settings import TaskSettings, load
 
-        return check_zookeeper(load_settings())
+        return check_zookeeper(load(TaskSettings))
 
     @task
     def kafka_brokers_registered() -> list[int]:
         from twinstream.ops.platform_health import check_brokers
-        from twinstream.platform.settings import load_settings
+        from twinstream.platform.settings import TaskSettings, load
 
-        return check_brokers(load_settings())
+        return check_brokers(load(TaskSettings))
 
     @task
     def topics_as_configured() -> list[str]:
         from twinstream.ops.platform_health import check_topics
-        from twinstream.platform.settings import load_settings
+        from twinstream.platform.settings import TaskSettings, load
 
-        return check_topics(load_settings())
+        return check_topics(load(TaskSettings))
 
     @task
     def standby_could_take_over() -> list[str]:
         from twinstream.ops.operate import observe_engines
         from twinstream.ops.platform_health import check_standbys
         from twinstream.platform import registry
-        from twinstream.platform.settings import load_settings
+        from twinstream.platform.settings import TaskSettings, load
 
-        return check_standbys(registry.stack(load_settings()), observe_engines)
+        return check_standbys(registry.stack(load(TaskSettings)), observe_engines)
 
     standby_could_take_over()
     brokers = kafka_brokers_registered()

@@ -39,11 +39,11 @@ from airflow.sdk import Param, PokeReturnValue, dag, task
 
 from twinstream.ops.audit import SNAPSHOT_PARAM_PATTERN
 from twinstream.platform import registry
-from twinstream.platform.settings import load_settings
+from twinstream.platform.settings import TaskSettings, load
 
 # Every engine of every pipeline of the stack: engine ids are the stack's, so the engine
 # names its pipeline. Reads the pipelines file only.
-ENGINES = registry.engines(load_settings())
+ENGINES = registry.engines(load(TaskSettings))
 
 DEFAULT_ARGS = {
     "owner": "twinstream",

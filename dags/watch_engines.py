@@ -57,9 +57,9 @@ def watch_engines() -> None:
 
         from twinstream.ops.operate import engines_to_restore, observe_engines, restore_conf
         from twinstream.platform import registry
-        from twinstream.platform.settings import load_settings
+        from twinstream.platform.settings import TaskSettings, load
 
-        settings = load_settings()
+        settings = load(TaskSettings)
         # Every pipeline's engines (engine ids are the stack's, one pipeline each).
         views = [v for p in registry.stack(settings).values() for v in observe_engines(p)]
         remembered = json.loads(Variable.get(INCIDENTS, default="{}"))

@@ -51,7 +51,7 @@ class StandaloneCluster(LocalServices):
         for program in render.spark_standalone(self.settings, self.layout, {}):
             self.spawn(program.command, self.layout.log_file(program.name), program.environment)
         wait_for(
-            lambda: health.spark_worker(self.settings)[0],
+            lambda: health.spark_worker(self.settings.spark_master_ui_url)[0],
             90,
             "the Spark worker registered with its master",
             every_s=0.5,

@@ -25,7 +25,7 @@ from airflow.plugins_manager import AirflowPlugin
 from twinstream.engine.client import EngineClient
 from twinstream.ops.operator_ui.app import PREFIX, Sources, create_app
 from twinstream.ops.overview import AdapterReader
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import CommonSettings, Connections
 
 
 def _connection(conn_id: str) -> Any:
@@ -35,13 +35,13 @@ def _connection(conn_id: str) -> Any:
     return Connection.get_connection_from_secrets(conn_id)
 
 
-def _engine(settings: Settings, engine_id: str) -> EngineClient:
+def _engine(settings: Connections, engine_id: str) -> EngineClient:
     from twinstream.ops.operate import engine_client_factory
 
     return engine_client_factory(settings, _connection)(engine_id)
 
 
-def _log_starts(settings: Settings) -> Mapping[int, int]:
+def _log_starts(settings: CommonSettings) -> Mapping[int, int]:
     from twinstream.ops.operate import inbound_log_starts
 
     return inbound_log_starts(settings)

@@ -49,7 +49,12 @@ from twinstream.ops.audit import (
 )
 from twinstream.platform import registry
 from twinstream.platform.kafka import connection
-from twinstream.platform.settings import Settings, SettingsError, load_settings
+from twinstream.platform.settings import (
+    CommonSettings,
+    SettingsError,
+    TaskSettings,
+    load,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -59,7 +64,7 @@ PROGRESS_SCHEMA = "first BIGINT, last BIGINT, outputs BIGINT, dead_letters BIGIN
 
 
 def read_topic(
-    spark: SparkSession, settings: Settings, topic: str, starts: Mapping[int, int]
+    spark: SparkSession, settings: CommonSettings, topic: str, starts: Mapping[int, int]
 ) -> DataFrame:
     """Committed records of one output topic from `starts` (partition -> offset; Spark
     needs every partition's): partition, offset, msg_id (header), value."""
@@ -116,7 +121,7 @@ def next_offset(df: DataFrame, partition: int, end: int, start: int) -> int:
     return int(row["last"]) + 1
 
 
-def inbound_highs(settings: Settings) -> dict[int, int]:
+def inbound_highs(settings: TaskSettings) -> dict[int, int]:
     """Each inbound partition's high watermark."""
     from confluent_kafka import Consumer, TopicPartition
 
@@ -165,7 +170,7 @@ def write_report(
 
 
 def audit(
-    spark: SparkSession, settings: Settings, args: argparse.Namespace
+    spark: SparkSession, settings: TaskSettings, args: argparse.Namespace
 ) -> tuple[Audited, bool]:
     """The findings, and whether the Great Expectations suites passed."""
     from pyspark.sql import functions as F
@@ -308,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     first.add_argument("--pipeline", default="")
     chosen, _rest = first.parse_known_args(argv)
     try:
-        settings = load_settings()
+        settings = load(TaskSettings)
         if chosen.pipeline:
             settings = registry.settings_for(settings, chosen.pipeline)
     except SettingsError as exc:

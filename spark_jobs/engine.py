@@ -24,7 +24,7 @@ from twinstream.engine.api import Conflict, create_app
 from twinstream.engine.app import Engine
 from twinstream.engine.clients import EngineClients
 from twinstream.platform import registry, storage
-from twinstream.platform.settings import SettingsError, load_settings
+from twinstream.platform.settings import EngineSettings, SettingsError, load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("py4j", "kazoo.client", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        settings = registry.for_engine(load_settings(), args.engine_id)
+        settings = registry.for_engine(load(EngineSettings), args.engine_id)
         port = settings.engine_admin_port(args.engine_id)
         token = settings.secret("admin_token")
         # Shared storage the engine's Python cannot reach fails here, named, not at the

@@ -125,7 +125,7 @@ def test_a_keyed_pipeline_scans_kafka_once_per_batch_a_transform_twice(spark, se
     def physical_plan(pipeline, name: str) -> str:
         # The runtime settings the engines run the plan with (RocksDB: transformWithState
         # needs it), this session's own restored after.
-        conf = spark_conf(own, pipeline)
+        conf = spark_conf(pipeline)
         saved = {k: spark.conf.get(k, None) for k in conf}
         for key, value in conf.items():
             if not key.startswith("spark.ui."):

@@ -15,7 +15,7 @@ from pathlib import Path
 from confluent_kafka import KafkaError, Producer
 
 from twinstream.platform.kafka import producer_config
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import CommonSettings
 
 FEEDER_LINGER_MS = 50
 
@@ -109,7 +109,7 @@ def record_key(value: bytes | None, field: str) -> bytes | None:
 
 
 def publish(
-    settings: Settings,
+    settings: CommonSettings,
     records: Iterable[bytes | None],
     rate: float = 0.0,
     total: int | None = None,

@@ -49,7 +49,7 @@ from twinstream.edge.http_source import HttpSource
 from twinstream.edge.sources import STDIN, FileSource, Line, Lost, Position, StreamSource, TooLong
 from twinstream.platform.connections import KafkaConnection, PipelineTopics
 from twinstream.platform.kafka_auth import PUBLISHER_GROUP_PREFIX
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import CommonSettings
 
 if TYPE_CHECKING:
     from twinstream.edge.publisher_metrics import MetricsServer
@@ -595,7 +595,7 @@ STDIN_SOURCE = "-"
 
 
 def run(
-    settings: Settings,
+    settings: CommonSettings,
     adapter_id: str,
     source_path: Path | str,
     pattern: str,

@@ -19,7 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from twinstream.core.outbound import MSG_ID_HEADER, header
 from twinstream.platform.kafka import LibrdkafkaLog, consumer_config, kafka_user
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import CommonSettings
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def said(error: KafkaError | None) -> str:
     return "no answer" if error is None else f"{error.name()}: {error.str()}"
 
 
-def failure(settings: Settings, topic: str, error: KafkaError | None) -> ReadFailed:
+def failure(settings: CommonSettings, topic: str, error: KafkaError | None) -> ReadFailed:
     """What to do about `error`, met reading `topic` (None: nothing answered at all)."""
     user = kafka_user(settings) if settings.kafka_security else "the client"
     code = error.code() if error is not None else None
@@ -111,7 +111,7 @@ class Record:
 
 
 def read_committed(
-    settings: Settings,
+    settings: CommonSettings,
     topic: str,
     start_offset: int | Mapping[int, int] = 0,
     idle_timeout_s: float = 5.0,
@@ -202,7 +202,9 @@ def read_committed(
         consumer.close()
 
 
-def partitions(consumer: Consumer, settings: Settings, topic: str, errors: _Errors) -> list[int]:
+def partitions(
+    consumer: Consumer, settings: CommonSettings, topic: str, errors: _Errors
+) -> list[int]:
     """The topic's partitions, from the brokers; ReadFailed naming the fix if they cannot
     say (no broker answers, the login or the topic refused, no such topic). Asked in short
     tries: a login refused by more connections than there are brokers is not a dropped

@@ -24,7 +24,7 @@ from confluent_kafka import KafkaException
 
 from twinstream.edge.file_sink import Position
 from twinstream.edge.reader import Record, read_committed
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import AdapterSettings, CommonSettings
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Sink(Protocol):
 class Reader(Protocol):
     def __call__(
         self,
-        settings: Settings,
+        settings: CommonSettings,
         topic: str,
         start_offset: int | Mapping[int, int] = 0,
         idle_timeout_s: float = 5.0,
@@ -59,7 +59,7 @@ class Reader(Protocol):
 
 
 def deliver(
-    settings: Settings,
+    settings: AdapterSettings,
     sink: Sink,
     stop: threading.Event,
     read: Reader = read_committed,

@@ -56,7 +56,7 @@ from twinstream.engine.recovery import Recovery
 from twinstream.engine.status import pipeline_info
 from twinstream.engine.takeover import Takeover
 from twinstream.engine.timeline import Timeline
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import EngineSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -75,7 +75,7 @@ class Engine:
     thread and prepares a publisher, `start` its query and its part in the election."""
 
     def __init__(
-        self, settings: Settings, engine_id: str, pipeline: Pipeline, clients: EngineClients
+        self, settings: EngineSettings, engine_id: str, pipeline: Pipeline, clients: EngineClients
     ) -> None:
         settings.engine_admin_port(engine_id)  # an unknown engine id fails here, by name
         self.settings = settings
@@ -644,7 +644,7 @@ class Engine:
             self.settings,
             f"twinstream-{self.settings.pipeline}-{self.engine_id}",
             conf={
-                **spark_conf(self.settings, self.definition),
+                **spark_conf(self.definition),
                 "spark.driver.memory": self.settings.engine_heap,
             },
         )

@@ -13,10 +13,10 @@ from twinstream.engine.local import run
 from twinstream.engine.pipeline import spark_conf
 from twinstream.engine.spark import DRIVER_JAVA_OPTIONS, class_archive, session, stop_session
 from twinstream.platform import registry
-from twinstream.platform.settings import Settings, load_settings
+from twinstream.platform.settings import EngineSettings, load
 
 
-def build_class_archive(settings: Settings, echo: Callable[[str], None] = print) -> Path:
+def build_class_archive(settings: EngineSettings, echo: Callable[[str], None] = print) -> Path:
     """Run the configured pipeline's plan over its sample records (none if it declares no
     sample) in a JVM that writes the classes it loaded to the class archive on exit."""
 
@@ -27,7 +27,7 @@ def build_class_archive(settings: Settings, echo: Callable[[str], None] = print)
     started = time.monotonic()
     echo(f"writing {target}: pipeline {pipeline.name}'s plan in a JVM that records its classes")
     conf = {
-        **spark_conf(settings, pipeline),
+        **spark_conf(pipeline),
         # Errors only: the JVM warns of every class it leaves out (signed jars, generated
         # classes), thousands of lines that say nothing about whether the archive works.
         DRIVER_JAVA_OPTIONS: f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds=error",
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args:
         print("usage: python -m twinstream.engine.archive (it takes no arguments)", file=sys.stderr)
         return 2
-    build_class_archive(load_settings())
+    build_class_archive(load(EngineSettings))
     return 0
 
 

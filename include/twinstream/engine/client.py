@@ -26,9 +26,10 @@ from twinstream.engine.api import (
     TimelineInfo,
 )
 from twinstream.engine.snapshot import Manifest
+from twinstream.platform.settings import Connections
 
 if TYPE_CHECKING:
-    from twinstream.platform.settings import Settings
+    pass
 
 # What to do when an engine's certificate does not verify: the one fix there is.
 _GIVE_THE_CA = (
@@ -83,7 +84,7 @@ class EngineClient:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, engine_id: str, token: str, timeout_s: float = 10.0
+        cls, settings: Connections, engine_id: str, token: str, timeout_s: float = 10.0
     ) -> EngineClient:
         """The engine's client as `settings` describe it: its URL (https when the admin API
         has TLS) and the CA its certificate is verified with."""

@@ -27,7 +27,7 @@ from twinstream.core.outbound import (
 from twinstream.core.rows import Output
 from twinstream.engine.positions import InboundWatermarks
 from twinstream.platform.kafka import connection
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import EngineSettings
 
 
 class ElectionFactory(Protocol):
@@ -68,7 +68,7 @@ class EngineClients:
     """The active's rows of a range, read back from the topics (a disagreement's detail)."""
 
     @classmethod
-    def from_settings(cls, settings: Settings, engine_id: str) -> EngineClients:
+    def from_settings(cls, settings: EngineSettings, engine_id: str) -> EngineClients:
         kafka = connection(settings)
         topics = settings.topics()
         zookeeper = settings.zookeeper()

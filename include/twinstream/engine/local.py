@@ -19,7 +19,7 @@ from twinstream.contract import Pipeline
 from twinstream.core.rows import Output
 from twinstream.engine.pipeline import KEYED_CONF, run_on_records, spark_conf
 from twinstream.engine.spark import session as new_session
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import EngineSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -33,8 +33,8 @@ _RUNTIME = (
 )
 
 
-def session(settings: Settings, pipeline: Pipeline) -> SparkSession:
-    conf = spark_conf(settings, pipeline)
+def session(settings: EngineSettings, pipeline: Pipeline) -> SparkSession:
+    conf = spark_conf(pipeline)
     spark = new_session(settings, "twinstream-reference", master="local[1]", conf=conf)
     for key in _RUNTIME:
         spark.conf.set(key, conf[key])
@@ -49,7 +49,7 @@ def session(settings: Settings, pipeline: Pipeline) -> SparkSession:
 def run(
     pipeline: Pipeline,
     records: Iterable[tuple[int, bytes | None]],
-    settings: Settings,
+    settings: EngineSettings,
     batches: int = 3,
     partitions: Sequence[int] | None = None,
 ) -> list[Output]:

@@ -29,13 +29,13 @@ from twinstream.core import checkpoint
 from twinstream.core.rows import Output
 from twinstream.engine import snapshot
 from twinstream.platform import storage
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import CommonSettings
 
 Plan = checkpoint.RewindPoint | snapshot.Manifest
 
 
 def checkpoint_problem(
-    settings: Settings,
+    settings: CommonSettings,
     engine_id: str,
     log_starts: Callable[[], Mapping[int, int]],
     ran_before: Callable[[], bool],
@@ -69,7 +69,7 @@ def checkpoint_problem(
 
 
 def write(
-    settings: Settings,
+    settings: CommonSettings,
     engine_id: str,
     state_layout: str,
     buffer: list[Output],
@@ -103,7 +103,7 @@ class Restoring:
 
 
 def prepare_restore(
-    settings: Settings,
+    settings: CommonSettings,
     engine_id: str,
     state_layout: str,
     requested: str,
@@ -135,7 +135,7 @@ def prepare_restore(
 
 
 def repair_plan(
-    settings: Settings,
+    settings: CommonSettings,
     engine_id: str,
     partition: int,
     first: int,
@@ -168,7 +168,7 @@ def repair_plan(
     return max(candidates, key=lambda m: m.positions().get(partition, 0), default=None)
 
 
-def rewind(settings: Settings, engine_id: str, chosen: Plan) -> tuple[str, dict[int, int]]:
+def rewind(settings: CommonSettings, engine_id: str, chosen: Plan) -> tuple[str, dict[int, int]]:
     """Rewind the (stopped) query's checkpoint to the plan; returns what it came from and
     the msg_id of each partition the query continues at."""
     ckpt = settings.checkpoint_dir(engine_id)

@@ -38,7 +38,7 @@ from twinstream.core.rows import (
     split_record_id,
 )
 from twinstream.platform.kafka import connection
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import EngineSettings, PipelineSettings
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ _JSON_SPACE = " \t\n\r"
 _FRACTIONAL = ("float", "double")
 
 
-def spark_conf(settings: Settings, pipeline: Pipeline | None = None) -> dict[str, str]:
+def spark_conf(pipeline: Pipeline | None = None) -> dict[str, str]:
     return {
         **(pipeline.spark_conf if pipeline is not None else {}),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
@@ -96,7 +96,7 @@ def spark_conf(settings: Settings, pipeline: Pipeline | None = None) -> dict[str
 
 def read_inbound(
     spark: SparkSession,
-    settings: Settings,
+    settings: EngineSettings,
     starting_offsets: Mapping[int, int] | None = None,
     max_offsets: int | None = None,
 ) -> DataFrame:
@@ -174,7 +174,10 @@ def _type_check(
 
 
 def validated(
-    inbound: DataFrame, pipeline: Pipeline, settings: Settings, quarantined: Iterable[int] = ()
+    inbound: DataFrame,
+    pipeline: Pipeline,
+    settings: EngineSettings,
+    quarantined: Iterable[int] = (),
 ) -> DataFrame:
     """Every inbound record as msg_id, `_raw`, the schema's fields (typed) and `reason`:
     NULL for a valid record, else why it is a dead letter; QUARANTINED for an excluded
@@ -479,7 +482,7 @@ def assemble(
 
 def run_on_records(
     spark: SparkSession,
-    settings: Settings,
+    settings: EngineSettings,
     pipeline: Pipeline,
     records: Sequence[tuple[int, bytes | None]],
     folder: Path,
@@ -541,7 +544,7 @@ def run_on_records(
 
 def warm_up(
     spark: SparkSession,
-    settings: Settings,
+    settings: EngineSettings,
     pipeline: Pipeline,
     folder: Path,
     count: int,
@@ -562,7 +565,7 @@ def warm_up(
 
 def warm_up_engine(
     spark: SparkSession,
-    settings: Settings,
+    settings: EngineSettings,
     pipeline: Pipeline,
     engine_id: str,
     backlog: Callable[[], int | None],
@@ -608,13 +611,13 @@ def warm_up_engine(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def query_name(settings: Settings, engine_id: str) -> str:
+def query_name(settings: PipelineSettings, engine_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", f"twinstream_{settings.pipeline}_{engine_id}")
 
 
 def start_query(
     spark: SparkSession,
-    settings: Settings,
+    settings: EngineSettings,
     pipeline: Pipeline,
     engine_id: str,
     process_batch: Callable[[DataFrame, int], None],

@@ -27,7 +27,7 @@ from twinstream.core.quarantine import (
     quarantine_reason,
 )
 from twinstream.core.rows import record_text
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import CommonSettings
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Recovery:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: CommonSettings,
         engine_id: str,
         quarantine: QuarantineStore,
         clock: Callable[[], float] = time.monotonic,

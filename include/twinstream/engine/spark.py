@@ -20,13 +20,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import (
+    Connections,
+    EngineSettings,
+    EngineTuning,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def kafka_jars(settings: Settings) -> list[str]:
+def kafka_jars(settings: Connections) -> list[str]:
     """Spark's Kafka connector and what it adds to pyspark's own jars (fetched by Maven)."""
     folder = settings.jars_dir / "spark-kafka"
     jars = sorted(str(p) for p in folder.glob("*.jar"))
@@ -40,12 +44,12 @@ def kafka_jars(settings: Settings) -> list[str]:
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 
-def class_archive(settings: Settings) -> Path:
+def class_archive(settings: Connections) -> Path:
     """The Spark class archive `make install` writes (twinstream.engine.archive)."""
     return settings.jars_dir / "spark-classes.jsa"
 
 
-def driver_java_options(settings: Settings, conf: Mapping[str, str]) -> str | None:
+def driver_java_options(settings: Connections, conf: Mapping[str, str]) -> str | None:
     """The driver JVM's options: the session's own, and the class archive when there is one
     (not while one is being written)."""
     options = conf.get(DRIVER_JAVA_OPTIONS, "")
@@ -56,7 +60,7 @@ def driver_java_options(settings: Settings, conf: Mapping[str, str]) -> str | No
 
 
 def session(
-    settings: Settings,
+    settings: EngineSettings,
     app_name: str,
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
@@ -89,7 +93,7 @@ def session(
     return builder.getOrCreate()
 
 
-def cluster_conf(settings: Settings, master: str) -> dict[str, str]:
+def cluster_conf(settings: EngineTuning, master: str) -> dict[str, str]:
     """What executors outside the driver's JVM need: the cores the application may take
     (a standalone master gives the first application every core), and the pipelines'
     folder on their Python workers' path (the user's transform runs there). The executors

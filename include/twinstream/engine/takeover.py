@@ -32,13 +32,13 @@ from twinstream.core.outbound import KafkaPublisher, LastPublishedReader
 from twinstream.core.rows import positions_text
 from twinstream.engine import persistence
 from twinstream.engine.timeline import Timeline
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import CommonSettings
 
 
 class Takeover:
     def __init__(
         self,
-        settings: Settings,
+        settings: CommonSettings,
         engine_id: str,
         gate: Gate,
         last_published: LastPublishedReader,

@@ -34,10 +34,11 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, Field, ValidationError
 
+from twinstream.platform.settings import Connections
+
 if TYPE_CHECKING:
     from twinstream.engine.api import TimelineInfo
     from twinstream.engine.client import EngineClient
-    from twinstream.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -306,8 +307,8 @@ def merge(
 
 def read(
     name: str,
-    settings: Settings,
-    engines: Callable[[Settings, str], EngineClient],
+    settings: Connections,
+    engines: Callable[[Connections, str], EngineClient],
     clock: Callable[[], float] = time.time,
 ) -> PipelineTimeline:
     """The pipeline's timeline: each of its engines asked for GET /timeline, merged."""

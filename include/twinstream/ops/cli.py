@@ -49,7 +49,15 @@ from twinstream.engine.client import EngineClient
 from twinstream.ops.overview import AdapterReader, Overview, overview
 from twinstream.platform import registry
 from twinstream.platform.kafka import UserClient, user_client
-from twinstream.platform.settings import Settings, SettingsError, load_settings
+from twinstream.platform.settings import (
+    AdapterSettings,
+    CommonSettings,
+    Connections,
+    Settings,
+    SettingsError,
+    load,
+    load_settings,
+)
 
 
 def _progress(line: str) -> None:
@@ -57,11 +65,12 @@ def _progress(line: str) -> None:
 
 
 # The commands that work on one pipeline (their --pipeline, TWINSTREAM_PIPELINE, or the
-# pipelines file's only one); the others work on every pipeline or name their engine.
-ONE_PIPELINE = ("publish", "subscribe", "quarantine", "kafka-config")
+# pipelines file's only one), besides the adapters'; the others work on every pipeline or
+# name their engine.
+ONE_PIPELINE = ("quarantine", "kafka-config")
 
 
-def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_publish(settings: AdapterSettings, args: argparse.Namespace) -> int:
     if args.source:
         return _publish_from(settings, args)
     contract = registry.load(settings)
@@ -90,7 +99,7 @@ def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _publish_from(settings: Settings, args: argparse.Namespace) -> int:
+def _publish_from(settings: CommonSettings, args: argparse.Namespace) -> int:
     """A publisher adapter: follows the source into the inbound topic while elected, until
     SIGTERM or SIGINT (twinstream.edge.publisher)."""
     import signal
@@ -258,7 +267,7 @@ def parse_starts(text: str) -> int | dict[int, int]:
         ) from None
 
 
-def cmd_subscribe(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_subscribe(settings: AdapterSettings, args: argparse.Namespace) -> int:
     if args.to:
         return _subscribe_to(settings, args)
     shape = OutputShape.of(registry.load(settings))
@@ -297,7 +306,7 @@ def cmd_subscribe(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _subscribe_to(settings: Settings, args: argparse.Namespace) -> int:
+def _subscribe_to(settings: AdapterSettings, args: argparse.Namespace) -> int:
     """The subscriber adapter: until SIGTERM or SIGINT, every committed output into the
     file exactly once, resuming where the file ends (twinstream.edge.subscriber)."""
     import signal
@@ -342,7 +351,7 @@ def _subscribe_to(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_kafka_config(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_kafka_config(settings: CommonSettings, args: argparse.Namespace) -> int:
     client = user_client(settings, args.role)
     key_by = registry.load(settings).partition_by if args.role == "publisher" else None
     if args.format == "json":
@@ -405,7 +414,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
     # its own, a pipeline without an engines entry (hostmetrics) would claim them too.
     pipelines = {chosen: settings} if chosen else registry.stack(settings)
 
-    def engine(pipeline: Settings, engine_id: str) -> EngineClient:
+    def engine(pipeline: Connections, engine_id: str) -> EngineClient:
         return EngineClient.from_settings(pipeline, engine_id, token, 5.0)
 
     readers = AdapterReader(settings)
@@ -434,7 +443,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
     return 0 if seen.ok else 1
 
 
-def unusable(seen: Overview, settings: Settings) -> str | None:
+def unusable(seen: Overview, settings: Connections) -> str | None:
     """One line, when the status says nothing of any engine: those that answer refuse the
     token (the others being down), or none answers."""
     engines = [e for p in seen.pipelines for e in p.engines]
@@ -472,7 +481,7 @@ def parse_record(text: str) -> int:
         ) from None
 
 
-def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_quarantine(settings: CommonSettings, args: argparse.Namespace) -> int:
     from twinstream.core.election import zk_client
     from twinstream.core.quarantine import QuarantineStore
     from twinstream.core.rows import record_text
@@ -512,7 +521,7 @@ def cmd_quarantine(settings: Settings, args: argparse.Namespace) -> int:
         client.close()
 
 
-def cmd_override(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_override(settings: CommonSettings, args: argparse.Namespace) -> int:
     """Let an engine that disagrees with the active lead anyway (POST /pipeline/override):
     an operator's decision, e.g. when it is the active whose rows are wrong."""
     from twinstream.engine.client import EngineClient, EngineError
@@ -537,7 +546,7 @@ def cmd_override(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_new_pipeline(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_new_pipeline(settings: CommonSettings, args: argparse.Namespace) -> int:
     from twinstream.ops.skeleton import pipelines_entry, write
 
     # By default beside the others: the pipelines/ package next to the pipelines file, whose
@@ -613,6 +622,14 @@ def cmd_restart(settings: Settings, args: argparse.Namespace) -> int:
 
     restart_engine(settings, args.engine, pipeline=args.of_pipeline, echo=print)
     return 0
+
+
+# The adapters' commands: each reads the adapters' settings only (AdapterSettings), of one
+# pipeline chosen as ONE_PIPELINE's are.
+ADAPTERS: dict[str, Callable[[AdapterSettings, argparse.Namespace], int]] = {
+    "publish": cmd_publish,
+    "subscribe": cmd_subscribe,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -780,6 +797,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         chosen = getattr(args, "pipeline", None)
+        if args.command in ADAPTERS:
+            # An adapter's process (compose runs them so) reads no stack or engine setting.
+            adapter = registry.chosen(load(AdapterSettings), chosen)
+            with quiet_libraries(quiet=not getattr(args, "source", None)):
+                return ADAPTERS[args.command](adapter, args)
         settings = load_settings()
         if args.command in ONE_PIPELINE:
             # --pipeline, TWINSTREAM_PIPELINE or the file's only one; else an error naming them.
@@ -787,8 +809,6 @@ def main(argv: list[str] | None = None) -> int:
         elif chosen:
             settings = registry.settings_for(settings, chosen)
         handler = {
-            "publish": cmd_publish,
-            "subscribe": cmd_subscribe,
             "status": cmd_status,
             "quarantine": cmd_quarantine,
             "override": cmd_override,

@@ -22,7 +22,7 @@ from twinstream.engine.client import EngineError
 from twinstream.ops.audit import Findings, format_ranges, window
 from twinstream.ops.operate import OperateError
 from twinstream.ops.overview import EngineView
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import TaskSettings
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ def positions_before(takeover: Mapping[str, Any]) -> dict[int, int]:
 
 
 def audit_handover(
-    settings: Settings,
+    settings: TaskSettings,
     new_active: EngineApi,
     takeover: Mapping[str, Any],
     timeout_s: float = 120.0,
@@ -310,7 +310,7 @@ def as_dict(takeover: Takeover) -> dict[str, Any]:
 class KafkaEpochTail:
     """EpochTail over every partition of the outbound topic, from their ends when created."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: TaskSettings) -> None:
         import uuid
 
         from confluent_kafka import Consumer, TopicPartition

@@ -25,7 +25,12 @@ from twinstream.engine.api import AgreementInfo, BufferedRow, EngineApi
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.ops.overview import WORKING, EngineView, engine_view, unanswered_view
 from twinstream.platform import registry
-from twinstream.platform.settings import Settings, load_settings
+from twinstream.platform.settings import (
+    CommonSettings,
+    Connections,
+    TaskSettings,
+    load,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +72,7 @@ def observe(engine: EngineApi, pipeline: str) -> EngineView:
 # -- persist_standby_state --------------------------------------------------------------
 
 
-def zk_leader(settings: Settings) -> str | None:
+def zk_leader(settings: CommonSettings) -> str | None:
     """The engine id holding the election (the first contender), read with the pipeline's
     ZooKeeper credentials; None when nobody holds it."""
     from twinstream.core.election import zk_client
@@ -125,7 +130,7 @@ def persist_from(engine: EngineApi) -> dict[str, Any]:
     return dumped
 
 
-def verify_persisted(settings: Settings, manifest: Mapping[str, Any]) -> str:
+def verify_persisted(settings: CommonSettings, manifest: Mapping[str, Any]) -> str:
     """Re-read the snapshot from shared storage, check every checksum, and check that it is
     the one the engine reported."""
     snapshot_id = str(manifest["snapshot_id"])
@@ -141,7 +146,7 @@ def verify_persisted(settings: Settings, manifest: Mapping[str, Any]) -> str:
     return snapshot_id
 
 
-def prune(settings: Settings, keep: int) -> list[str]:
+def prune(settings: CommonSettings, keep: int) -> list[str]:
     deleted = snapshot.prune(settings.snapshot_dir, settings.pipeline, keep)
     left = snapshot.snapshot_ids(settings.snapshot_dir)
     log.info("pruned %s snapshot(s) %s; kept %s", len(deleted), deleted, left)
@@ -174,7 +179,7 @@ def assess(view: EngineView, force: bool) -> str:
     return view.describe()
 
 
-def inbound_log_starts(settings: Settings) -> dict[int, int]:
+def inbound_log_starts(settings: CommonSettings) -> dict[int, int]:
     """The log-start offset of every partition of the inbound topic."""
     from twinstream.engine.positions import InboundWatermarks
     from twinstream.platform.kafka import connection
@@ -187,7 +192,7 @@ def inbound_log_starts(settings: Settings) -> dict[int, int]:
 
 
 def choose_snapshot(
-    settings: Settings,
+    settings: CommonSettings,
     requested: str,
     log_starts: Mapping[int, int],
     layout: str | None = None,
@@ -379,7 +384,7 @@ def compare_buffer(
 
 
 def published_since(
-    settings: Settings, first_msg_id: int, timeout_s: float = 60.0, partition: int = 0
+    settings: TaskSettings, first_msg_id: int, timeout_s: float = 60.0, partition: int = 0
 ) -> dict[int, list[tuple[str, str | None, str]]]:
     """msg_id -> [(kind, key, value), ...] of the committed records with msg_id >=
     first_msg_id in `partition` of the outbound and dead-letter topics, in the order they
@@ -394,7 +399,7 @@ def published_since(
 
 
 def committed_since(
-    settings: Settings,
+    settings: TaskSettings,
     first_msg_id: int,
     timeout_s: float = 60.0,
     kinds: Sequence[str] = ("out", "dlq", "progress"),
@@ -439,7 +444,7 @@ def committed_since(
     return found
 
 
-def check_buffer(engine: EngineApi, settings: Settings, last: int) -> Comparison:
+def check_buffer(engine: EngineApi, settings: TaskSettings, last: int) -> Comparison:
     """The engine's last `last` buffered rows against what is published for the same
     msg_ids, partition by partition."""
     buffered = engine.buffer(last)
@@ -481,7 +486,7 @@ def check_buffer(engine: EngineApi, settings: Settings, last: int) -> Comparison
 # -- audit_output_topic: agreement -------------------------------------------------------
 
 
-def agreement_task(settings: Settings, run_id: str) -> str:
+def agreement_task(settings: TaskSettings, run_id: str) -> str:
     """audit_output_topic's `agreement` task: every engine's word, recorded as the run's
     `agreement` (twinstream.ops.audit_runs); a disagreement fails the task at once."""
     from twinstream.ops.audit_runs import outcome_of
@@ -584,21 +589,21 @@ def restore_conf(engine_id: str) -> dict[str, Any]:
     return {"engine": engine_id, "snapshot": PROVEN}
 
 
-def engine_settings(params: Mapping[str, Any]) -> Settings:
+def engine_settings(params: Mapping[str, Any]) -> TaskSettings:
     """The settings of the pipeline whose engine the run's `engine` Param names
     (restore_and_resync: engine ids are the stack's, so an engine names its pipeline).
     Reads the environment and the pipelines file only."""
-    return registry.for_engine(load_settings(), str(params["engine"]))
+    return registry.for_engine(load(TaskSettings), str(params["engine"]))
 
 
-def airflow_engine(engine_id: str, settings: Settings) -> EngineClient:
+def airflow_engine(engine_id: str, settings: Connections) -> EngineClient:
     """The engine's client from its Airflow connection (inside a task only)."""
     from airflow.sdk import Connection
 
     return engine_client_factory(settings, Connection.get)(engine_id)
 
 
-def observe_engines(settings: Settings) -> list[EngineView]:
+def observe_engines(settings: TaskSettings) -> list[EngineView]:
     """Every configured engine, through its Airflow connection (inside a task only)."""
     views = []
     for engine_id in settings.engine_ids:
@@ -608,7 +613,7 @@ def observe_engines(settings: Settings) -> list[EngineView]:
 
 
 def engine_client_factory(
-    settings: Settings, connection: Callable[[str], Any]
+    settings: Connections, connection: Callable[[str], Any]
 ) -> Callable[[str], EngineClient]:
     """engine id -> EngineClient, from the Airflow connection `connection(conn_id)` returns
     (anything with host, port, schema and password)."""

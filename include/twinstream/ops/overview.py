@@ -44,7 +44,7 @@ from twinstream.engine.api import (
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.ops.audit import REPORT, data_docs_site
 from twinstream.ops.audit_runs import last_run
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import CommonSettings, Connections, Settings, TaskSettings
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +333,7 @@ class Overview(BaseModel):
 
 # (pipeline's settings, engine id) -> the engine's client: an EngineClient, not any EngineApi,
 # since whoever asks for one closes it.
-EngineFactory = Callable[[Settings, str], EngineClient]
+EngineFactory = Callable[[Connections, str], EngineClient]
 
 
 def engine_view(
@@ -510,7 +510,7 @@ def age_text(seconds: float | None) -> str:
 
 
 def snapshot_views(
-    settings: Settings, log_starts: Mapping[int, int] | None, now: float, keep: int = 5
+    settings: CommonSettings, log_starts: Mapping[int, int] | None, now: float, keep: int = 5
 ) -> list[SnapshotView]:
     """The newest `keep` snapshots of the pipeline, verified, each with its age and (given
     the inbound log-start offsets) whether Kafka still holds what it would replay."""
@@ -607,7 +607,7 @@ def _latest_report(audit_dir: Path) -> AuditView | None:
 
 def pipeline_view(
     name: str,
-    settings: Settings,
+    settings: TaskSettings,
     engines: EngineFactory,
     log_starts: Mapping[int, int] | None = None,
     clock: Callable[[], float] = time.time,
@@ -674,12 +674,12 @@ def pipeline_view(
 
 
 def overview(
-    pipelines: Mapping[str, Settings],
+    pipelines: Mapping[str, TaskSettings],
     engines: EngineFactory,
-    log_starts: Callable[[Settings], Mapping[int, int] | None] | None = None,
+    log_starts: Callable[[CommonSettings], Mapping[int, int] | None] | None = None,
     clock: Callable[[], float] = time.time,
     with_history: bool = True,
-    adapters: Callable[[Settings], list[AdapterView]] | None = None,
+    adapters: Callable[[CommonSettings], list[AdapterView]] | None = None,
 ) -> Overview:
     """Every pipeline of `pipelines` (name -> its settings); `adapters`, if given, reads a
     pipeline's publisher adapters."""
@@ -720,7 +720,7 @@ class AdapterReader:
         # The page asks from several threads at once: one connection for them all.
         self._lock = threading.Lock()
 
-    def __call__(self, pipeline: Settings) -> list[AdapterView]:
+    def __call__(self, pipeline: CommonSettings) -> list[AdapterView]:
         client = self._connected(pipeline)
         if client is None:
             return []
@@ -733,7 +733,7 @@ class AdapterReader:
             AdapterView(adapter_id=name, **status.model_dump()) for name, status in found.items()
         ]
 
-    def _connected(self, pipeline: Settings) -> Any:
+    def _connected(self, pipeline: Connections) -> Any:
         from twinstream.core.election import zk_client
 
         with self._lock:

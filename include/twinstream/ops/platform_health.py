@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from twinstream.ops.overview import EngineView, no_ready_standby
 from twinstream.platform import registry
 from twinstream.platform.kafka import TopicSpec, admin_config, describe_topic_configs, topic_specs
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import CommonSettings, Connections, Settings, TaskSettings
 from twinstream.stack import health
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class PlatformUnhealthy(RuntimeError):
     """A platform service is down or misconfigured; the message says which and how."""
 
 
-def check_zookeeper(settings: Settings) -> str:
+def check_zookeeper(settings: Connections) -> str:
     """Every server of the connect string probed; healthy while a majority serves (an
     ensemble keeps serving with a minority down, and the report names those)."""
     servers = settings.zk_servers
@@ -81,7 +81,7 @@ def topic_problems(
     return problems
 
 
-def check_topics(settings: Settings, specs: Iterable[TopicSpec] | None = None) -> list[str]:
+def check_topics(settings: CommonSettings, specs: Iterable[TopicSpec] | None = None) -> list[str]:
     admin = AdminClient(admin_config(settings))
     metadata = admin.list_topics(timeout=10).topics
     problems: list[str] = []
@@ -105,7 +105,7 @@ def check_topics(settings: Settings, specs: Iterable[TopicSpec] | None = None) -
 
 
 def check_standbys(
-    pipelines: Mapping[str, Settings], observe: Callable[[Settings], list[EngineView]]
+    pipelines: Mapping[str, TaskSettings], observe: Callable[[TaskSettings], list[EngineView]]
 ) -> list[str]:
     """Each pipeline's active has a standby that could take over now (in sync, allowed to
     lead, its buffer covering the takeover): else its next failure stops the output, and

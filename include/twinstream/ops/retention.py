@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import TaskSettings
 
 FAIL = "fail"
 WARN = "warn"
@@ -344,7 +344,7 @@ def _positions(positions: dict[int, int]) -> str:
 
 
 def measure_inbound(
-    settings: Settings, window_s: float = 3600.0
+    settings: TaskSettings, window_s: float = 3600.0
 ) -> tuple[float | None, dict[int, int]]:
     """(bytes/s over the last `window_s`, from the records' count over every partition and
     a sample of their sizes; None when nothing arrived), and each inbound partition's
@@ -390,7 +390,7 @@ def measure_inbound(
 
 
 def gather(
-    settings: Settings, admin: Any, persist_interval_ms: int, audit_interval_ms: int
+    settings: TaskSettings, admin: Any, persist_interval_ms: int, audit_interval_ms: int
 ) -> Facts:
     from twinstream.engine import snapshot
 

@@ -35,12 +35,16 @@ from twinstream.platform.kafka_auth import (
     grants,
     user_name,
 )
-from twinstream.platform.settings import DAY_MS, Settings
+from twinstream.platform.settings import (
+    DAY_MS,
+    CommonSettings,
+    PipelineSettings,
+)
 
 log = logging.getLogger(__name__)
 
 
-def connection(settings: Settings) -> KafkaConnection:
+def connection(settings: CommonSettings) -> KafkaConnection:
     """Where the cluster is and who the settings' clients are (their kafka_role, in their
     pipeline): the one place the credentials file is read. A process builds it once and
     gives it to its clients (the engine: twinstream.engine.app)."""
@@ -56,7 +60,7 @@ def connection(settings: Settings) -> KafkaConnection:
     )
 
 
-def kafka_user(settings: Settings) -> str:
+def kafka_user(settings: CommonSettings) -> str:
     role = settings.kafka_role
     return ADMIN_USER if role == "admin" else user_name(settings.pipeline, role)
 
@@ -65,17 +69,17 @@ def kafka_user(settings: Settings) -> str:
 # connection afresh. A process that keeps clients builds `connection` once instead.
 
 
-def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+def producer_config(settings: CommonSettings, **overrides: Any) -> dict[str, Any]:
     """KafkaConnection.producer of the settings' connection."""
     return connection(settings).producer(**overrides)
 
 
-def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
+def consumer_config(settings: CommonSettings, group_id: str, **overrides: Any) -> dict[str, Any]:
     """KafkaConnection.consumer of the settings' connection."""
     return connection(settings).consumer(group_id, **overrides)
 
 
-def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+def admin_config(settings: CommonSettings, **overrides: Any) -> dict[str, Any]:
     """KafkaConnection.admin of the settings' connection."""
     return connection(settings).admin(**overrides)
 
@@ -96,7 +100,7 @@ class UserClient:
     grants: Grants
 
 
-def user_client(settings: Settings, role: UserRole) -> UserClient:
+def user_client(settings: CommonSettings, role: UserRole) -> UserClient:
     """The settings `twinstream kafka-config` prints: the same as the platform's own
     clients' (KafkaConnection, the guarantees), never a copy. Reads the credentials file
     once."""
@@ -144,7 +148,7 @@ class TopicSpec:
     configs: Mapping[str, str] = field(default_factory=dict)
 
 
-def topic_specs(settings: Settings) -> list[TopicSpec]:
+def topic_specs(settings: PipelineSettings) -> list[TopicSpec]:
     """The four topics of a pipeline, as the settings describe them."""
 
     def spec(name: str, retention_ms: int, written_by_engines: bool = True) -> TopicSpec:
@@ -183,7 +187,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 
 
 def watermarks(
-    settings: Settings,
+    settings: CommonSettings,
     topic: str,
     timeout_s: float = 15.0,
     clock: Callable[[], float] = time.monotonic,
@@ -218,7 +222,7 @@ def watermarks(
         consumer.close()
 
 
-def partition_ends(settings: Settings, topic: str, timeout_s: float = 15.0) -> dict[int, int]:
+def partition_ends(settings: CommonSettings, topic: str, timeout_s: float = 15.0) -> dict[int, int]:
     """Each partition's high watermark (the offset after its last record) of a topic of
     any number of partitions: where a reader that wants only what comes next starts."""
     import uuid

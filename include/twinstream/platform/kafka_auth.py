@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from twinstream.platform.connections import is_transient
+from twinstream.platform.settings import PipelineSettings, Settings
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AclBinding, AdminClient
@@ -131,7 +132,7 @@ class Credentials:
             ) from None
 
 
-def acl_bindings(settings: Settings) -> list[AclBinding]:
+def acl_bindings(settings: PipelineSettings) -> list[AclBinding]:
     """The ACLs of one pipeline (its settings), as the module says."""
     from confluent_kafka.admin import (
         AclBinding,
@@ -195,7 +196,7 @@ class Grants:
     group_prefixes: list[str]
 
 
-def grants(settings: Settings, role: Role) -> Grants:
+def grants(settings: PipelineSettings, role: Role) -> Grants:
     """One role's ACLs of the settings' pipeline, read from acl_bindings itself: what a
     user is told it may do is what Kafka is told to let it do."""
     from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
@@ -300,7 +301,7 @@ def _idempotent(
 
 def grant_read(
     admin: AdminClient,
-    settings: Settings,
+    settings: PipelineSettings,
     topic: str,
     role: Role = "reader",
     timeout_s: float = 30.0,

@@ -502,6 +502,8 @@ class EngineTuning(BaseSettings):
     # How often an engine logs where its batches spent their time (the medians since the
     # last line: Spark's parts, the batch's job and the gate's publish on the driver).
     batch_timings_log_s: float = Field(default=60.0, gt=0)
+    # The engine's JVM heap (its Spark driver's memory: spark.driver.memory).
+    engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")
     # Where an engine's Spark runs: local[n] in the engine's own JVM (the default), a
     # standalone cluster (spark://host:7077), yarn, k8s://...; "" leaves it to spark-submit's
     # --master or spark-defaults.conf. On a cluster the executors need this project's Python
@@ -615,7 +617,6 @@ class StackLayout(BaseSettings):
     # their admin ports; empty: no /metrics. Clear of the engines' 87xx and of 8800, the
     # port an HTTP source is usually given.
     publisher_metrics_ports: PortList = [8811, 8812, 8813, 8814, 8815, 8816, 8817, 8818]
-    engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")
     spark_worker_host: str = ""
     spark_master_ui_port: Port = 8090
     spark_worker_ui_port: Port = 8091
@@ -731,6 +732,11 @@ class Settings(EngineSettings, TaskSettings, AdapterSettings, StackLayout):
     @property
     def airflow_url(self) -> str:
         return f"http://{self.bind_host}:{self.airflow_port}"
+
+    @property
+    def spark_master_ui_url(self) -> str:
+        """The local stack's standalone master's web UI (its status as JSON at /json/)."""
+        return f"http://{self.bind_host}:{self.spark_master_ui_port}"
 
 
 S = TypeVar("S", bound=BaseSettings)

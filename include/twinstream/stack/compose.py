@@ -34,7 +34,12 @@ from pathlib import Path
 from twinstream.platform import registry
 from twinstream.platform.connections import MECHANISM
 from twinstream.platform.kafka_auth import ADMIN_USER, PASSWORD, CredentialsError
-from twinstream.platform.settings import REPO_ROOT, Settings, SettingsError, load_settings
+from twinstream.platform.settings import (
+    REPO_ROOT,
+    Settings,
+    SettingsError,
+    load_settings,
+)
 from twinstream.stack.tls import SERVER_CN, TlsFiles, ensure_tls
 
 # Every name a client reaches a broker by: the service names, and the host's localhost.

@@ -31,7 +31,11 @@ from confluent_kafka.admin import AdminClient
 from twinstream.platform import registry
 from twinstream.platform.kafka import TopicChange, ensure_topics, topic_specs
 from twinstream.platform.kafka_auth import Credentials, provision, users
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import (
+    CommonSettings,
+    Connections,
+    Settings,
+)
 from twinstream.stack import health, render
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import ProcessInfo, Supervisor, at_once
@@ -75,7 +79,7 @@ class UpReport:
         )
 
 
-def check_jars(settings: Settings) -> None:
+def check_jars(settings: Connections) -> None:
     for folder, prefix in REQUIRED_JARS.items():
         directory = settings.jars_dir / folder
         if not any(p.name.startswith(prefix) for p in directory.glob("*.jar")):
@@ -131,7 +135,7 @@ def _render_files(settings: Settings, layout: Layout) -> list[str]:
     ]
 
 
-def _format_kafka_storage(settings: Settings, layout: Layout, echo: Echo) -> list[int]:
+def _format_kafka_storage(settings: Connections, layout: Layout, echo: Echo) -> list[int]:
     if not layout.kafka_cluster_id.exists():
         write_if_changed(layout.kafka_cluster_id, render.new_cluster_id())
     cluster_id = layout.kafka_cluster_id.read_text().strip()
@@ -169,13 +173,13 @@ def probe(
     if name.startswith("zookeeper-"):
         return health.zookeeper(settings, int(name.split("-")[1]))
     if name == "spark-master":
-        return health.spark_master(settings)
+        return health.spark_master(settings.spark_master_ui_url)
     if name == "spark-worker":
-        return health.spark_worker(settings)
+        return health.spark_worker(settings.spark_master_ui_url)
     if name.startswith("kafka-"):
-        return health.kafka_node(settings, int(name.split("-")[1]), registered)
+        return health.kafka_node(int(name.split("-")[1]), registered)
     if name == "airflow":
-        return health.airflow(settings, since=info.start if info else 0.0)
+        return health.airflow(settings.airflow_url, since=info.start if info else 0.0)
     if name.startswith("engine-"):
         engine_id = name.removeprefix("engine-")
         # The engine's own pipeline's settings: its admin port and the pipeline it runs.
@@ -390,11 +394,11 @@ def ensure_secret(path: Path) -> bool:
     )
 
 
-def engine_roles(settings: Settings) -> dict[str, str]:
+def engine_roles(settings: Connections) -> dict[str, str]:
     return {e: health.engine(settings, e)[2] for e in settings.engine_ids}
 
 
-def wait_for_one_active(settings: Settings, echo: Echo, timeout_s: float = 60.0) -> str:
+def wait_for_one_active(settings: CommonSettings, echo: Echo, timeout_s: float = 60.0) -> str:
     """The election settles on exactly one active engine; returns its id."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -500,7 +504,7 @@ def _process_tree(pids: Iterable[int]) -> dict[int, str]:
     return tree
 
 
-def stack_pids(settings: Settings) -> dict[int, str]:
+def stack_pids(settings: Connections) -> dict[int, str]:
     """Every pid of the running stack: supervisord, its programs and their descendants."""
     supervisor = Supervisor(Layout.of(settings))
     if not supervisor.is_running():
@@ -508,7 +512,7 @@ def stack_pids(settings: Settings) -> dict[int, str]:
     return _process_tree([supervisor.pid()])
 
 
-def down(settings: Settings, echo: Echo = print, timeout_s: float = 120.0) -> list[int]:
+def down(settings: Connections, echo: Echo = print, timeout_s: float = 120.0) -> list[int]:
     """Stop the whole stack by pid. Returns the pids that were stopped."""
     layout = Layout.of(settings)
     supervisor = Supervisor(layout)

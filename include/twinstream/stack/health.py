@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient
 from twinstream.engine.api import PipelineInfo
 from twinstream.engine.client import EngineClient, EngineError
 from twinstream.platform.kafka import admin_config
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import Connections, Settings
 from twinstream.stack.tls import kafka_superuser_config
 
 Probe = Callable[[], tuple[bool, str]]
@@ -28,7 +28,7 @@ def four_letter_word(host: str, port: int, word: bytes, timeout_s: float = 2.0) 
     return b"".join(chunks)
 
 
-def zookeeper(settings: Settings, node: int = 1) -> tuple[bool, str]:
+def zookeeper(settings: Connections, node: int = 1) -> tuple[bool, str]:
     """One server of the stack's ZooKeeper (`node`, from 1). ruok only says the JVM listens;
     srvr's Mode line says the server actually serves (standalone, leader or follower: a
     member of an ensemble without a quorum answers that it is not serving)."""
@@ -46,9 +46,9 @@ def zookeeper(settings: Settings, node: int = 1) -> tuple[bool, str]:
     return False, f"not serving: {stats.strip()[:120]}"
 
 
-def _master_status(settings: Settings, timeout_s: float) -> tuple[dict[str, Any] | None, str]:
+def _master_status(ui_url: str, timeout_s: float) -> tuple[dict[str, Any] | None, str]:
     """The standalone master's own status page (JSON), or None and why not."""
-    url = f"http://{settings.bind_host}:{settings.spark_master_ui_port}/json/"
+    url = f"{ui_url}/json/"
     try:
         status: dict[str, Any] = httpx.get(url, timeout=timeout_s).json()
     except (httpx.HTTPError, ValueError) as exc:
@@ -56,9 +56,9 @@ def _master_status(settings: Settings, timeout_s: float) -> tuple[dict[str, Any]
     return status, ""
 
 
-def spark_master(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str]:
-    """The master ALIVE, and how many workers."""
-    status, problem = _master_status(settings, timeout_s)
+def spark_master(ui_url: str, timeout_s: float = 3.0) -> tuple[bool, str]:
+    """The master ALIVE (its web UI at `ui_url`), and how many workers."""
+    status, problem = _master_status(ui_url, timeout_s)
     if status is None:
         return False, problem
     if status.get("status") != "ALIVE":
@@ -66,9 +66,10 @@ def spark_master(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str]
     return True, f"{status.get('url')}, {status.get('aliveworkers', 0)} worker(s) alive"
 
 
-def spark_worker(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str]:
-    """A worker counts once the master lists it ALIVE, with its cores."""
-    status, problem = _master_status(settings, timeout_s)
+def spark_worker(ui_url: str, timeout_s: float = 3.0) -> tuple[bool, str]:
+    """A worker counts once the master (its web UI at `ui_url`) lists it ALIVE, with its
+    cores."""
+    status, problem = _master_status(ui_url, timeout_s)
     if status is None:
         return False, problem
     workers = status.get("workers", [])
@@ -103,17 +104,17 @@ def kafka_brokers(
     return {b.id: f"{b.host}:{b.port}" for b in brokers.values()}
 
 
-def kafka_node(settings: Settings, node_id: int, registered: dict[int, str]) -> tuple[bool, str]:
+def kafka_node(node_id: int, registered: dict[int, str]) -> tuple[bool, str]:
     if node_id in registered:
         return True, f"broker {node_id} registered at {registered[node_id]}"
     return False, f"broker {node_id} not in cluster metadata ({len(registered)} registered)"
 
 
-def airflow(settings: Settings, since: float = 0.0, timeout_s: float = 3.0) -> tuple[bool, str]:
+def airflow(airflow_url: str, since: float = 0.0, timeout_s: float = 3.0) -> tuple[bool, str]:
     """Airflow's unauthenticated health endpoint: every component must report healthy with
     a heartbeat newer than `since` (epoch seconds), so heartbeats a previous run left in the
     database do not count."""
-    url = f"{settings.airflow_url}/api/v2/monitor/health"
+    url = f"{airflow_url}/api/v2/monitor/health"
     try:
         response = httpx.get(url, timeout=timeout_s)
     except httpx.HTTPError as exc:
@@ -130,10 +131,10 @@ def airflow(settings: Settings, since: float = 0.0, timeout_s: float = 3.0) -> t
             waiting.append(name)
     if waiting:
         return False, f"waiting for {', '.join(waiting)}"
-    return True, f"healthy at {settings.airflow_url}"
+    return True, f"healthy at {airflow_url}"
 
 
-def engine(settings: Settings, engine_id: str, timeout_s: float = 3.0) -> tuple[bool, str, str]:
+def engine(settings: Connections, engine_id: str, timeout_s: float = 3.0) -> tuple[bool, str, str]:
     """(healthy, detail, role): the engine's pipeline runs and it is active or standby."""
     url = settings.engine_admin_url(engine_id)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from twinstream.platform.settings import Settings
+from twinstream.platform.settings import Connections
 
 # AF_UNIX socket paths are limited to 108 bytes on Linux, terminator included.
 MAX_SOCKET_PATH = 107
@@ -16,7 +16,7 @@ class Layout:
     root: Path
 
     @classmethod
-    def of(cls, settings: Settings) -> Layout:
+    def of(cls, settings: Connections) -> Layout:
         return cls(settings.state_dir.resolve())
 
     @property

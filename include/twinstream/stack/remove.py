@@ -33,7 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from twinstream.platform import registry
-from twinstream.platform.settings import Settings, SettingsError
+from twinstream.platform.settings import (
+    Connections,
+    Settings,
+    SettingsError,
+)
 from twinstream.platform.storage import Location, remove_tree
 
 Echo = Callable[[str], None]
@@ -297,7 +301,7 @@ def without_table(text: str, name: str) -> tuple[str, str]:
     return "".join(before + after), "".join(removed)
 
 
-def _supervisor(settings: Settings) -> Any:
+def _supervisor(settings: Connections) -> Any:
     from twinstream.stack.layout import Layout
     from twinstream.stack.supervisor import Supervisor
 
@@ -312,7 +316,7 @@ def _admin(settings: Settings) -> Any:
     return AdminClient(kafka_superuser_config(settings))
 
 
-def _zookeeper(settings: Settings) -> Any:
+def _zookeeper(settings: Connections) -> Any:
     from twinstream.core.election import zk_client
 
     # A command, not an engine: give up after a few tries instead of retrying forever.
@@ -328,7 +332,7 @@ def _zookeeper(settings: Settings) -> Any:
 
 
 def _plan(
-    settings: Settings,
+    settings: Connections,
     pipeline: Settings,
     new_text: str,
     removed_text: str,
@@ -399,7 +403,7 @@ def _apply(
     _rewrite_connections(settings, echo)
 
 
-def _remove_users(pipeline: Settings, users: list[str], admin: Any, echo: Echo) -> None:
+def _remove_users(pipeline: Connections, users: list[str], admin: Any, echo: Echo) -> None:
     from confluent_kafka.admin import (
         AclBindingFilter,
         AclOperation,

@@ -16,10 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pydantic_settings import BaseSettings
+
 from twinstream.platform import registry
 from twinstream.platform.connections import MECHANISM
 from twinstream.platform.kafka_auth import ADMIN_USER
-from twinstream.platform.settings import REPO_ROOT, Settings, SettingsError
+from twinstream.platform.settings import (
+    REPO_ROOT,
+    Connections,
+    PipelineSettings,
+    Settings,
+    SettingsError,
+)
 from twinstream.stack.layout import Layout
 from twinstream.stack.tls import SERVER_CN, TlsFiles
 
@@ -63,18 +71,18 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
-def node_ids(settings: Settings) -> list[int]:
+def node_ids(settings: Connections) -> list[int]:
     return list(range(1, len(settings.kafka_ports) + 1))
 
 
-def zookeeper_names(settings: Settings) -> list[str]:
+def zookeeper_names(settings: Connections) -> list[str]:
     """The stack's ZooKeeper programs: `zookeeper` alone, `zookeeper-1`... in an ensemble."""
     if settings.zk_nodes == 1:
         return ["zookeeper"]
     return [f"zookeeper-{n}" for n in range(1, settings.zk_nodes + 1)]
 
 
-def zookeeper_dir(settings: Settings, layout: Layout, node: int) -> Path:
+def zookeeper_dir(settings: Connections, layout: Layout, node: int) -> Path:
     """Node `node`'s folder (config, data); a single server keeps the folder it always had."""
     if settings.zk_nodes == 1:
         return layout.zookeeper_dir
@@ -118,7 +126,7 @@ def zoo_cfg(settings: Settings, layout: Layout, node: int = 1) -> str:
     )
 
 
-def zookeeper_jaas(settings: Settings) -> str:
+def zookeeper_jaas(settings: Connections) -> str:
     """ZooKeeper's SASL users (DIGEST-MD5): Twinstream's. Holds the password: write 0600."""
     password = settings.secret("zk_password")
     if '"' in password or "\\" in password:
@@ -273,7 +281,7 @@ def java_command(
 
 
 def kafka_format_command(
-    settings: Settings, layout: Layout, node_id: int, cluster_id: str
+    settings: Connections, layout: Layout, node_id: int, cluster_id: str
 ) -> list[str]:
     return java_command(
         KAFKA_STORAGE_TOOL,
@@ -290,8 +298,9 @@ def kafka_format_command(
     )
 
 
-def settings_environment(settings: Settings) -> dict[str, str]:
-    """The settings as TWINSTREAM_* variables, so child processes see exactly these values."""
+def settings_environment(settings: BaseSettings) -> dict[str, str]:
+    """Any process's settings as TWINSTREAM_* variables, so child processes see exactly
+    these values (each child reads the groups it holds)."""
     env: dict[str, str] = {}
     for name, value in settings.model_dump().items():
         if value is None:  # unset optional: the child derives it the same way
@@ -379,7 +388,9 @@ def programs(
     # Each pipeline's publisher adapters (its `publishers` entry): one elected active, the
     # others standby; started by `up` with the engines, once the topics and users exist.
     # Each serves its /metrics on a port of its own, as an engine its admin API.
-    metrics_ports = publisher_metrics_ports(settings, stack)
+    metrics_ports = publisher_metrics_ports(
+        settings.publisher_metrics_ports, settings.pipelines_file, stack
+    )
     for pipeline in stack.values():
         for name in publisher_programs(pipeline):
             metrics = ["--metrics-port", str(metrics_ports[name])] if metrics_ports else []
@@ -425,24 +436,25 @@ def programs(
     return result
 
 
-def publisher_programs(pipeline: Settings) -> list[str]:
+def publisher_programs(pipeline: PipelineSettings) -> list[str]:
     """The supervisord programs of a pipeline's publisher adapters (none without a source)."""
     if not pipeline.publisher_source:
         return []
     return [f"publisher-{pipeline.pipeline}-{n}" for n in range(1, pipeline.publisher_count + 1)]
 
 
-def publisher_metrics_ports(settings: Settings, stack: Mapping[str, Settings]) -> dict[str, int]:
+def publisher_metrics_ports(
+    ports: list[int], pipelines_file: Path, stack: Mapping[str, Settings]
+) -> dict[str, int]:
     """Each publisher program of the stack -> the port of its /metrics: the settings'
     publisher_metrics_ports in order, pipeline by pipeline (none when that list is empty).
     Refuses too few ports, or one an engine of the stack uses, naming the fix."""
-    ports = settings.publisher_metrics_ports
     names = [name for pipeline in stack.values() for name in publisher_programs(pipeline)]
     if not ports or not names:
         return {}
     if len(names) > len(ports):
         raise SettingsError(
-            f"{len(names)} publisher adapters in {settings.pipelines_file} but "
+            f"{len(names)} publisher adapters in {pipelines_file} but "
             f"TWINSTREAM_PUBLISHER_METRICS_PORTS has {len(ports)} ports: give one per adapter "
             "(or set it empty for no /metrics)"
         )

@@ -13,7 +13,7 @@ from tests.unit.edge.test_file_sink import stream
 from twinstream.edge.file_sink import FileSink
 from twinstream.edge.reader import Record
 from twinstream.edge.subscriber import deliver
-from twinstream.platform.settings import Settings, load_settings
+from twinstream.platform.settings import CommonSettings, Settings, load_settings
 
 
 class Topic:
@@ -29,7 +29,7 @@ class Topic:
 
     def __call__(
         self,
-        settings: Settings,
+        settings: CommonSettings,
         topic: str,
         start_offset: int | Mapping[int, int] = 0,
         idle_timeout_s: float = 5.0,

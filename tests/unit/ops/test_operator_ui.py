@@ -21,7 +21,7 @@ from twinstream.engine.client import EngineClient
 from twinstream.ops.operator_ui import vendor
 from twinstream.ops.operator_ui.app import PREFIX, STATIC, Sources, create_app
 from twinstream.ops.operator_ui.datadocs import CDN, VENDOR, external_resources, offline
-from twinstream.platform.settings import Settings, load_settings
+from twinstream.platform.settings import CommonSettings, Settings, load_settings
 
 GE_VIEW = Path(str(__import__("great_expectations").__file__)).parent / "render" / "view"
 
@@ -207,7 +207,7 @@ def test_the_page_shows_each_publisher_adapter_as_its_status_node_says(tmp_path:
     answers = {"a": ACTIVE, "b": standby({0: 100}, 5), "c": ACTIVE, "d": 401}
     asked: list[str] = []
 
-    def adapters(pipeline: Settings) -> list[AdapterView]:
+    def adapters(pipeline: CommonSettings) -> list[AdapterView]:
         asked.append(pipeline.pipeline)
         if pipeline.pipeline != "hostmetrics":
             return []

@@ -47,7 +47,7 @@ from twinstream.ops.overview import (
     snapshot_views,
 )
 from twinstream.platform import registry
-from twinstream.platform.settings import Settings, SettingsError, load_settings
+from twinstream.platform.settings import CommonSettings, SettingsError, TaskSettings, load
 
 log = logging.getLogger(__name__)
 
@@ -71,24 +71,29 @@ class _History:
     audit: AuditView | None
 
 
+def _task_settings() -> TaskSettings:
+    return load(TaskSettings)
+
+
 @dataclass
 class Sources:
     """Where the page's facts come from; the plugin gives Airflow's, tests their own."""
 
-    settings: Callable[[], Settings] = load_settings
+    # The page runs in Airflow's API server: an Airflow process, it reads the tasks' groups.
+    settings: Callable[[], TaskSettings] = _task_settings
     # (pipeline's settings, engine id) -> its admin API's client.
     engines: EngineFactory | None = None
-    log_starts: Callable[[Settings], Mapping[int, int] | None] | None = None
+    log_starts: Callable[[CommonSettings], Mapping[int, int] | None] | None = None
     # (pipeline's settings) -> its publisher adapters (twinstream.ops.overview.AdapterReader).
-    adapters: Callable[[Settings], list[AdapterView]] | None = None
+    adapters: Callable[[CommonSettings], list[AdapterView]] | None = None
     clock: Callable[[], float] = time.time
     _history: dict[str, _History] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _stack: dict[str, Settings] | None = None
+    _stack: dict[str, TaskSettings] | None = None
     # The pipelines file's (path, mtime, size) when _stack was read from it.
     _stamp: tuple[str, int, int] | None = None
 
-    def pipelines(self) -> dict[str, Settings]:
+    def pipelines(self) -> dict[str, TaskSettings]:
         """The stack's pipelines, read again whenever the pipelines file changes (its
         modification time or size): `up` adds a pipeline without restarting Airflow, and
         the page shows it at its next poll. A changed file that does not read (a typo being
