@@ -177,12 +177,13 @@ check: system-deps
 # `make check`, then tests/integration and tests/chaos on a test stack of their own
 # (tests/conftest.py), on an idle machine: they time failovers. Scenarios marked
 # chaos_only are collected and skipped (`make chaos` runs them): of tests/chaos, the
-# outbound outage runs, held until every engine is at its bound.
+# outbound outage runs, held until every engine is at its bound. pytest lists each setup,
+# scenario and teardown of 5 s or more: where the suite's time budget goes, every run.
 test: INSTALL_ALSO := browser
 test: system-deps
 	@$(MAKE) --no-print-directory -j3 $(VENV)/.installed $(JARS)/.installed $(INSTALL_ALSO)
 	@$(MAKE) --no-print-directory check BESIDE=$(JARS)/spark-classes.jsa
-	$(BIN)/pytest --durations=15 tests/integration tests/chaos
+	$(BIN)/pytest --durations=0 --durations-min=5 tests/integration tests/chaos
 
 # Headless Chromium, from Debian (playwright's own browser download is not used): the
 # operator page's integration test and `make screenshots` drive it through playwright.

@@ -52,7 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     if args:
         print("usage: python -m twinstream.engine.archive (it takes no arguments)", file=sys.stderr)
         return 2
-    build_class_archive(load(EngineSettings))
+    base = load(EngineSettings)
+    # Any pipeline's plan loads Spark's classes: the environment's, else the file's first.
+    listed = registry.names(base.pipelines_file)
+    if not base.pipeline and not listed:
+        print(f"no pipeline in {base.pipelines_file}: add one (twinstream new-pipeline)")
+        return 2
+    build_class_archive(registry.settings_for(base, base.pipeline or listed[0]))
     return 0
 
 

@@ -2,7 +2,9 @@
 
 A command that cannot do its work says why in one line on stderr, naming the fix, and exits
 non-zero; `subscribe` writes every committed record of every partition, each row in the
-same columns, and leaves librdkafka's own log lines off the terminal.
+same columns, and leaves librdkafka's own log lines off the terminal. A command on one
+pipeline works on --pipeline, else TWINSTREAM_PIPELINE, else the pipelines file's only one;
+with several and none chosen it names them: the platform has no default pipeline.
 
 twinstream publish --pipeline hostmetrics --count 60000    the pipeline's sample records
 twinstream publish --pipeline payments --file p.jsonl       a CSV or JSONL file
@@ -16,7 +18,7 @@ twinstream subscribe --pipeline payments --to out.jsonl     the same, exactly on
 twinstream kafka-config --pipeline payments --role reader   settings for your own Kafka
                                                    client (--format librdkafka|java|json)
 twinstream status [--pipeline NAME] [--watch] [--json]   engines, takeovers, snapshots, audit
-twinstream quarantine list                         offsets the engines quarantined
+twinstream quarantine list [--pipeline NAME]       offsets the engines quarantined
 twinstream quarantine release 1234                 release one once its bug is fixed
 twinstream new-pipeline NAME                       a runnable pipeline and its test
 twinstream remove-pipeline NAME [--yes]            a pipeline off the stack, with its data
