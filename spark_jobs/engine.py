@@ -51,11 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         storage.check(settings.checkpoint_dir(args.engine_id))
         storage.check(settings.snapshot_dir)
         pipeline = registry.load(settings)
+        # Read right after the import: the version of the code the engine runs.
+        version = registry.code_version(settings, pipeline)
+        logging.getLogger(__name__).info(
+            "engine %s pipeline %s: version %s", args.engine_id, settings.pipeline, version
+        )
         engine = Engine(
             settings,
             args.engine_id,
             pipeline,
-            EngineClients.from_settings(settings, args.engine_id),
+            EngineClients.from_settings(settings, args.engine_id, version),
         )
     except (SettingsError, ContractError, storage.StorageError) as exc:
         print(f"engine {args.engine_id}: {exc}", file=sys.stderr)

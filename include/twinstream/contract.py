@@ -60,6 +60,7 @@ by what producers partition the records by (`partition_by`).
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -243,6 +244,10 @@ class Pipeline:
     # and the source of the audit's expectations on what is computed from it.
     bounds: Mapping[str, Bound] = field(default_factory=dict)
     keyed: Keyed | None = None
+    # The owner's name for this version of the code ("2", "2026-11-28"): engines, status,
+    # output headers and progress records show it with a digest of the code
+    # (twinstream.platform.versions), which tells an undeclared change apart all the same.
+    version: str = ""
 
     def __post_init__(self) -> None:
         if (self.transform is None) == (self.keyed is None):
@@ -254,6 +259,11 @@ class Pipeline:
             self._check_keyed(self.keyed)
         if not self.value:
             raise ContractError(f"pipeline {self.name}: value names no column")
+        if not re.fullmatch(r"[A-Za-z0-9._-]{0,40}", self.version):
+            raise ContractError(
+                f"pipeline {self.name}: version {self.version!r}: up to 40 letters, digits, "
+                "'.', '_' or '-' (it is a Kafka header and a metric label)"
+            )
         if self.value_format == "text" and len(self.value) != 1:
             raise ContractError(
                 f"pipeline {self.name}: value_format 'text' publishes one column as it is; "

@@ -34,7 +34,7 @@ from pipelines.hostmetrics.logic import (
     step,
 )
 from twinstream.contract import Bound, Keyed, Pipeline, Reject
-from twinstream.platform.settings import load_settings
+from twinstream.platform.settings import PipelineSettings, load
 
 # What a reading may be: one declaration for the guard (a record outside is dead-lettered,
 # `out_of_range: mem_used_mb is below 0`) and the audit (`expectations` below derive from it).
@@ -86,7 +86,7 @@ class HostStep:
         self, state: tuple[Any, ...] | None, record: dict[str, Any]
     ) -> tuple[tuple[Any, ...] | None, dict[str, Any]]:
         if self.retention_ms is None:
-            self.retention_ms = load_settings().window_retention_ms
+            self.retention_ms = load(PipelineSettings).window_retention_ms
         window = None if state is None else Window(*state)
         new_window, value, reason = advance(window, record, self.retention_ms)
         if reason is not None:

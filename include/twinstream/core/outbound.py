@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MSG_ID_HEADER = "msg_id"
+# The version of the code that computed a record (twinstream.platform.versions).
+VERSION_HEADER = "version"
 
 # Errors that say a record itself cannot be written, whatever the cluster's state: retrying
 # it would fail the same way forever.
@@ -96,8 +98,13 @@ class KafkaPublisher:
         max_message_bytes: int,
         timeout_s: float = 10.0,
         digest_cost: DigestCost | None = None,
+        version: str = "",
     ) -> None:
         self._kafka = kafka
+        # The version of the code that computed the rows (twinstream.platform.versions): a
+        # header of every record and progress record, so that the output says which code
+        # computed what. "": none given.
+        self._version = version.encode()
         self._topics = topics
         # Time spent digesting the published rows (the agreement check's cost on the
         # active), shared by an engine's successive publishers.
@@ -213,11 +220,14 @@ class KafkaPublisher:
             return
 
         def headers(msg_id: int) -> list[tuple[str, bytes]]:
-            return [
+            found = [
                 (MSG_ID_HEADER, str(msg_id).encode()),
                 ("engine_id", self._engine_id),
                 ("epoch", epoch_header),
             ]
+            if self._version:
+                found.append((VERSION_HEADER, self._version))
+            return found
 
         def delivered(position: tuple[int, int]) -> Callable[[KafkaError | None, object], None]:
             def report(error: KafkaError | None, _msg: object) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from twinstream.core.outbound import MSG_ID_HEADER, header
+from twinstream.core.outbound import MSG_ID_HEADER, VERSION_HEADER, header
 from twinstream.platform.kafka import LibrdkafkaLog, consumer_config, kafka_user
 from twinstream.platform.settings import CommonSettings
 
@@ -104,6 +104,8 @@ class Record:
     # A record without a value (a tombstone), which `raw` shows as empty bytes.
     tombstone: bool = False
     partition: int = 0
+    # The version of the pipeline's code that computed it (its `version` header), if any.
+    version: str | None = None
 
     @property
     def value(self) -> str:
@@ -180,8 +182,8 @@ def read_committed(
                 raise KafkaException(error)
             idle_since = time.monotonic()
             headers = msg.headers()
-            msg_id, engine, epoch = (
-                header(headers, h) for h in (MSG_ID_HEADER, "engine_id", "epoch")
+            msg_id, engine, epoch, version = (
+                header(headers, h) for h in (MSG_ID_HEADER, "engine_id", "epoch", VERSION_HEADER)
             )
             key = msg.key()
             value = msg.value()
@@ -197,6 +199,7 @@ def read_committed(
                 timestamp_ms=msg.timestamp()[1],
                 tombstone=value is None,
                 partition=msg.partition() or 0,
+                version=version,
             )
     finally:
         consumer.close()

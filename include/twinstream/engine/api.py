@@ -52,7 +52,15 @@ class ServerInfo(BaseModel):
     pid: int
     zk_state: str
     epoch: int
+    # The platform's version (twinstream's package).
     version: str
+    # The pipeline's code this engine loaded: its declared version and code digest
+    # (twinstream.platform.versions), fixed for the engine's life; "" if unknown.
+    pipeline_version: str = ""
+    # The digest of the pipeline's code on disk now ("" if unknown), and whether it differs
+    # from the one the engine loaded: the engine runs older (or newer) code than its files.
+    code_on_disk: str = ""
+    stale: bool = False
 
 
 class QuarantinedOffset(BaseModel):

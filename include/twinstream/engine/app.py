@@ -733,8 +733,15 @@ class Engine:
 
     # -- status -------------------------------------------------------------------------
 
+    def code(self) -> tuple[str, bool]:
+        """The digest of the pipeline's code on disk now, and whether it differs from the
+        code this engine loaded (a read: what the engine runs never changes)."""
+        running, on_disk = self.clients.version, self.clients.code_on_disk()
+        return on_disk, bool(running.digest and on_disk and on_disk != running.digest)
+
     def server(self) -> ServerInfo:
         status = self.gate.status()
+        on_disk, stale = self.code()
         return ServerInfo(
             engine_id=self.engine_id,
             role=status.role,
@@ -742,6 +749,9 @@ class Engine:
             zk_state=self.election.zk_state,
             epoch=status.epoch,
             version=twinstream.__version__,
+            pipeline_version=str(self.clients.version),
+            code_on_disk=on_disk,
+            stale=stale,
         )
 
     def standing(self, processed: dict[int, int] | None = None) -> Standing:
@@ -836,6 +846,7 @@ class Engine:
             lag_growing=trend is not None and trend.growing,
         )
         self.meters.standbys(cover)
+        self.meters.code(str(self.clients.version), self.code()[1])
         agreement = self.agreement.status()
         self.meters.agreement(
             state=agreement.state,

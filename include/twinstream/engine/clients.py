@@ -26,8 +26,10 @@ from twinstream.core.outbound import (
 )
 from twinstream.core.rows import Output
 from twinstream.engine.positions import InboundWatermarks
+from twinstream.platform import registry
 from twinstream.platform.kafka import connection
 from twinstream.platform.settings import EngineSettings
+from twinstream.platform.versions import UNVERSIONED, CodeVersion
 
 
 class ElectionFactory(Protocol):
@@ -66,9 +68,16 @@ class EngineClients:
     """A new fencing publisher (a takeover's), counting its digests' cost in the one given."""
     published_rows: Callable[[PublishedRange], list[Output]]
     """The active's rows of a range, read back from the topics (a disagreement's detail)."""
+    version: CodeVersion = UNVERSIONED
+    """The code the engine loaded (twinstream.platform.versions), fixed for its life."""
+    code_on_disk: Callable[[], str] = lambda: ""
+    """The digest of the pipeline's code on disk now ("" when unknown): whether the engine
+    still runs what its pipeline's files hold."""
 
     @classmethod
-    def from_settings(cls, settings: EngineSettings, engine_id: str) -> EngineClients:
+    def from_settings(
+        cls, settings: EngineSettings, engine_id: str, version: CodeVersion = UNVERSIONED
+    ) -> EngineClients:
         kafka = connection(settings)
         topics = settings.topics()
         zookeeper = settings.zookeeper()
@@ -94,7 +103,14 @@ class EngineClients:
             active_position=LastPublishedReader(kafka, topics),
             follower=ProgressFollower(kafka, topics, engine_id),
             publisher=lambda digests: KafkaPublisher(
-                kafka, topics, engine_id, settings.max_message_bytes, digest_cost=digests
+                kafka,
+                topics,
+                engine_id,
+                settings.max_message_bytes,
+                digest_cost=digests,
+                version=str(version),
             ),
             published_rows=lambda r: read_published_rows(kafka, topics, r),
+            version=version,
+            code_on_disk=lambda: registry.code_digest(settings),
         )

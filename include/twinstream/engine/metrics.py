@@ -12,6 +12,10 @@ A pipeline whose next failure would stop its output (its active has no standby t
 take over: down, behind, or barred by a disagreement) says so on its active:
 
     max by (pipeline) (twinstream_unprotected) == 1
+
+An engine that runs other code than its pipeline's files hold (changed since it started):
+
+    max by (pipeline, engine) (twinstream_code_stale) == 1
 """
 
 from __future__ import annotations
@@ -133,6 +137,17 @@ class EngineMetrics(Metrics):
             "Seconds the query's batches spent in the engine's sink (the batch's Spark job, "
             "its rows' transfer and the gate): what the agreement check's cost is measured against",
         )
+        self._version = Gauge(
+            "twinstream_pipeline_version_info",
+            "1, labelled with the version of the pipeline's code this engine runs (declared "
+            "version+code digest: twinstream.platform.versions)",
+            [*labels, "version"],
+            registry=self.registry,
+        )
+        self._stale = self._gauge(
+            "twinstream_code_stale",
+            "1 while the pipeline's code on disk differs from the code this engine runs",
+        )
         self._digest_seconds = self._gauge(
             "twinstream_digest_seconds",
             "Seconds spent digesting output rows for the agreement check, since the start",
@@ -215,6 +230,10 @@ class EngineMetrics(Metrics):
         self._unprotected.set(0 if seconds is None else 1)
         self._unprotected_seconds.set(seconds or 0.0)
         self._ready_standbys.set(0 if cover is None else len(cover.ready))
+
+    def code(self, version: str, stale: bool) -> None:
+        self._version.labels(**self._labels, version=version).set(1)
+        self._stale.set(1 if stale else 0)
 
     def role(self, role: str) -> None:
         for name in ROLES:

@@ -121,6 +121,11 @@ class EngineView(BaseModel):
     # Whether the engine's rows equal the published ones (a standby's check): as its
     # GET /pipeline says, under the same name.
     agreement: AgreementInfo = Field(default_factory=AgreementInfo)
+    # The pipeline's code the engine runs (declared version+digest), the digest of the code
+    # on disk now, and whether they differ: its GET /server's, under the same names.
+    pipeline_version: str | None = None
+    code_on_disk: str = ""
+    stale: bool = False
     health: str = OK
 
     def buffer_text(self) -> str:
@@ -367,6 +372,9 @@ def engine_view(
         ],
         paused=pipe.paused,
         agreement=pipe.agreement,
+        pipeline_version=server.pipeline_version or None,
+        code_on_disk=server.code_on_disk,
+        stale=server.stale,
     )
     if (
         view.uncovered
@@ -382,6 +390,7 @@ def engine_view(
         or view.agreement.state == "disagrees"
         or view.lag_growing
         or (server.role == "standby" and not pipe.in_sync)
+        or view.stale
     ):
         view.health = WARN
     return view

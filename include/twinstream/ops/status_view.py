@@ -59,6 +59,12 @@ def _notes(engine: EngineView) -> Text:
         )
     if engine.paused:
         notes.append("PAUSED ", style="yellow")
+    if engine.stale:
+        notes.append(
+            f"CODE CHANGED ON DISK (now {engine.code_on_disk}): this engine runs the code it "
+            "started with ",
+            style="yellow",
+        )
     for repair in engine.repairs:
         notes.append(f"REPAIRED {repair} ", style="yellow")
     if engine.state not in ("running", None) and engine.reason:
@@ -104,6 +110,7 @@ def engines_table(pipeline: PipelineView) -> Table:
     table.add_column("zk", no_wrap=True)
     # After the columns scripts already cut by position.
     table.add_column("agreement", no_wrap=True)
+    table.add_column("version", no_wrap=True)
     table.add_column("notes")
     for e in pipeline.engines:
         style = HEALTH_STYLES.get(e.health, "")
@@ -123,6 +130,7 @@ def engines_table(pipeline: PipelineView) -> Table:
             needs,
             e.zk_state or "-",
             _agreement(e),
+            Text(e.pipeline_version or "-", style="yellow" if e.stale else ""),
             _notes(e),
         )
     return table

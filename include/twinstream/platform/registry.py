@@ -13,15 +13,17 @@ is all that happens at import or DAG-parse time; a pipeline's module is imported
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from twinstream.contract import Pipeline
+from twinstream.contract import Pipeline, add_to_path
 from twinstream.contract import load as load_module
 from twinstream.platform import settings as environment
 from twinstream.platform.settings import CommonSettings, SettingsError, TaskSettings
+from twinstream.platform.versions import CodeVersion, digest
 
 # Any process's settings: each function returns the kind it was given.
 S = TypeVar("S", bound=CommonSettings)
@@ -236,23 +238,63 @@ def names(pipelines_file: Path) -> list[str]:
     return list(entries(pipelines_file))
 
 
+def _entry(settings: CommonSettings) -> Entry:
+    listed = entries(settings.pipelines_file)
+    if settings.pipeline not in listed:
+        raise SettingsError(
+            f"pipeline {settings.pipeline!r} is not in {settings.pipelines_file} "
+            f"(it lists {', '.join(listed) or 'none'})"
+        )
+    return listed[settings.pipeline]
+
+
 def load(settings: CommonSettings) -> Pipeline:
     """The pipeline these settings run: TWINSTREAM_PIPELINE_MODULE if set, else the
     pipelines file's entry for TWINSTREAM_PIPELINE. Imports the pipeline's module."""
     if settings.pipeline_module:
         spec, root = settings.pipeline_module, settings.pipelines_file.parent
     else:
-        listed = entries(settings.pipelines_file)
-        if settings.pipeline not in listed:
-            raise SettingsError(
-                f"pipeline {settings.pipeline!r} is not in {settings.pipelines_file} "
-                f"(it lists {', '.join(listed) or 'none'})"
-            )
-        entry = listed[settings.pipeline]
+        entry = _entry(settings)
         spec, root = entry.module, entry.root
     # The settings' name is the deployment's (topics, znodes): one declaration may run
     # under several names, as the tests run theirs.
     return load_module(spec, root)
+
+
+def module_folder(settings: CommonSettings) -> Path:
+    """The folder of the pipeline's module, whose code its version digests (found, not
+    imported)."""
+    if settings.pipeline_module:
+        spec, root = settings.pipeline_module, settings.pipelines_file.parent
+    else:
+        entry = _entry(settings)
+        spec, root = entry.module, entry.root
+    add_to_path(root)
+    name = spec.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or found.origin is None:
+        raise SettingsError(
+            f"pipeline {settings.pipeline_name}: no module {name!r} under {root} or on the "
+            "path: fix `module` in the pipelines file"
+        )
+    return Path(found.origin).parent
+
+
+def code_version(settings: CommonSettings, pipeline: Pipeline) -> CodeVersion:
+    """The version of the code `pipeline` was loaded from: its declared version and the
+    digest of its module's folder as it is now (read right after loading it)."""
+    return CodeVersion(pipeline.version, code_digest(settings))
+
+
+def code_digest(settings: CommonSettings) -> str:
+    """The digest of the pipeline's code on disk now ("" if its folder cannot be found)."""
+    try:
+        return digest(module_folder(settings))
+    except (SettingsError, OSError):
+        return ""
 
 
 def pipeline_settings(name: str) -> TaskSettings:

@@ -28,6 +28,8 @@ from pathlib import Path
 import psutil
 from confluent_kafka.admin import AdminClient
 
+from twinstream.engine.api import ServerInfo
+from twinstream.engine.client import EngineClient, EngineError
 from twinstream.platform import registry
 from twinstream.platform.kafka import TopicChange, ensure_topics, topic_specs
 from twinstream.platform.kafka_auth import Credentials, provision, users
@@ -67,6 +69,9 @@ class UpReport:
     topics: list[TopicChange] = field(default_factory=list)
     # pipeline -> the engine its election settled on
     actives: dict[str, str] = field(default_factory=dict)
+    # Engines that run other code than their pipeline's files now hold: "engine (pipeline)
+    # runs VERSION, the files are DIGEST". `up` restarts no running engine for it.
+    stale: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -332,8 +337,51 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
             report.actives[name] = wait_for_one_active(pipeline, echo)
     echo("")
     echo(summary(settings, supervisor.processes()))
+    report.stale = stale_engines(pipelines)
+    if report.stale:
+        echo(stale_text(report.stale))
     echo("" if report.changed else "nothing changed: the stack was already up as configured")
     return report
+
+
+def _server(pipeline: CommonSettings, engine_id: str) -> ServerInfo:
+    token = pipeline.secret("admin_token")
+    with EngineClient.from_settings(pipeline, engine_id, token, 3.0) as client:
+        return client.server()
+
+
+def stale_engines(
+    pipelines: Mapping[str, CommonSettings],
+    server: Callable[[CommonSettings, str], ServerInfo] = _server,
+) -> list[str]:
+    """Each engine of `pipelines` that runs other code than its pipeline's files now hold
+    (its GET /server says so), as one line."""
+    found = []
+    for name, pipeline in pipelines.items():
+        for engine_id in pipeline.engine_ids:
+            try:
+                info = server(pipeline, engine_id)
+            except EngineError:
+                continue  # an engine that does not answer is reported by the health checks
+            if info.stale:
+                found.append(
+                    f"engine {engine_id} ({name}) runs {info.pipeline_version}; the "
+                    f"pipeline's files are now {info.code_on_disk}"
+                )
+    return found
+
+
+def stale_text(stale: list[str]) -> str:
+    """What `up` says of engines running older code: it never restarts them silently."""
+    lines = "\n".join(f"  {line}" for line in stale)
+    return (
+        "CODE CHANGED: these engines run the code they started with, not the files' code:\n"
+        f"{lines}\n"
+        "  make up restarts no running engine for a change of code. An engine restarted by "
+        "hand\n  (twinstream restart ENGINE) loads the new code on its old state: a standby "
+        "whose rows\n  then differ from the active's is barred from leading until restored "
+        "(twinstream status)."
+    )
 
 
 def _start_stopped(

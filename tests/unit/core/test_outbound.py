@@ -30,6 +30,8 @@ class FakeProducer:
         self.committed: list[list[tuple[str, bytes]]] = []
         # (topic, partition, msg_id header) of every record produced, in order.
         self.placed: list[tuple[str, int, str]] = []
+        # (topic, headers) of every record produced, in order.
+        self.headers: list[tuple[str, dict[str, bytes]]] = []
         self.aborted = 0
         # Errors the next commit_transaction / abort_transaction calls raise, in order.
         self.commit_errors: list[KafkaError] = []
@@ -53,6 +55,7 @@ class FakeProducer:
         self.pending.append((topic, value))
         msg_id = dict(record["headers"])["msg_id"].decode()
         self.placed.append((topic, record["partition"], msg_id))
+        self.headers.append((topic, dict(record["headers"])))
 
     def poll(self, timeout: float) -> int:
         return 0
@@ -333,3 +336,26 @@ def test_an_inbound_topic_kafka_denies_stops_the_start_naming_the_fix(monkeypatc
     reader = outbound.LastPublishedReader(KAFKA, TOPICS)
     with pytest.raises(outbound.AccessDenied, match=r"TOPIC_AUTHORIZATION_FAILED.*`make up`"):
         reader.partitions()
+
+
+def test_every_record_and_progress_record_says_which_version_of_the_code_computed_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[FakeProducer] = []
+
+    def producer(config: dict[str, Any]) -> FakeProducer:
+        made.append(FakeProducer(config))
+        return made[-1]
+
+    monkeypatch.setattr(outbound, "Producer", producer)
+    pub = outbound.KafkaPublisher(KAFKA, TOPICS, "a", 16_384, version="2+0123456789ab")
+    pub.publish([Output(1, "out", "h", "x"), Output(2, "dlq", None, "{}")], epoch=3)
+    topics = [topic for topic, _ in made[0].headers]
+    assert topics == ["hostmetrics.out", "hostmetrics.dlq", "hostmetrics.progress"]
+    assert {h[outbound.VERSION_HEADER] for _, h in made[0].headers} == {b"2+0123456789ab"}
+
+
+def test_a_publisher_given_no_version_adds_no_header(publisher):
+    pub, producer = publisher
+    pub.publish([Output(1, "out", "h", "x")], epoch=1)
+    assert all(outbound.VERSION_HEADER not in h for _, h in producer.headers)

@@ -226,3 +226,41 @@ def test_an_engine_is_built_from_its_clients_and_starts_nothing_until_opened(tmp
     engine.close()
     assert not engine._arrival_sampler.is_alive()
     clients.zk.close.assert_called_once()
+
+
+def test_an_engine_says_which_code_it_runs_and_when_the_files_changed_since(tmp_path):
+    """GET /server and /metrics: the version the engine loaded stays its own; the digest of
+    the code on disk is read at each look, and differs once the files change."""
+    from typing import Any
+
+    from prometheus_client import generate_latest
+
+    from tests.unit.fakes import engine_clients
+    from twinstream.engine.app import Engine
+    from twinstream.platform.settings import load_settings
+    from twinstream.platform.versions import CodeVersion
+
+    settings = load_settings(pipeline="hostmetrics", zk_password="unit-test", state_dir=tmp_path)
+    clients: Any = engine_clients()
+    on_disk = ["0123456789ab"]
+    clients.version = CodeVersion("2", "0123456789ab")
+    clients.code_on_disk = lambda: on_disk[0]
+    clients.election.return_value.zk_state = "CONNECTED"
+    engine = Engine(settings, "a", mock.MagicMock(name="pipeline"), clients)
+    server = engine.server()
+    assert (server.pipeline_version, server.code_on_disk, server.stale) == (
+        "2+0123456789ab",
+        "0123456789ab",
+        False,
+    )
+    on_disk[0] = "ffffffffffff"
+    server = engine.server()
+    assert (server.pipeline_version, server.stale) == ("2+0123456789ab", True)
+    engine.meters.code(str(clients.version), engine.code()[1])
+    text = generate_latest(engine.meters.registry).decode()
+    labels = 'engine="a",pipeline="hostmetrics",version="2+0123456789ab"'
+    assert f"twinstream_pipeline_version_info{{{labels}}} 1.0" in text
+    assert 'twinstream_code_stale{engine="a",pipeline="hostmetrics"} 1.0' in text
+    # Code that cannot be found on disk is not called a change.
+    on_disk[0] = ""
+    assert engine.server().stale is False

@@ -390,3 +390,38 @@ def test_the_adapter_reader_reads_the_status_nodes_and_waits_before_trying_again
     assert made[1].closed
     read.close()
     assert made[2].closed
+
+
+def test_each_engine_shows_the_code_it_runs_and_one_whose_files_changed_is_a_warning(
+    tmp_path: Path,
+):
+    from rich.console import Console
+
+    from twinstream.ops.status_view import engines_table
+
+    running = {"pipeline_version": "2+0123456789ab", "code_on_disk": "0123456789ab"}
+    changed = {"pipeline_version": "2+0123456789ab", "code_on_disk": "ffffffffffff", "stale": True}
+    answers = {
+        "a": ({**ACTIVE[0], **running}, ACTIVE[1]),
+        "b": (
+            {"role": "standby", "epoch": 7, **changed},
+            {"processed": {0: 100, 1: 50}, "in_sync": True},
+        ),
+        "c": ACTIVE,
+        "d": standby({0: 100}, 0, in_sync=True),
+    }
+    host = overview(pipelines(tmp_path), fake_engines(answers), with_history=False).pipelines[0]
+    a, b = host.engines
+    assert (a.pipeline_version, a.stale, a.health) == ("2+0123456789ab", False, "ok")
+    assert (b.pipeline_version, b.code_on_disk, b.stale, b.health) == (
+        "2+0123456789ab",
+        "ffffffffffff",
+        True,
+        WARN,
+    )
+    assert host.problems == []  # a change not deployed yet is no fault of the output
+    out = Console(width=400, record=True)
+    out.print(engines_table(host))
+    text = out.export_text()
+    assert "2+0123456789ab" in text
+    assert "CODE CHANGED ON DISK (now ffffffffffff)" in text

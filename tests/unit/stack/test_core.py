@@ -204,3 +204,34 @@ def test_supervisord_starts_the_engines_only_when_up_asks(settings):
         engine = name.startswith("engine-")
         assert f"autostart={'false' if engine else 'true'}" in block, name
         assert "autorestart=true" in block, name
+
+
+def test_up_names_each_engine_that_runs_older_code_than_its_files_and_restarts_none(settings):
+    """`make up` after a change of a pipeline's code: the engines keep the code they
+    started with, and `up` says which, never silently."""
+    from tests.unit.fakes import server_info
+    from twinstream.engine.client import EngineError
+    from twinstream.platform import registry
+
+    pipelines = registry.stack(settings)
+    answers = {
+        "a": server_info(pipeline_version="1+aaaaaaaaaaaa", code_on_disk="aaaaaaaaaaaa"),
+        "b": server_info(
+            pipeline_version="1+aaaaaaaaaaaa", code_on_disk="bbbbbbbbbbbb", stale=True
+        ),
+    }
+
+    def server(pipeline, engine_id):
+        if engine_id not in answers:
+            raise EngineError(engine_id, "GET /server", None, "connection refused")
+        return answers[engine_id]
+
+    stale = core.stale_engines(pipelines, server)
+    assert stale == [
+        "engine b (hostmetrics) runs 1+aaaaaaaaaaaa; the pipeline's files are now bbbbbbbbbbbb"
+    ]
+    text = core.stale_text(stale)
+    assert text.startswith("CODE CHANGED")
+    assert "engine b (hostmetrics)" in text
+    assert "twinstream restart ENGINE" in text
+    assert core.stale_engines(pipelines, lambda p, e: answers["a"]) == []

@@ -194,6 +194,8 @@ function engineRow(pipeline, e) {
   if (e.uncovered.length) notes.push(el("span", { class: "fail" }, `UNCOVERED ${e.uncovered.join(", ")} `));
   if (e.quarantined) notes.push(el("span", { class: "warn" }, `quarantined ${e.quarantined} `));
   if (e.paused) notes.push(el("span", { class: "warn" }, "paused "));
+  // It runs the code it started with; its pipeline's files now hold other code.
+  if (e.stale) notes.push(el("span", { class: "warn" }, `code changed on disk (now ${e.code_on_disk}) `));
   if (e.lag_trend && e.lag_trend.growing) {
     const t = e.lag_trend;
     notes.push(el("span", { class: "warn" }, `lag growing ${num(t.first)} → ${num(t.last)} in ${Math.round(t.window_s)} s `));
@@ -217,7 +219,8 @@ function engineRow(pipeline, e) {
   return el(
     "tr",
     { "data-engine": e.engine_id, "data-role": role, "data-agreement": e.problem ? "" : e.agreement.state, class: `health-${e.health}` },
-    el("td", {}, el("b", {}, e.engine_id)),
+    // The engine, and the version of the pipeline's code it runs (declared+digest).
+    el("td", {}, el("b", {}, e.engine_id), e.pipeline_version ? el("div", { class: "version", "data-version": e.pipeline_version }, e.pipeline_version) : ""),
     el("td", {}, el("span", { class: `role role-${role}` }, role)),
     el("td", {}, e.epoch ?? "-"),
     el("td", {}, e.state ?? "-"),
