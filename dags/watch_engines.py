@@ -7,13 +7,18 @@ the grace period (`TWINSTREAM_WATCH_GRACE_S`, default 120 s) gets one
 `restore_and_resync` run per incident: not one per minute. A running standby whose rows
 disagree with the published ones (`GET /pipeline` `agreement`) gets one at once: it does
 not heal by itself, and takes no part in the election meanwhile; one an operator
-overrode (`POST /pipeline/override`) is left alone. Every run restores the newest
-`proven` snapshot (taken by an agreeing engine), or rebuilds cold when there is none. An
-incident ends when the engine is seen running (or restoring) again, and not disagreeing.
+overrode (`POST /pipeline/override`) is left alone, and so is one that runs other code
+than the active (a restore brings back state, not code: the log says so). Every run
+restores the newest `proven` snapshot (taken by an agreeing engine), or rebuilds cold when
+there is none. An incident ends when the engine is seen running (or restoring) again, and
+not disagreeing. Whatever the cause, one engine is restored at most
+`TWINSTREAM_WATCH_RESTORE_CAP` times (2) in `TWINSTREAM_WATCH_RESTORE_WINDOW_S` (1 h): past
+that the log says it is not restored again, why, and what to do.
 
 **Connections.** `twinstream_engine_<id>` per engine (HTTP: admin API host and port, the
 bearer token as password). The incidents are remembered in the Airflow Variable
-`twinstream_watch_incidents` (JSON), read and written by the task only.
+`twinstream_watch_incidents` and each engine's recent restores in
+`twinstream_watch_restores` (JSON), read and written by the task only.
 
 **Recovery.** The DAG only observes and triggers; a failed look changes nothing. To have
 an engine restored again within the same incident, delete its entry from the Variable
@@ -29,6 +34,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import dag, task
 
 INCIDENTS = "twinstream_watch_incidents"
+RESTORES = "twinstream_watch_restores"
 
 DEFAULT_ARGS = {
     "owner": "twinstream",
@@ -55,7 +61,12 @@ def watch_engines() -> None:
 
         from airflow.sdk import Variable
 
-        from twinstream.ops.operate import engines_to_restore, observe_engines, restore_conf
+        from twinstream.ops.operate import (
+            RestoreCap,
+            engines_to_restore,
+            observe_engines,
+            restore_conf,
+        )
         from twinstream.platform import registry
         from twinstream.platform.settings import TaskSettings, load
 
@@ -63,10 +74,13 @@ def watch_engines() -> None:
         # Every pipeline's engines (engine ids are the stack's, one pipeline each).
         views = [v for p in registry.stack(settings).values() for v in observe_engines(p)]
         remembered = json.loads(Variable.get(INCIDENTS, default="{}"))
+        restored = json.loads(Variable.get(RESTORES, default="{}"))
+        cap = RestoreCap(settings.watch_restore_cap, settings.watch_restore_window_s)
         to_restore, incidents = engines_to_restore(
-            views, remembered, time.time(), settings.watch_grace_s
+            views, remembered, time.time(), settings.watch_grace_s, restored, cap
         )
         Variable.set(INCIDENTS, json.dumps(incidents))
+        Variable.set(RESTORES, json.dumps(restored))
         return [restore_conf(engine_id) for engine_id in to_restore]
 
     TriggerDagRunOperator.partial(

@@ -535,6 +535,18 @@ class Incident:
     since: float
     triggered: bool = False
     what: str = ""
+    # Past its restore cap (RestoreCap): said once per incident, not at every look.
+    capped: bool = False
+
+
+@dataclass(frozen=True)
+class RestoreCap:
+    """At most `restores` restores of one engine within `window_s`, whatever their cause:
+    an engine a restore does not heal (its code differs, its disk is broken) is never
+    restored in a loop, each restore replaying the retained input again."""
+
+    restores: int = 2
+    window_s: float = 3600.0
 
 
 def engines_to_restore(
@@ -542,15 +554,27 @@ def engines_to_restore(
     incidents: Mapping[str, Mapping[str, Any]],
     now: float,
     grace_s: float,
+    restored: dict[str, list[float]] | None = None,
+    cap: RestoreCap = RestoreCap(),
 ) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """Which engines to restore now, and the incidents to remember for the next look. An
     engine is restored once per incident: after the grace period, and not again until it
     has been seen healthy. A running standby whose rows disagree with the published ones is
     restored at once: it does not heal by itself (and it takes no part in the election, so
-    the pipeline has one standby fewer until it is restored)."""
+    the pipeline has one standby fewer until it is restored), unless it runs other code
+    than the active (a restore brings back state, not code). `restored` (engine -> when its
+    restores were triggered, kept by the caller across looks and updated here) bounds the
+    restores of an engine by `cap`; one past it is said, with the reason, and not made."""
+    restored = {} if restored is None else restored
+    views = list(views)
+    actives = {v.pipeline: v for v in views if v.role == "active" and v.problem is None}
     remembered = {k: Incident(**v) for k, v in incidents.items()}
     to_restore = []
     current: dict[str, Incident] = {}
+    for engine_id in list(restored):
+        restored[engine_id] = [t for t in restored[engine_id] if now - t < cap.window_s]
+        if not restored[engine_id]:
+            del restored[engine_id]
     for view in views:
         if view.healthy:
             if view.engine_id in remembered:
@@ -560,11 +584,44 @@ def engines_to_restore(
         incident.what = view.describe()
         down_for = now - incident.since
         disagrees = view.disagrees and view.state == "running" and view.role != "active"
+        active = actives.get(view.pipeline)
+        other_code = (
+            active is not None
+            and bool(active.pipeline_version and view.pipeline_version)
+            and active.pipeline_version != view.pipeline_version
+        )
+        capped = len(restored.get(view.engine_id, [])) >= cap.restores
         if incident.triggered:
             log.info("%s: restore already triggered for this incident", view.describe())
+        elif disagrees and other_code:
+            assert active is not None
+            log.warning(
+                "engine %s of pipeline %s disagrees with the active and runs other code (%s, "
+                "the active %s): not restoring it, since a restore brings back state, not "
+                "code; its rows differ because its code does",
+                view.engine_id,
+                view.pipeline,
+                view.pipeline_version,
+                active.pipeline_version,
+            )
+        elif (disagrees or down_for >= grace_s) and capped and incident.capped:
+            log.info("%s: still past its restore cap; not restoring it", view.describe())
+        elif (disagrees or down_for >= grace_s) and capped:
+            incident.capped = True
+            log.error(
+                "%s: not restoring it again: restored %d times in the last %.0f min (at most "
+                "%d), and it is still not healthy, so another restore would not heal it "
+                "either. Read its log and `twinstream status`; trigger restore_and_resync by "
+                "hand to try once more",
+                view.describe(),
+                len(restored[view.engine_id]),
+                cap.window_s / 60,
+                cap.restores,
+            )
         elif disagrees:
             incident.triggered = True
             to_restore.append(view.engine_id)
+            restored.setdefault(view.engine_id, []).append(now)
             log.warning(
                 "engine %s of pipeline %s: triggering restore_and_resync (snapshot %s) at once: %s",
                 view.engine_id,
@@ -575,6 +632,7 @@ def engines_to_restore(
         elif down_for >= grace_s:
             incident.triggered = True
             to_restore.append(view.engine_id)
+            restored.setdefault(view.engine_id, []).append(now)
             log.warning("%s for %.0f s: triggering restore_and_resync", view.describe(), down_for)
         else:
             log.info("%s for %.0f s (grace %.0f s)", view.describe(), down_for, grace_s)

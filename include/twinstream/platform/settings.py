@@ -576,6 +576,10 @@ class Housekeeping(BaseSettings):
     snapshots_keep: int = Field(default=3, ge=1)
     # An engine down or stopped this long makes watch_engines start restore_and_resync.
     watch_grace_s: int = Field(default=120, ge=0)
+    # watch_engines restores one engine at most this many times in this many seconds,
+    # whatever the cause: an engine a restore does not heal is never restored in a loop.
+    watch_restore_cap: int = Field(default=2, ge=1)
+    watch_restore_window_s: int = Field(default=3600, ge=60)
     # check_kafka_retention: inbound retention must exceed window retention + persist
     # interval + this margin (the time a restore may take to start and replay).
     restore_margin_s: int = Field(default=3600, ge=0)

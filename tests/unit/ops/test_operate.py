@@ -580,6 +580,64 @@ def test_a_disagreeing_standby_is_restored_at_once_and_once_per_incident(caplog)
     assert (todo, memory) == ([], {})
 
 
+def test_a_restore_that_does_not_heal_is_not_made_again_past_the_cap_and_says_why(caplog):
+    """The loop a user met: a standby restored, disagreeing again, restored again, five
+    times in 11 minutes. Whatever the cause, two restores an hour, then the reason."""
+    healthy_a = view("a", role="active")
+    restored: dict[str, list[float]] = {}
+    cap = operate.RestoreCap(restores=2, window_s=3600)
+    memory: dict[str, Any] = {}
+    made = []
+    for minute in range(12):
+        now = 1000.0 + 60 * minute
+        # Each restore "heals" it for a look (restoring), then it disagrees again.
+        b = view("b", state="restoring") if minute % 3 == 1 else disagreeing("b")
+        with caplog.at_level("ERROR"):
+            todo, memory = operate.engines_to_restore(
+                [healthy_a, b], memory, now, 120, restored, cap
+            )
+        made += todo
+    assert made == ["b", "b"]
+    assert "not restoring it again: restored 2 times in the last 60 min (at most 2)" in (
+        caplog.text
+    )
+    assert "trigger restore_and_resync by hand" in caplog.text
+    json.dumps(restored)  # what the DAG stores in its Variable
+    # An hour after the first, one restore is allowed again.
+    todo, memory = operate.engines_to_restore(
+        [healthy_a, disagreeing("b")], {}, 1000.0 + 3600 + 1, 120, restored, cap
+    )
+    assert todo == ["b"]
+
+
+def test_an_engine_down_past_its_cap_is_not_restored_again_either(caplog):
+    restored = {"b": [900.0, 950.0]}
+    with caplog.at_level("ERROR"):
+        todo, _ = operate.engines_to_restore(
+            [view("a", role="active"), DOWN], {"b": {"since": 800.0}}, 1000.0, 120, restored
+        )
+    assert todo == []
+    assert "engine b: unreachable" in caplog.text
+    assert "not restoring it again" in caplog.text
+
+
+def test_a_disagreeing_standby_on_other_code_than_the_active_is_not_restored(caplog):
+    """A restore brings back state, not code: restoring one whose code differs would only
+    replay the input into the same disagreement."""
+    active = view("a", role="active", pipeline_version="1+aaaaaaaaaaaa")
+    newer = disagreeing("b", pipeline_version="2+bbbbbbbbbbbb")
+    with caplog.at_level("WARNING"):
+        todo, _ = operate.engines_to_restore([active, newer], {}, 1000.0, 120)
+    assert todo == []
+    assert "runs other code (2+bbbbbbbbbbbb, the active 1+aaaaaaaaaaaa): not restoring it" in (
+        caplog.text
+    )
+    # The same code, disagreeing: barred and restored as before.
+    same = disagreeing("b", pipeline_version="1+aaaaaaaaaaaa")
+    todo, _ = operate.engines_to_restore([active, same], {}, 1000.0, 120)
+    assert todo == ["b"]
+
+
 def test_watch_engines_asks_for_the_proven_snapshot():
     assert operate.restore_conf("b") == {"engine": "b", "snapshot": "proven"}
 
