@@ -1,15 +1,18 @@
 """Which code an engine runs: its pipeline's declared version and the digest of its code,
 on its GET /server and /metrics and in a header of every record it publishes; a change of
-the pipeline's files while it runs is seen, never taken on silently (issue 51, point 1)."""
+the pipeline's files while it runs is seen, never taken on silently (issue 51, point 1).
+A standby on new code beside the active on the old is a shadow: what differs is reported,
+and it is neither barred nor restored for it (issue 51, point 3)."""
 
 from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from devkit.harness import Pipeline, wait_for
+from devkit.harness import Pipeline, coverage, wait_for
 from twinstream.platform.versions import digest
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quiet_stack_engines")]
@@ -22,16 +25,40 @@ from pipelines.hostmetrics.pipeline import pipeline as example
 pipeline = dataclasses.replace(example, version="1")
 """
 
+# Version 2: the same state, another output (each value gains a member), as a change of an
+# owner's output logic is.
+CHANGED = """import dataclasses
 
-def test_an_engine_says_which_code_it_runs_stamps_its_output_and_sees_a_change_on_disk(
-    stack_env: dict[str, str], tmp_path: Path
-) -> None:
-    # A package beside the stack's pipelines file, whose folder the engines put on the path.
+from pipelines.hostmetrics.pipeline import HostStep, pipeline as example
+
+
+class StepV2(HostStep):
+    def __call__(self, state, record):
+        new_state, out = super().__call__(state, record)
+        return new_state, {"host": out["host"], "value": out["value"][:-1] + ', "v": 2}'}
+
+
+pipeline = dataclasses.replace(
+    example, version="2", keyed=dataclasses.replace(example.keyed, step=StepV2())
+)
+"""
+
+
+def _package(stack_env: dict[str, str], code: str) -> tuple[str, Path]:
+    """A pipeline package beside the stack's pipelines file, whose folder the engines put
+    on the path: (its name, its folder)."""
     package = f"versioned_{uuid.uuid4().hex[:8]}"
     folder = Path(stack_env["TWINSTREAM_PIPELINES_FILE"]).parent / package
     folder.mkdir()
     (folder / "__init__.py").write_text("")
-    (folder / "pipeline.py").write_text(VERSIONED)
+    (folder / "pipeline.py").write_text(code)
+    return package, folder
+
+
+def test_an_engine_says_which_code_it_runs_stamps_its_output_and_sees_a_change_on_disk(
+    stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    package, folder = _package(stack_env, VERSIONED)
     loaded = f"1+{digest(folder)}"
     p = Pipeline(stack_env, tmp_path / "pipeline", engine_ids=("a",), module=f"{package}.pipeline")
     try:
@@ -68,5 +95,57 @@ def test_an_engine_says_which_code_it_runs_stamps_its_output_and_sees_a_change_o
         ]
         assert stale
         assert stale[0].endswith(" 1.0")
+    finally:
+        p.discard()
+
+
+def test_a_standby_on_new_code_is_a_shadow_never_barred_and_may_take_over_exactly_once(
+    stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    old, old_folder = _package(stack_env, VERSIONED)
+    new, new_folder = _package(stack_env, CHANGED)
+    v1, v2 = f"1+{digest(old_folder)}", f"2+{digest(new_folder)}"
+    p = Pipeline(stack_env, tmp_path / "pipeline", module=f"{old}.pipeline")
+    try:
+        a, b = p.start_pair({}, {"TWINSTREAM_PIPELINE_MODULE": f"{new}.pipeline"})
+        assert (a.get("/server")["pipeline_version"], b.get("/server")["pipeline_version"]) == (
+            v1,
+            v2,
+        )
+        load = p.load(3_000, rate=500)
+
+        def differences() -> dict[str, Any] | None:
+            agreement = b.get("/pipeline")["agreement"]
+            shadow = agreement.get("shadow") or {}
+            return agreement if shadow.get("examples") else None
+
+        agreement = wait_for(differences, 90, "engine b's shadow to report a difference")
+        assert agreement["state"] == "shadow"
+        shadow = agreement["shadow"]
+        assert (shadow["active_version"], shadow["version"]) == (v1, v2)
+        assert 0 < shadow["ranges_differing"] <= shadow["ranges_compared"]
+        assert shadow["msg_ids_differing"] > 0
+        example = shadow["examples"][0]
+        assert [r["value"] for r in example["active_rows"]] != [
+            r["value"] for r in example["engine_rows"]
+        ]
+        assert all('"v": 2' in r["value"] for r in example["engine_rows"])
+        assert b.role() == "standby"  # never barred: it takes part in the election
+
+        # The old version's engine dies: the new one leads, at a transaction boundary.
+        a.kill9()
+        wait_for(lambda: b.role() == "active", 30, "engine b, on the new code, active")
+        p.join_load(load)
+        end = p.produced
+        p.wait_published(end - 1)
+        missing, duplicated = coverage(p.progress(), end)
+        assert (missing, duplicated) == ([], [])
+        # One switch per partition: version 1 up to a msg_id, version 2 after it.
+        outputs = sorted((r.partition, r.msg_id or 0, r.version) for r in p.outputs())
+        for partition in {r[0] for r in outputs}:
+            versions = [v for part, _, v in outputs if part == partition]
+            switch = versions.index(v2) if v2 in versions else len(versions)
+            assert set(versions[:switch]) <= {v1}
+            assert set(versions[switch:]) == {v2}
     finally:
         p.discard()

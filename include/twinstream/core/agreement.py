@@ -21,6 +21,13 @@ returns the positions the standby may forget up to). Only on a difference does i
 active's rows of the range back from the outbound and dead-letter topics, to find the
 first msg_id that differs.
 
+A standby on other code than the active (the progress record's `version` header is not the
+standby's own: a deploy's new version running beside the old) is compared the same way, but
+its differences are its new logic's, on purpose: it is in `shadow`, reports what differs
+(ranges and rows compared, msg_ids differing in the ranges read back, a few examples of
+both versions' rows for the same msg_id) and is never barred for them. Rows of the same
+version that differ still bar it.
+
 Cost: the active digests each transaction's rows once; each standby digests the same rows
 once, and reads one progress record per partition per transaction. Both are counted in
 `AgreementStatus.digest_s` (docs/design.md, "Replica agreement", has the figures).
@@ -51,6 +58,10 @@ Held = list[Output] | Literal["not yet", "not held"]
 # Ranges queued for comparison, over all partitions, before the oldest are given up on as
 # unchecked: a standby far behind (restoring) would otherwise queue one per transaction.
 MAX_PENDING = 100_000
+# A shadow's differing ranges are read back from Kafka at most once in this many seconds
+# (each read is a consumer's seek and scan), and its examples kept are this many.
+SHADOW_READ_BACK_S = 5.0
+SHADOW_EXAMPLES = 5
 
 
 def row_text(row: Output) -> str:
@@ -90,6 +101,9 @@ class PublishedRange:
     epoch: int | None = None
     engine_id: str | None = None
     timestamp_ms: int = 0
+    # The version of the code that computed the range (twinstream.platform.versions); None:
+    # written without one.
+    version: str | None = None
 
     def text(self) -> str:
         return range_text(self.partition, self.first, self.last)
@@ -120,6 +134,23 @@ def difference_text(partition: int, msg_id: int, first: int, last: int, epoch: i
 
 
 @dataclass
+class Shadow:
+    """What a standby on other code than the active found comparing their rows: reported,
+    never barring it (the module's guarantee)."""
+
+    active_version: str
+    version: str
+    ranges_compared: int = 0
+    ranges_differing: int = 0
+    rows_compared: int = 0
+    # Of the differing ranges, those read back (SHADOW_READ_BACK_S apart), and the msg_ids
+    # whose rows differ in them.
+    ranges_read_back: int = 0
+    msg_ids_differing: int = 0
+    examples: list[Difference] = field(default_factory=list)
+
+
+@dataclass
 class AgreementStatus:
     state: str
     # Per partition: the last msg_id of the newest range compared and equal.
@@ -131,6 +162,8 @@ class AgreementStatus:
     # Seconds this engine spent digesting its rows for comparison, in all.
     digest_s: float = 0.0
     digested_rows: int = 0
+    # While the active runs other code than this engine: what differs (state "shadow").
+    shadow: Shadow | None = None
 
 
 def first_difference(
@@ -176,8 +209,12 @@ class Agreement:
         wall_clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
         log: EngineLog | None = None,
+        version: str = "",
     ) -> None:
         self.engine_id = engine_id
+        # The code this engine runs: a range another version computed is a shadow's.
+        self.version = version
+        self._read_back_at = float("-inf")
         self.pipeline = pipeline
         self._log = (log or EngineLog(_module_log, engine_id, pipeline)).named(__name__)
         self._rows_between = rows_between
@@ -243,7 +280,12 @@ class Agreement:
 
     def status(self) -> AgreementStatus:
         """A copy: the caller (another thread's status read) never sees it change."""
-        return replace(self._status, checked=dict(self._status.checked))
+        shadow = self._status.shadow
+        return replace(
+            self._status,
+            checked=dict(self._status.checked),
+            shadow=None if shadow is None else replace(shadow, examples=list(shadow.examples)),
+        )
 
     @property
     def eligible(self) -> bool:
@@ -290,6 +332,13 @@ class Agreement:
         ours = digest(mine)
         self._status.digest_s += self._timer() - started
         self._status.digested_rows += len(mine)
+        if r.version and self.version and r.version != self.version:
+            self._shadow(r, mine, ours)
+            return
+        if self._status.state == "shadow":
+            # The active runs this engine's code now (the switch): compared afresh.
+            self._status.state = "unchecked"
+            self._log.info("the active runs this engine's code (%s): comparing afresh", r.version)
         if ours == r.digest:
             self._status.ranges_agreed += 1
             self._status.checked[r.partition] = r.last
@@ -320,3 +369,52 @@ class Agreement:
             [(o.kind, o.key, o.value[:200]) for o in found.active_rows],
             [(o.kind, o.key, o.value[:200]) for o in found.engine_rows],
         )
+
+    def _shadow(self, r: PublishedRange, mine: list[Output], ours: str) -> None:
+        """Compare a range the active computed with other code: count, keep examples, never
+        bar (the module's guarantee)."""
+        assert r.version is not None
+        shadow = self._status.shadow
+        if shadow is None or shadow.active_version != r.version:
+            shadow = self._status.shadow = Shadow(r.version, self.version)
+            self._log.info(
+                "shadow: the active runs %s, this engine %s; differences are reported, not barred",
+                r.version,
+                self.version,
+            )
+        if self._status.state != "disagrees":
+            self._status.state = "shadow"
+        shadow.ranges_compared += 1
+        shadow.rows_compared += sum(1 for o in mine if o.kind != NONE)
+        if ours == r.digest:
+            return
+        shadow.ranges_differing += 1
+        now = self._wall_clock()
+        if now - self._read_back_at < SHADOW_READ_BACK_S:
+            return
+        self._read_back_at = now
+        try:
+            theirs = self._published_rows(r)
+        except Exception as exc:  # counted as differing; only its detail is unknown
+            self._log.warning("shadow: could not read back msg_id %s: %s", r.text(), exc)
+            return
+        shadow.ranges_read_back += 1
+        shadow.msg_ids_differing += len(differing_msg_ids(r, mine, theirs))
+        if len(shadow.examples) < SHADOW_EXAMPLES:
+            shadow.examples.append(first_difference(r, mine, theirs, now))
+
+
+def differing_msg_ids(
+    range_: PublishedRange, mine: Sequence[Output], theirs: Sequence[Output]
+) -> list[int]:
+    """The msg_ids of the range whose rows (coverage rows left out) differ."""
+
+    def texts(rows: Sequence[Output]) -> dict[int, list[str]]:
+        found: dict[int, list[str]] = {}
+        for row in rows:
+            if row.kind != NONE and range_.first <= row.msg_id <= range_.last:
+                found.setdefault(row.msg_id, []).append(row_text(row))
+        return {k: sorted(v) for k, v in found.items()}
+
+    a, b = texts(mine), texts(theirs)
+    return sorted(m for m in set(a) | set(b) if a.get(m, []) != b.get(m, []))

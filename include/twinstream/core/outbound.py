@@ -524,6 +524,7 @@ def published_range(
             None if epoch is None else int(epoch),
             header(headers, "engine_id"),
             timestamp_ms,
+            header(headers, VERSION_HEADER),
         )
     except (ValueError, TypeError, KeyError, AttributeError):
         return None

@@ -247,6 +247,30 @@ class Difference(BaseModel):
         return difference_text(self.partition, self.msg_id, self.first, self.last, self.epoch)
 
 
+class ShadowInfo(BaseModel):
+    """A standby on other code than the active (a deploy's new version beside the old):
+    what differs between their rows, reported, never barring it. `msg_ids_differing`
+    counts the differing msg_ids of the `ranges_read_back` (differing ranges are read back
+    from Kafka at most every few seconds); `examples` give both versions' rows of one."""
+
+    active_version: str
+    version: str
+    ranges_compared: int = 0
+    ranges_differing: int = 0
+    rows_compared: int = 0
+    ranges_read_back: int = 0
+    msg_ids_differing: int = 0
+    examples: list[Difference] = Field(default_factory=list)
+
+    def text(self) -> str:
+        """One line: `shadow of 1+aaa: 12 of 40 ranges differ (35 msg_ids in 3 read back)`."""
+        return (
+            f"shadow of {self.active_version}: {self.ranges_differing:,} of "
+            f"{self.ranges_compared:,} ranges differ ({self.msg_ids_differing:,} msg_ids in "
+            f"{self.ranges_read_back:,} read back; {self.rows_compared:,} rows compared)"
+        )
+
+
 class AgreementInfo(BaseModel):
     """Whether this engine's output rows equal the active's published ones
     (twinstream.core.agreement): each transaction's progress record carries a digest of its
@@ -255,7 +279,8 @@ class AgreementInfo(BaseModel):
     `state`: `agrees` (every range compared so far was equal), `disagrees` (one was not:
     `difference` names its first msg_id; sticky until the engine is restored or
     overridden), `unchecked` (nothing compared yet: a new standby, or the active, whose
-    rows are the published ones)."""
+    rows are the published ones), `shadow` (the active runs other code: `shadow` says what
+    differs, and the engine stays eligible)."""
 
     state: str = "unchecked"
     # Per partition: the last msg_id of the newest range compared and equal.
@@ -267,6 +292,8 @@ class AgreementInfo(BaseModel):
     difference: Difference | None = None
     # An operator let this engine lead although it disagrees (POST /pipeline/override).
     overridden: bool = False
+    # State `shadow`: the active runs other code than this engine, and this is what differs.
+    shadow: ShadowInfo | None = None
 
     @property
     def eligible(self) -> bool:

@@ -154,6 +154,7 @@ class Engine:
             clients.published_rows,
             self.gate.bound,
             log=self.log,
+            version=str(clients.version),
         )
         self._follower = clients.follower
         self._following = False

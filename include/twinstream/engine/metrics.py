@@ -31,7 +31,7 @@ from twinstream.platform.metrics import Metrics
 if TYPE_CHECKING:
     from twinstream.engine.readiness import Cover
 
-AGREEMENT_STATES = ("agrees", "disagrees", "unchecked")
+AGREEMENT_STATES = ("agrees", "disagrees", "unchecked", "shadow")
 ROLES = ("none", "standby", "active")
 
 
@@ -114,7 +114,7 @@ class EngineMetrics(Metrics):
         self._agreement = Gauge(
             "twinstream_agreement",
             "1 for the engine's agreement with the active's output (agrees, disagrees, "
-            "unchecked): twinstream.core.agreement",
+            "unchecked, shadow: the active runs other code): twinstream.core.agreement",
             [*labels, "state"],
             registry=self.registry,
         )

@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime
 
 from twinstream.core.agreement import AgreementStatus
+from twinstream.core.agreement import Difference as CoreDifference
 from twinstream.core.election import Standing
 from twinstream.core.gate import GateStatus
 from twinstream.core.rows import Output, split_record_id
@@ -19,6 +20,7 @@ from twinstream.engine.api import (
     PipelineInfo,
     QuarantinedOffset,
     RepairInfo,
+    ShadowInfo,
     StandbyCover,
     TakeoverInfo,
     UncoveredRange,
@@ -105,7 +107,31 @@ def standby_cover(cover: Cover, now: float) -> StandbyCover:
 
 def agreement_info(status: AgreementStatus) -> AgreementInfo:
     """The agreement check's status as GET /pipeline says it."""
-    found = status.difference
+    found, shadow = status.difference, status.shadow
+    return AgreementInfo(
+        state=status.state,
+        checked=status.checked,
+        ranges_agreed=status.ranges_agreed,
+        ranges_unchecked=status.ranges_unchecked,
+        overridden=status.overridden,
+        difference=None if found is None else difference_info(found),
+        shadow=None
+        if shadow is None
+        else ShadowInfo(
+            active_version=shadow.active_version,
+            version=shadow.version,
+            ranges_compared=shadow.ranges_compared,
+            ranges_differing=shadow.ranges_differing,
+            rows_compared=shadow.rows_compared,
+            ranges_read_back=shadow.ranges_read_back,
+            msg_ids_differing=shadow.msg_ids_differing,
+            examples=[difference_info(d) for d in shadow.examples],
+        ),
+    )
+
+
+def difference_info(found: CoreDifference) -> Difference:
+    """A difference as the admin API says it: where, and both sides' rows."""
 
     def rows(outputs: list[Output]) -> list[BufferedRow]:
         return [
@@ -115,22 +141,13 @@ def agreement_info(status: AgreementStatus) -> AgreementInfo:
             for o in outputs
         ]
 
-    return AgreementInfo(
-        state=status.state,
-        checked=status.checked,
-        ranges_agreed=status.ranges_agreed,
-        ranges_unchecked=status.ranges_unchecked,
-        overridden=status.overridden,
-        difference=None
-        if found is None
-        else Difference(
-            partition=found.range_.partition,
-            msg_id=found.msg_id,
-            first=found.range_.first,
-            last=found.range_.last,
-            epoch=found.range_.epoch,
-            active_rows=rows(found.active_rows),
-            engine_rows=rows(found.engine_rows),
-            found_at=datetime.fromtimestamp(found.found_at, UTC).isoformat(timespec="seconds"),
-        ),
+    return Difference(
+        partition=found.range_.partition,
+        msg_id=found.msg_id,
+        first=found.range_.first,
+        last=found.range_.last,
+        epoch=found.range_.epoch,
+        active_rows=rows(found.active_rows),
+        engine_rows=rows(found.engine_rows),
+        found_at=datetime.fromtimestamp(found.found_at, UTC).isoformat(timespec="seconds"),
     )

@@ -91,7 +91,8 @@ def pick_standby(views: Iterable[EngineView], leader: str | None) -> str:
     """An engine that ZooKeeper does not name as the leader and that says itself it is an
     in-sync standby: both sources must agree, so a stale view can never pick the active.
     Never one whose rows disagree with the published ones (overridden or not: its state is
-    the suspect one), and one that agrees before one not yet checked: its snapshot is the
+    the suspect one), nor a shadow (it runs other code than the active: its state is
+    another version's), and one that agrees before one not yet checked: its snapshot is the
     one a restore can trust (Manifest.proven; the engine writes its agreement there)."""
     views = list(views)
     candidates = [
@@ -102,7 +103,8 @@ def pick_standby(views: Iterable[EngineView], leader: str | None) -> str:
         and view.role == "standby"
         and view.state == "running"
         and view.in_sync
-        and view.agreement.state != "disagrees"
+        # A shadow runs other code than the active: its state is another version's.
+        and view.agreement.state not in ("disagrees", "shadow")
     ]
     # Stable: among equals, the configured order as before.
     candidates.sort(key=lambda v: v.agreement.state != "agrees")

@@ -178,6 +178,8 @@ class EngineView(BaseModel):
         if self.problem is not None:
             return "-"
         agreement = self.agreement
+        if agreement.state == "shadow" and agreement.shadow is not None:
+            return agreement.shadow.text()
         if agreement.state != "disagrees":
             return agreement.state
         where = ""

@@ -78,7 +78,7 @@ def _agreement(engine: EngineView) -> Text:
     text = engine.agreement_text()
     if engine.disagrees:
         return Text(text, style="bold red")
-    if engine.agreement.state == "disagrees":
+    if engine.agreement.state in ("disagrees", "shadow"):
         return Text(text, style="yellow")
     return Text(text, style="green" if engine.agreement.state == "agrees" else "")
 

@@ -69,6 +69,11 @@ def test_a_progress_record_reads_as_its_range():
     assert old is not None
     assert old.digest is None
     assert published_range(0, b"not json", None, 0) is None
+    versioned = published_range(
+        0, b'{"first":5,"last":9,"digest":"ab"}', [("version", b"2+0123456789ab")], 0
+    )
+    assert versioned is not None
+    assert versioned.version == "2+0123456789ab"
 
 
 # -- a standby's comparison ---------------------------------------------------------------
@@ -276,3 +281,89 @@ def test_a_restore_s_reset_during_a_check_is_not_lost_to_the_check_s_result():
     resetting.join(5)
     assert check.status().state == "unchecked"
     assert check.eligible
+
+
+# -- a shadow: the active runs other code ---------------------------------------------------
+
+
+def shadow_checker(buffer: Buffer, clock: list[float]) -> Agreement:
+    return Agreement(
+        "b",
+        "p",
+        buffer.between,
+        buffer.published_rows,
+        lambda: 1000,
+        wall_clock=lambda: clock[0],
+        version="2+bbbbbbbbbbbb",
+    )
+
+
+def test_a_standby_on_other_code_reports_what_differs_and_is_never_barred_for_it():
+    """A deploy's new version beside the old: its differences are its new logic's. They are
+    counted, read back at most every few seconds, shown with both versions' rows, and the
+    engine stays eligible to lead."""
+    mine = [out(0, "new"), out(1, "same"), none(2), out(3, "new")]
+    theirs = [out(0, "old"), out(1, "same"), out(3, "old")]
+    buffer = Buffer(mine)
+    buffer.published = theirs
+    clock = [100.0]
+    check = shadow_checker(buffer, clock)
+    old = "1+aaaaaaaaaaaa"
+    check.offer([PublishedRange(0, 0, 3, digest(theirs), 7, "a", 100, old)])
+    assert check.check(standby=True) == {0: 3}
+    status = check.status()
+    assert status.state == "shadow"
+    assert check.eligible
+    assert status.difference is None
+    shadow = status.shadow
+    assert shadow is not None
+    assert (shadow.active_version, shadow.version) == (old, "2+bbbbbbbbbbbb")
+    assert (shadow.ranges_compared, shadow.ranges_differing, shadow.rows_compared) == (1, 1, 3)
+    assert (shadow.ranges_read_back, shadow.msg_ids_differing) == (1, 2)
+    [example] = shadow.examples
+    assert example.msg_id == 0
+    assert [r.value for r in example.active_rows] == ["old"]
+    assert [r.value for r in example.engine_rows] == ["new"]
+    # A second differing range within the read-back interval is counted, not read back.
+    buffer.rows.append(out(4, "new"))
+    buffer.published = [out(4, "old")]
+    check.offer([PublishedRange(0, 4, 4, digest([out(4, "old")]), 7, "a", 200, old)])
+    check.check(standby=True)
+    shadow = check.status().shadow
+    assert shadow is not None
+    assert (shadow.ranges_differing, shadow.ranges_read_back) == (2, 1)
+    assert len(buffer.read_back) == 1
+    # An equal range of the old version is counted as compared, not differing.
+    buffer.rows.append(out(5, "x"))
+    check.offer([PublishedRange(0, 5, 5, digest([out(5, "x")]), 7, "a", 300, old)])
+    check.check(standby=True)
+    shadow = check.status().shadow
+    assert shadow is not None
+    assert (shadow.ranges_compared, shadow.ranges_differing) == (3, 2)
+    assert check.eligible
+
+
+def test_after_the_switch_the_same_versions_rows_are_compared_and_a_difference_bars_again():
+    """Once the active runs this engine's code, differences are faults again."""
+    buffer = Buffer([out(0, "new"), out(1, "new")])
+    clock = [100.0]
+    check = shadow_checker(buffer, clock)
+    check.offer([PublishedRange(0, 0, 0, digest([out(0, "old")]), 7, "a", 1, "1+aaaaaaaaaaaa")])
+    check.check(standby=True)
+    assert check.status().state == "shadow"
+    same = "2+bbbbbbbbbbbb"
+    check.offer([PublishedRange(0, 1, 1, digest([out(1, "other")]), 8, "c", 2, same)])
+    check.check(standby=True)
+    status = check.status()
+    assert status.state == "disagrees"
+    assert not check.eligible
+
+
+def test_ranges_without_a_version_or_of_an_engine_without_one_are_compared_as_before():
+    """Older engines wrote no version header: their ranges are faults when they differ."""
+    buffer = Buffer([out(0, "new")])
+    buffer.published = [out(0, "old")]
+    check = shadow_checker(buffer, [0.0])
+    check.offer([PublishedRange(0, 0, 0, digest([out(0, "old")]))])
+    check.check(standby=True)
+    assert check.status().state == "disagrees"

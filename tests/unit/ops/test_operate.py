@@ -715,3 +715,33 @@ def test_clients_come_from_the_airflow_connection_of_each_engine(settings):
         make("b")
     with pytest.raises(OperateError, match="unknown engine 'c'; configured: a, b"):
         make("c")
+
+
+def test_a_shadow_standby_is_neither_restored_nor_persisted_from():
+    """On other code than the active (a deploy's new version): its differences are
+    reported, not faults, and its state is another version's."""
+    from twinstream.engine.api import ShadowInfo
+
+    shadow = AgreementInfo(
+        state="shadow",
+        shadow=ShadowInfo(
+            active_version="1+aaaaaaaaaaaa",
+            version="2+bbbbbbbbbbbb",
+            ranges_compared=40,
+            ranges_differing=12,
+            msg_ids_differing=35,
+            ranges_read_back=3,
+            rows_compared=900,
+        ),
+    )
+    b = view("b", agreement=shadow)
+    assert b.healthy
+    assert not b.disagrees
+    assert b.agreement_text() == (
+        "shadow of 1+aaaaaaaaaaaa: 12 of 40 ranges differ (35 msg_ids in 3 read back; "
+        "900 rows compared)"
+    )
+    todo, memory = operate.engines_to_restore([view("a", role="active"), b], {}, 1000.0, 120)
+    assert (todo, memory) == ([], {})
+    with pytest.raises(operate.OperateError):
+        operate.pick_standby([view("a", role="active"), b], leader="a")

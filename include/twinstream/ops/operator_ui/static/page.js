@@ -134,6 +134,15 @@ function disagrees(e) {
 function agreementCell(e) {
   if (e.problem) return "-";
   const a = e.agreement;
+  // A standby on other code than the active: what differs, reported, never barring it.
+  if (a.state === "shadow" && a.shadow) {
+    const s = a.shadow;
+    return el(
+      "span",
+      { class: "warn", "data-shadow": s.active_version },
+      `shadow of ${s.active_version}: ${num(s.ranges_differing)} of ${num(s.ranges_compared)} ranges differ (${num(s.msg_ids_differing)} msg_ids in ${num(s.ranges_read_back)} read back; ${num(s.rows_compared)} rows compared)`,
+    );
+  }
   if (a.state !== "disagrees") return el("span", { class: a.state === "agrees" ? "ok" : "muted" }, a.state);
   const d = a.difference;
   const where = d ? ` at msg_id ${msgId(d.partition, d.msg_id)}` : "";
