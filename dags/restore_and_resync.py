@@ -122,6 +122,7 @@ def restore_and_resync() -> None:
     @task
     def choose_snapshot(params: dict[str, Any]) -> str:
         from twinstream.ops.operate import (
+            airflow_engine,
             choose_snapshot,
             engine_settings,
             inbound_log_starts,
@@ -129,12 +130,15 @@ def restore_and_resync() -> None:
         )
 
         settings = engine_settings(params)
-        with refusals_fail_fast():
+        with refusals_fail_fast(), airflow_engine(params["engine"], settings) as engine:
+            # Only a snapshot of the code the engine runs: another version's state would
+            # give it another starting point than its version's first engine.
             return choose_snapshot(
                 settings,
                 params["snapshot"],
                 inbound_log_starts(settings),
                 registry.load(settings).state_layout,
+                engine.server().pipeline_version,
             )
 
     @task

@@ -115,6 +115,7 @@ class Engine:
             self.watermarks.log_starts,
             self.recent,
             self.log,
+            str(clients.version),
         )
         self.election = clients.election(
             on_elected=self.takeover.take_over,
@@ -558,6 +559,7 @@ class Engine:
                     self.gate.buffered(),
                     agreement.state,
                     agreement.checked,
+                    str(self.clients.version),
                 )
             finally:
                 self.log.info(
@@ -599,6 +601,7 @@ class Engine:
                 snapshot,
                 log_starts,
                 self.watermarks.offsets_at,
+                str(self.clients.version),
             )
             self.gate.restore(ready.buffer)
             source, next_offsets = ready.source, ready.next_offsets

@@ -75,14 +75,17 @@ def write(
     buffer: list[Output],
     agreement: str = "unchecked",
     agreed_through: Mapping[int, int] | None = None,
+    version: str = "",
 ) -> snapshot.Manifest:
     """Snapshot the engine's (stopped) checkpoint and its buffer, with its agreement with
-    the active then (a snapshot proves good only from an engine that agreed)."""
+    the active then (a snapshot proves good only from an engine that agreed) and the
+    version of the code that computed its state (twinstream.platform.versions; the
+    framework's own version for an engine that does not know it)."""
     return snapshot.write_snapshot(
         settings.snapshot_dir,
         pipeline=settings.pipeline,
         engine_id=engine_id,
-        pipeline_version=twinstream.__version__,
+        pipeline_version=version or twinstream.__version__,
         checkpoint=settings.checkpoint_dir(engine_id),
         topic=settings.inbound_topic,
         buffer=buffer,
@@ -109,9 +112,11 @@ def prepare_restore(
     requested: str,
     log_starts: Mapping[int, int],
     offsets_at: Callable[[int], Mapping[int, int]],
+    version: str = "",
 ) -> Restoring:
     """Put snapshot `requested` (an id, `latest`) in place of the checkpoint, or remove the
-    checkpoint for `cold` (a rebuild from the window's start: `offsets_at(ms)`)."""
+    checkpoint for `cold` (a rebuild from the window's start: `offsets_at(ms)`). Only a
+    snapshot of the engine's own `version` (snapshot.other_code)."""
     ckpt = settings.checkpoint_dir(engine_id)
     if requested == "cold":
         start_ms = int(time.time() * 1000) - settings.window_retention_ms
@@ -119,7 +124,9 @@ def prepare_restore(
         starting = {p: max(low, at.get(p, low)) for p, low in log_starts.items()}
         storage.remove_tree(ckpt)
         return Restoring("cold", dict(starting), starting, [])
-    manifest = snapshot.choose(settings.snapshot_dir, settings.pipeline, requested, state_layout)
+    manifest = snapshot.choose(
+        settings.snapshot_dir, settings.pipeline, requested, state_layout, version
+    )
     next_offsets = manifest.positions()
     for partition, offset in sorted(next_offsets.items()):
         if offset < log_starts.get(partition, 0):
@@ -140,11 +147,12 @@ def repair_plan(
     partition: int,
     first: int,
     log_starts: Callable[[], Mapping[int, int]],
+    version: str = "",
 ) -> Plan | None:
     """The newest batch of the engine's checkpoint history that ends at or before `first`
     in `partition`, else the newest valid snapshot that continues at or before it there and,
     in every partition, after Kafka's log start (`log_starts()`; when Kafka does not
-    answer, no snapshot is trusted)."""
+    answer, no snapshot is trusted), taken by an engine of `version` (snapshot.other_code)."""
     ckpt = settings.checkpoint_dir(engine_id)
     point = checkpoint.rewind_point(ckpt, settings.inbound_topic, partition, first)
     if point is not None:
@@ -156,8 +164,10 @@ def repair_plan(
 
     def usable(manifest: snapshot.Manifest) -> bool:
         positions = manifest.positions()
-        return positions.get(partition, 0) <= first and all(
-            starts.get(p, 0) <= offset for p, offset in positions.items()
+        return (
+            positions.get(partition, 0) <= first
+            and all(starts.get(p, 0) <= offset for p, offset in positions.items())
+            and snapshot.other_code(manifest, version) is None
         )
 
     candidates = [

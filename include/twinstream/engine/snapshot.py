@@ -339,16 +339,40 @@ def list_snapshots(
     return infos
 
 
+def other_code(manifest: Manifest, version: str) -> str | None:
+    """Why `manifest`'s state must not be restored into an engine running `version` (a
+    twinstream.platform.versions.CodeVersion's text; "" for an engine that does not know its
+    own, which takes any): it was computed by other code. A new version's engines must all
+    compute the same rows, so each rebuilds from a snapshot of its own version, never from
+    an older version's state (which would give it another starting point than the first)."""
+    if not version or manifest.pipeline_version == version:
+        return None
+    return (
+        f"{manifest.snapshot_id} was taken by an engine running version "
+        f"{manifest.pipeline_version!r}, and this engine runs {version!r}: its state was "
+        "computed by other code; restore a snapshot of this version, or 'cold' (a replay of "
+        "the retained input)"
+    )
+
+
 def choose(
-    snapshot_dir: Location, pipeline: str, requested: str, layout: str | None = None
+    snapshot_dir: Location,
+    pipeline: str,
+    requested: str,
+    layout: str | None = None,
+    version: str = "",
 ) -> Manifest:
     """`latest` (the newest snapshot that verifies, skipping damaged ones with a warning),
     `proven` (the newest that verifies and was taken by an engine that agreed with the
     active then: `Manifest.proven`) or a snapshot id (refused with the reason when it does
-    not verify)."""
+    not verify). With `version`, only a snapshot taken by an engine of that version
+    (other_code)."""
     if requested in ("latest", PROVEN):
         problem = ""
         for info in list_snapshots(snapshot_dir, pipeline, layout):
+            if info.manifest is not None and other_code(info.manifest, version):
+                problem = problem or str(other_code(info.manifest, version))
+                continue
             if info.manifest is not None and (requested == "latest" or info.manifest.proven):
                 return info.manifest
             if info.manifest is not None:
@@ -367,7 +391,11 @@ def choose(
         )
     if "/" in requested or requested in ("", ".", ".."):
         raise SnapshotError(f"{requested!r} is not a snapshot id")
-    return verify(snapshot_dir / requested, pipeline, layout)
+    manifest = verify(snapshot_dir / requested, pipeline, layout)
+    refused = other_code(manifest, version)
+    if refused is not None:
+        raise SnapshotError(refused)
+    return manifest
 
 
 def install(snapshot_dir: Location, manifest: Manifest, checkpoint: Location) -> list[Output]:

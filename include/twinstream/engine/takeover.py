@@ -46,8 +46,11 @@ class Takeover:
         log_starts: Callable[[], Mapping[int, int]],
         recent: Timeline,
         log: EngineLog,
+        version: str = "",
     ) -> None:
         self._settings = settings
+        # The code this engine runs: a gap is recomputed only from a snapshot of it.
+        self._version = version
         self._engine_id = engine_id
         self._gate = gate
         self._last_published = last_published
@@ -101,7 +104,7 @@ class Takeover:
         lock held). Plan to recompute it; the main loop rewinds. False: nothing reaches
         back to it."""
         plan = persistence.repair_plan(
-            self._settings, self._engine_id, partition, first, self._log_starts
+            self._settings, self._engine_id, partition, first, self._log_starts, self._version
         )
         if plan is None:
             self._log.error(

@@ -198,10 +198,12 @@ def choose_snapshot(
     requested: str,
     log_starts: Mapping[int, int],
     layout: str | None = None,
+    version: str = "",
 ) -> str:
     """The snapshot id to restore (or `cold`), checked before the engine is touched: its
     checksums, that its state layout is the pipeline's `layout` (`Pipeline.state_layout`),
-    and that Kafka still holds, in every partition, the offset it continues at.
+    that an engine of the restored engine's `version` took it (snapshot.other_code), and
+    that Kafka still holds, in every partition, the offset it continues at.
 
     `proven` (the newest snapshot an agreeing engine took) falls back to `cold` when there is
     none Kafka can still replay, saying why: it is what watch_engines asks for, unattended,
@@ -211,7 +213,9 @@ def choose_snapshot(
         log.info("cold rebuild: replay from the inbound offset at now - window retention")
         return COLD
     try:
-        manifest = snapshot.choose(settings.snapshot_dir, settings.pipeline, requested, layout)
+        manifest = snapshot.choose(
+            settings.snapshot_dir, settings.pipeline, requested, layout, version
+        )
     except snapshot.SnapshotError as exc:
         if requested == PROVEN:
             log.warning(

@@ -25,13 +25,16 @@ def _batch(checkpoint: Path, topic: str, batch: int, end: int, committed: bool =
 
 
 def _manifest(
-    snapshot_id: str, next_offset: int, next_offsets: dict[int, int] | None = None
+    snapshot_id: str,
+    next_offset: int,
+    next_offsets: dict[int, int] | None = None,
+    version: str = "0",
 ) -> Manifest:
     return Manifest(
         snapshot_id=snapshot_id,
         pipeline="hostmetrics",
         engine_id="b",
-        pipeline_version="0",
+        pipeline_version=version,
         next_offset=next_offset,
         next_offsets=next_offsets or {},
         batch_id=1,
@@ -128,6 +131,20 @@ def test_a_gap_in_one_partition_takes_a_snapshot_before_it_there_kept_in_every_p
     assert engine.takeover.on_gap(1, 200, 299) is True
     assert isinstance(engine.takeover.plan, Manifest)
     assert engine.takeover.plan.snapshot_id == "s2"
+
+
+def test_a_gap_is_recomputed_only_from_a_snapshot_of_the_code_the_engine_runs(engine, monkeypatch):
+    """Another version's state would recompute the gap with another starting point."""
+    infos = [
+        SnapshotInfo("v1", Path("v1"), _manifest("v1", 180, version="1+aaaaaaaaaaaa"), None),
+        SnapshotInfo("v2", Path("v2"), _manifest("v2", 120, version="2+bbbbbbbbbbbb"), None),
+    ]
+    monkeypatch.setattr(snapshot, "list_snapshots", lambda *_: infos)
+    engine.watermarks.log_starts.return_value = {0: 100}
+    engine.takeover._version = "2+bbbbbbbbbbbb"
+    assert engine.takeover.on_gap(0, 200, 299) is True
+    assert isinstance(engine.takeover.plan, Manifest)
+    assert engine.takeover.plan.snapshot_id == "v2"
 
 
 def test_a_gap_nothing_reaches_is_not_planned(engine, monkeypatch, caplog):

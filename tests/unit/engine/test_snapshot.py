@@ -58,12 +58,18 @@ class Clock:
         return self.now
 
 
-def write(root: Location, checkpoint: Location, clock: Clock, buffer: list[Output] | None = None):
+def write(
+    root: Location,
+    checkpoint: Location,
+    clock: Clock,
+    buffer: list[Output] | None = None,
+    version: str = "0.1.0",
+):
     return snapshot.write_snapshot(
         root,
         pipeline=PIPELINE,
         engine_id="b",
-        pipeline_version="0.1.0",
+        pipeline_version=version,
         checkpoint=checkpoint,
         topic=TOPIC,
         buffer=rows(0, 65) if buffer is None else buffer,
@@ -308,3 +314,21 @@ def test_a_snapshot_of_the_state_layout_before_keyed_is_refused_naming_cold(tmp_
         now=clock,
     )
     assert snapshot.choose(snaps, PIPELINE, "latest", "keyed/1").snapshot_id == new.snapshot_id
+
+
+def test_an_engine_restores_only_a_snapshot_its_own_version_took(tmp_path, clock):
+    """A deploy's second engine of version 2 must compute what its first computes: from a
+    snapshot version 2 took, never from version 1's state (another starting point)."""
+    cp = fake_checkpoint(tmp_path / "engine")
+    old = write(tmp_path / "snaps", cp, clock, version="1+aaaaaaaaaaaa")
+    new = write(tmp_path / "snaps", cp, clock, version="2+bbbbbbbbbbbb")
+    newer_old = write(tmp_path / "snaps", cp, clock, version="1+aaaaaaaaaaaa")
+    root = tmp_path / "snaps"
+    assert snapshot.choose(root, PIPELINE, "latest", version="2+bbbbbbbbbbbb") == new
+    assert snapshot.choose(root, PIPELINE, "latest", version="1+aaaaaaaaaaaa") == newer_old
+    # An engine that does not know its version (no code loaded: a unit test's) takes any.
+    assert snapshot.choose(root, PIPELINE, "latest") == newer_old
+    with pytest.raises(SnapshotError, match=r"running version '1\+aaaaaaaaaaaa'.*'cold'"):
+        snapshot.choose(root, PIPELINE, old.snapshot_id, version="2+bbbbbbbbbbbb")
+    with pytest.raises(SnapshotError, match=r"no valid snapshot.*running version"):
+        snapshot.choose(root, PIPELINE, "latest", version="3+cccccccccccc")
