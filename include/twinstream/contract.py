@@ -369,6 +369,14 @@ class Pipeline:
         variables change."""
         return "keyed/1" if self.keyed is not None else "transform"
 
+    @property
+    def state_shape(self) -> str:
+        """The shape of the keyed state (Keyed.state's DDL), "" for a transform (Spark keeps
+        its operators' state and checks its schema itself). A new version that changes it
+        cannot resume an older version's checkpoint: a deploy rebuilds the state by a
+        replay (twinstream.ops.deploy)."""
+        return self.keyed.state if self.keyed is not None else ""
+
     def rules(self) -> dict[str, str]:
         """Every rule a valid record obeys after its types, reason -> SQL condition, in the
         order the guard applies them: the bounds' (in `bounds` order), then `checks`."""

@@ -27,7 +27,9 @@ def engine(tmp_path: Path) -> Engine:
     a network, no thread starts), its state in tmp_path, its query running."""
     # No stack has run on a fresh clone: no secret files; the ZooKeeper client is a fake.
     settings = load_settings(pipeline="hostmetrics", zk_password="unit-test", state_dir=tmp_path)
-    e = Engine(settings, "a", mock.MagicMock(name="pipeline"), engine_clients())
+    definition = mock.MagicMock(name="pipeline")
+    definition.state_shape = "count BIGINT"
+    e = Engine(settings, "a", definition, engine_clients())
     e.lifecycle.move(State.RUNNING, "")
     e._query = mock.MagicMock(name="query")
     e._spark = mock.MagicMock(name="spark")

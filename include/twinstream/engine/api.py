@@ -61,6 +61,9 @@ class ServerInfo(BaseModel):
     # from the one the engine loaded: the engine runs older (or newer) code than its files.
     code_on_disk: str = ""
     stale: bool = False
+    # The shape of the pipeline's keyed state (Keyed.state, Spark DDL); "" for a transform,
+    # whose state Spark keeps: a deploy whose new version keeps another shape rebuilds it.
+    state_shape: str = ""
 
 
 class QuarantinedOffset(BaseModel):

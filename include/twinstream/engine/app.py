@@ -756,6 +756,7 @@ class Engine:
             pipeline_version=str(self.clients.version),
             code_on_disk=on_disk,
             stale=stale,
+            state_shape=self.definition.state_shape,
         )
 
     def standing(self, processed: dict[int, int] | None = None) -> Standing:

@@ -626,6 +626,33 @@ def cmd_restart(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deploy(settings: Settings, args: argparse.Namespace) -> int:
+    """Bring every engine of one pipeline of the local stack to the code on disk, standbys
+    first, then the lead at a transaction boundary (twinstream.ops.deploy)."""
+    from twinstream.engine.client import EngineError
+    from twinstream.ops import deploy
+    from twinstream.ops.operate import OperateError
+    from twinstream.stack.core import StackError
+
+    with contextlib.ExitStack() as closing:
+        try:
+            d, target = deploy.on_stack(
+                settings,
+                args.name,
+                closing,
+                confirm=confirmer(args.yes),
+                no_tests=args.no_tests,
+                wait_s=args.wait,
+            )
+            deploy.run(d, target, rollback=args.rollback)
+        except (OperateError, EngineError, StackError) as exc:
+            # A step refused or failed: the engines not yet touched run the old version, and
+            # the active leads; the message says where it stopped and what to do.
+            print(f"\ntwinstream deploy: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
 # The adapters' commands: each reads the adapters' settings only (AdapterSettings), of one
 # pipeline chosen as ONE_PIPELINE's are.
 ADAPTERS: dict[str, Callable[[AdapterSettings, argparse.Namespace], int]] = {
@@ -754,6 +781,40 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="check that the engine is this pipeline's (default: whichever runs it)",
     )
+    dep = sub.add_parser(
+        "deploy",
+        help="run the pipeline's code on disk on every engine of the local stack, with no "
+        "gap: standbys first, one at a time, then the lead at an exact msg_id",
+        description="The new version's tests run first (test_*.py beside its code). The "
+        "first standby restarts on the new code from its checkpoint when the state's shape "
+        "(Keyed.state) is unchanged, else it replays the retained input from a window back "
+        "(refused when retention does not reach it); where the new logic begins is recorded "
+        "once. Every later engine restores a snapshot of the new version. The new version "
+        "runs beside the old as a shadow, its differences shown; on your word (or --yes) the "
+        "active is stopped and a standby of the new version takes over at a transaction "
+        "boundary: the old version's output ends at a msg_id per partition, recorded and "
+        "shown, the new one's begins after it. The old active restarts last, as a standby.",
+    )
+    dep.add_argument("name", metavar="PIPELINE", help="the pipeline, as the pipelines file says")
+    dep.add_argument("--yes", action="store_true", help="switch without asking")
+    dep.add_argument(
+        "--rollback",
+        action="store_true",
+        help="deploy the version before the last deploy (check its code out first): refused "
+        "when the code on disk is another",
+    )
+    dep.add_argument(
+        "--no-tests",
+        action="store_true",
+        help="deploy although no tests sit beside the pipeline's code (never when they fail)",
+    )
+    dep.add_argument(
+        "--wait",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long each engine may take to be in sync again (default 600)",
+    )
     status = sub.add_parser(
         "status", help="every pipeline's engines: role, lag and buffer as a table"
     )
@@ -818,6 +879,7 @@ def main(argv: list[str] | None = None) -> int:
             "kafka-config": cmd_kafka_config,
             "remove-pipeline": cmd_remove_pipeline,
             "restart": cmd_restart,
+            "deploy": cmd_deploy,
         }
         with quiet_libraries(quiet=not getattr(args, "source", None)):
             return handler[args.command](settings, args)

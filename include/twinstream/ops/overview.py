@@ -126,6 +126,7 @@ class EngineView(BaseModel):
     pipeline_version: str | None = None
     code_on_disk: str = ""
     stale: bool = False
+    state_shape: str = ""
     health: str = OK
 
     def buffer_text(self) -> str:
@@ -377,6 +378,7 @@ def engine_view(
         pipeline_version=server.pipeline_version or None,
         code_on_disk=server.code_on_disk,
         stale=server.stale,
+        state_shape=server.state_shape,
     )
     if (
         view.uncovered

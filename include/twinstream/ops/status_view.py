@@ -62,7 +62,7 @@ def _notes(engine: EngineView) -> Text:
     if engine.stale:
         notes.append(
             f"CODE CHANGED ON DISK (now {engine.code_on_disk}): this engine runs the code it "
-            "started with ",
+            f"started with; twinstream deploy {engine.pipeline} ",
             style="yellow",
         )
     for repair in engine.repairs:

@@ -422,6 +422,11 @@ class PipelineSettings(BaseSettings):
     def quarantine_path(self) -> str:
         return f"/twinstream/{self.pipeline_name}/quarantine"
 
+    @property
+    def deploys_path(self) -> str:
+        """The pipeline's deploys, one znode each (twinstream.ops.deploy)."""
+        return f"/twinstream/{self.pipeline_name}/deploys"
+
 
 class CommonSettings(Connections, PipelineSettings):
     """What every process reads: where things are, and its pipeline. Where a pipeline's

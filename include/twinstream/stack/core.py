@@ -377,10 +377,11 @@ def stale_text(stale: list[str]) -> str:
     return (
         "CODE CHANGED: these engines run the code they started with, not the files' code:\n"
         f"{lines}\n"
-        "  make up restarts no running engine for a change of code. An engine restarted by "
-        "hand\n  (twinstream restart ENGINE) loads the new code on its old state: a standby "
-        "whose rows\n  then differ from the active's is barred from leading until restored "
-        "(twinstream status)."
+        "  make up restarts no running engine for a change of code: `twinstream deploy "
+        "PIPELINE`\n  brings a pipeline's engines to it with no gap in its output (its tests "
+        "first, the\n  standbys one at a time, then the lead at a msg_id per partition; "
+        'README, "Change a\n  running pipeline"). Not `twinstream restart ENGINE`: that '
+        "loads the new code on\n  the engine's old state, by hand."
     )
 
 

@@ -108,3 +108,73 @@ def restart_engine(
         f"engine {engine_id} restarted in {clock() - start:.1f}s (pid "
         f"{supervisor.process(program).pid}); `twinstream status` shows every engine"
     )
+
+
+class EngineProcesses:
+    """The local stack's engines as processes, for a deploy (twinstream.ops.deploy):
+    `stop` returns once supervisord has stopped the program; `start` once the engine answers
+    its admin API (its pipeline may wait for a restore: the deploy looks at it then), within
+    TWINSTREAM_STARTUP_TIMEOUT_S. `settings` are the stack's."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        echo: Echo = print,
+        supervisor: Any = None,
+        answers: Callable[[str], str | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._settings = settings
+        self._layout = Layout.of(settings)
+        self._supervisor = supervisor if supervisor is not None else Supervisor(self._layout)
+        self._echo = echo
+        self._answers = answers if answers is not None else self._probe
+        self._clock, self._sleep = clock, sleep
+        if not self._supervisor.is_running():
+            raise StackError(
+                f"the local stack is not running (no supervisord at "
+                f"{self._layout.supervisor_socket}): start it with `make up`"
+            )
+
+    def _probe(self, engine_id: str) -> str | None:
+        """None once the engine answers GET /server, else why not."""
+        from twinstream.engine.client import EngineClient, EngineError
+
+        settings = owner(self._settings, engine_id)
+        try:
+            token = settings.secret("admin_token")
+            with EngineClient.from_settings(settings, engine_id, token, 3.0) as client:
+                client.server()
+        except EngineError as exc:
+            return exc.reason[:200]
+        return None
+
+    def stop(self, engine_id: str) -> None:
+        program = engine_program(engine_id)
+        self._echo(f"  stopping {program} (its query and Spark first: up to its stopwaitsecs)")
+        self._supervisor.stop(program)
+
+    def start(self, engine_id: str) -> None:
+        program = engine_program(engine_id)
+        self._echo(f"  starting {program}")
+        self._supervisor.start(program, wait=False)
+        started = self._clock()
+        deadline = started + self._settings.startup_timeout_s
+        said = started
+        while (why := self._answers(engine_id)) is not None:
+            if self._supervisor.process(program).state == "FATAL":
+                raise StackError(
+                    f"{program} keeps failing to start (supervisord gave up): read "
+                    f"{self._layout.log_file(program)}"
+                )
+            if self._clock() > deadline:
+                raise StackError(
+                    f"{program} does not answer after {self._settings.startup_timeout_s:.0f} s "
+                    f"({why}): read {self._layout.log_file(program)}"
+                )
+            if self._clock() - said >= 10:
+                said = self._clock()
+                self._echo(f"  {program}: {said - started:.0f} s, not answering yet ({why})")
+            self._sleep(0.5)
+        self._echo(f"  {program} answers after {self._clock() - started:.1f} s")

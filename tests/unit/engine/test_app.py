@@ -246,8 +246,11 @@ def test_an_engine_says_which_code_it_runs_and_when_the_files_changed_since(tmp_
     clients.version = CodeVersion("2", "0123456789ab")
     clients.code_on_disk = lambda: on_disk[0]
     clients.election.return_value.zk_state = "CONNECTED"
-    engine = Engine(settings, "a", mock.MagicMock(name="pipeline"), clients)
+    definition = mock.MagicMock(name="pipeline")
+    definition.state_shape = "count BIGINT"
+    engine = Engine(settings, "a", definition, clients)
     server = engine.server()
+    assert server.state_shape == "count BIGINT"
     assert (server.pipeline_version, server.code_on_disk, server.stale) == (
         "2+0123456789ab",
         "0123456789ab",

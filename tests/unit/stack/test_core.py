@@ -233,5 +233,5 @@ def test_up_names_each_engine_that_runs_older_code_than_its_files_and_restarts_n
     text = core.stale_text(stale)
     assert text.startswith("CODE CHANGED")
     assert "engine b (hostmetrics)" in text
-    assert "twinstream restart ENGINE" in text
+    assert "`twinstream deploy PIPELINE`" in text
     assert core.stale_engines(pipelines, lambda p, e: answers["a"]) == []

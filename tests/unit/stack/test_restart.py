@@ -180,3 +180,37 @@ def test_the_cli_restarts_the_engine_it_is_given_with_the_stacks_settings(
     err = capsys.readouterr().err
     assert "twinstream restart: no engine 'z' on this stack" in err
     assert "Traceback" not in err
+
+
+def test_a_deploys_engine_start_waits_until_its_api_answers_and_names_a_failure(settings):
+    """twinstream.ops.deploy's processes on the local stack: an engine waiting for its
+    restore does not pass `make up`'s probe, so a start waits for its admin API only."""
+    from tests.unit.fakes import FakeClock
+
+    supervisor = FakeSupervisor({"engine-a": "RUNNING", "engine-b": "RUNNING"})
+    clock = FakeClock()
+    answers = iter(["connection refused"] * 25 + [None])
+    lines: list[str] = []
+    processes = restart.EngineProcesses(
+        settings,
+        echo=lines.append,
+        supervisor=supervisor,
+        answers=lambda e: next(answers),
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    processes.stop("b")
+    processes.start("b")
+    assert supervisor.calls == [("stop", "engine-b"), ("start", "engine-b", "False")]
+    assert "  engine-b: 10 s, not answering yet (connection refused)" in lines
+    assert lines[-1] == "  engine-b answers after 12.5 s"
+
+    supervisor.states["engine-b"] = "FATAL"
+    supervisor.start = lambda name, wait=True: None  # type: ignore[method-assign]
+    failing = restart.EngineProcesses(
+        settings, supervisor=supervisor, answers=lambda e: "refused", clock=clock, sleep=clock.sleep
+    )
+    with pytest.raises(StackError, match=r"keeps failing to start .* read .*engine-b"):
+        failing.start("b")
+    with pytest.raises(StackError, match="make up"):
+        restart.EngineProcesses(settings, supervisor=FakeSupervisor({}, running=False))

@@ -1,0 +1,721 @@
+"""Deploying a new version of a running pipeline's code with no gap in its output
+(`twinstream deploy`; the local stack's engines are restarted through their supervisord
+programs, a test's through its harness).
+
+Guarantee: the output pauses no longer than a takeover, and every inbound msg_id is
+published exactly once: by the old version up to the cutover msg_id of its partition, by the
+new version after it, one switch per partition. Every engine of the new version computes the
+same rows: the first rebuilds its state from its own checkpoint when the state's shape is
+unchanged, else by a replay of the retained inbound topic (refused when retention does not
+reach back a window), and the point from which the new logic applies is recorded once, in
+the deploy's record in ZooKeeper; every later engine of the version restores a snapshot an
+engine of that version took after that point, and its own checkpoint is set aside first, so
+that it never runs from a starting point of its own. The lead passes to the new version
+only once every standby runs it (no standby on the old code can win the election the switch
+opens), and only on the operator's word (`--yes`: at once); before that the new version
+runs beside the old as a shadow whose differences are shown. The old active is then
+restarted on the new version like any later engine, as a standby.
+
+A deploy is a sequence of steps, each awaited with a deadline and a progress line; a step
+that fails stops the deploy with the reason and what to do, leaving every engine that was
+not yet touched on the old version and the active leading: the output never stops because
+a deploy failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from twinstream.core.agreement import PublishedRange
+from twinstream.core.rows import positions_text
+from twinstream.engine.api import EngineApi, ShadowInfo
+from twinstream.ops.drill import EpochTail, Takeover, stop_and_measure
+from twinstream.ops.operate import OperateError, observe, persist_from, sync_check
+from twinstream.ops.overview import EngineView
+from twinstream.platform.settings import CommonSettings, Settings
+
+log = logging.getLogger(__name__)
+
+Echo = Callable[[str], None]
+
+# How the first engine of a new version rebuilds its state.
+CHECKPOINT = "checkpoint"
+REPLAY = "replay"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The version on disk that the deploy brings every engine to: its text (a
+    twinstream.platform.versions.CodeVersion's, `declared+digest`) and its keyed state's
+    shape (Keyed.state's DDL; "" for a transform, whose state Spark keeps)."""
+
+    version: str
+    state_shape: str
+
+
+@dataclass
+class Record:
+    """One deploy, as kept in ZooKeeper (DeployLog): the versions, where the new logic
+    began in each partition (its first engine's state: `start`, and how it was built), and,
+    once switched, the cutover: the last msg_id the old version published, per partition."""
+
+    version: str
+    previous: str
+    started_at: str
+    first_engine: str = ""
+    rebuilt: str = ""
+    start: dict[int, int] = field(default_factory=dict)
+    snapshot: str = ""
+    cutover: dict[int, int] = field(default_factory=dict)
+    switched_at: str = ""
+    takeover_s: float | None = None
+    rolled_back: bool = False
+
+    def as_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Record:
+        raw = json.loads(data.decode())
+        for name in ("start", "cutover"):
+            raw[name] = {int(p): int(o) for p, o in raw.get(name, {}).items()}
+        return cls(**raw)
+
+    def text(self) -> str:
+        """`2+bbb (from 1+aaa): new logic from msg_id 0:120, 1:98; version 1+aaa up to
+        0:2,041, 1:1,977, 2+bbb after`."""
+        parts = [f"{self.version} (from {self.previous})"]
+        if self.start:
+            parts.append(f"new logic from msg_id {positions_text(self.start)} ({self.rebuilt})")
+        if self.cutover:
+            parts.append(
+                f"version {self.previous} up to msg_id {positions_text(self.cutover)}, "
+                f"{self.version} after"
+            )
+        else:
+            parts.append("not switched")
+        return "; ".join(parts)
+
+
+class DeployLog(Protocol):
+    """The pipeline's deploys, newest last: `begin` records a deploy's start once (a
+    second `begin` of the same deploy returns the first's record), `update` adds its later
+    facts."""
+
+    def last(self) -> tuple[str, Record] | None: ...
+    def begin(self, record: Record) -> tuple[str, Record]: ...
+    def update(self, node: str, record: Record) -> None: ...
+
+
+class Processes(Protocol):
+    """An engine's process, as the stack runs it: `stop` returns once it has exited;
+    `start` once it answers its health probe, running the code on disk then."""
+
+    def stop(self, engine_id: str) -> None: ...
+    def start(self, engine_id: str) -> None: ...
+
+
+class ProgressMarks(Protocol):
+    """The progress topic: `mark()` notes where it ends now; `since()` reads the ranges
+    published after the mark."""
+
+    def mark(self) -> None: ...
+    def since(self) -> list[PublishedRange]: ...
+
+
+class DeployError(OperateError):
+    """The deploy stopped; the message says where, why, and what to do."""
+
+
+@dataclass
+class Deployment:
+    """What a deploy works with: the pipeline's engines (id -> admin API), their processes,
+    the deploy log, and the stack's own operations, all injected (unit tests give fakes)."""
+
+    pipeline: str
+    engines: Mapping[str, EngineApi]
+    processes: Processes
+    deploys: DeployLog
+    progress: ProgressMarks
+    # Where an engine's checkpoint continues, per partition (None: it has none).
+    checkpoint_at: Callable[[str], dict[int, int] | None]
+    # Put an engine's checkpoint aside (its process is stopped): it restarts with none,
+    # stays stopped, and waits for the restore that gives it its version's state.
+    set_aside: Callable[[str], None]
+    # The new version's own tests: None when they pass (or there are none to run and the
+    # operator said so), else why not.
+    run_tests: Callable[[], str | None]
+    # Why a replay of the retained input cannot rebuild the state (retention does not reach
+    # back a window), or None.
+    replay_problem: Callable[[], str | None]
+    tail: Callable[[], contextlib.AbstractContextManager[EpochTail]]
+    confirm: Callable[[str], bool]
+    echo: Echo = print
+    wait_s: float = 600.0
+    poll_s: float = 1.0
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+
+def views(deployment: Deployment) -> list[EngineView]:
+    return [observe(engine, deployment.pipeline) for engine in deployment.engines.values()]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The active (it switches last) and the standbys still on another version, in the
+    configured order, with those that already run the target (a deploy run again)."""
+
+    active: str
+    active_version: str
+    stale: list[str]
+    current: list[str]
+
+
+def plan(seen: Sequence[EngineView], target: Target) -> Plan:
+    """Refused unless one engine is active, every standby runs and is in sync, and some
+    engine runs another version than the target."""
+    described = "; ".join(v.describe() for v in seen)
+    actives = [v for v in seen if v.problem is None and v.role == "active"]
+    if len(actives) != 1 or actives[0].state != "running":
+        raise DeployError(
+            f"a deploy needs exactly one running active, which leads until the switch: "
+            f"{described}. Wait until `twinstream status` shows one, then run it again"
+        )
+    active = actives[0]
+    standbys = [v for v in seen if v is not active]
+    if not standbys:
+        raise DeployError(
+            f"pipeline {active.pipeline} has no standby: a deploy passes the lead to a "
+            "standby on the new version, and restarting the only engine would stop the "
+            "output. Give it a second engine (`engines` in the pipelines file) and `make up`"
+        )
+    if all(v.pipeline_version == target.version for v in seen):
+        raise DeployError(
+            f"nothing to deploy: every engine of {active.pipeline} runs {target.version}, the "
+            "code on disk"
+        )
+    unready = [
+        v
+        for v in standbys
+        if v.problem is not None or v.state != "running" or not v.in_sync or v.disagrees
+    ]
+    if unready:
+        raise DeployError(
+            "every standby must be running, in sync and not disagreeing before a deploy "
+            "takes one out of the election: "
+            + "; ".join(v.describe() for v in unready)
+            + ". Restore it (restore_and_resync) or wait, then run the deploy again"
+        )
+    return Plan(
+        active=active.engine_id,
+        active_version=active.pipeline_version or "",
+        stale=[v.engine_id for v in standbys if v.pipeline_version != target.version],
+        current=[v.engine_id for v in standbys if v.pipeline_version == target.version],
+    )
+
+
+def await_in_sync(d: Deployment, engine_id: str, since: str) -> None:
+    """Poll the engine until it is in sync (a progress line each poll), DeployError when it
+    fails, disagrees or the deploy's wait is over."""
+    started = time.time()
+    deadline = d.clock() + d.wait_s
+    while True:
+        try:
+            check = sync_check(d.engines[engine_id], started, d.wait_s, time.time(), since)
+        except OperateError as exc:
+            raise DeployError(f"{exc}; the deploy stopped there") from exc
+        d.echo(f"  {check.message}")
+        if check.done:
+            return
+        if d.clock() > deadline:
+            raise DeployError(f"engine {engine_id}: not in sync within {d.wait_s:.0f} s")
+        d.sleep(d.poll_s)
+
+
+def loaded(d: Deployment, engine_id: str, target: Target) -> None:
+    """The engine, started again, must run the target: the code may have changed again."""
+    running = d.engines[engine_id].server().pipeline_version
+    if running != target.version:
+        raise DeployError(
+            f"engine {engine_id} started on version {running}, not {target.version}: the "
+            "pipeline's code changed again during the deploy. Run `twinstream deploy` again "
+            "once it is as you want it"
+        )
+
+
+def start_first(d: Deployment, engine_id: str, target: Target, record: Record) -> Record:
+    """The first engine of the new version: restarted on its own checkpoint (state shape
+    unchanged) or rebuilt by a replay of the retained input; where the new logic begins is
+    returned in the record."""
+    d.echo(f"engine {engine_id}: stopping it to start it on version {target.version}")
+    d.processes.stop(engine_id)
+    at = d.checkpoint_at(engine_id)
+    if record.rebuilt == REPLAY or at is None:
+        record.rebuilt = REPLAY
+        d.set_aside(engine_id)
+        d.processes.start(engine_id)
+        loaded(d, engine_id, target)
+        report = d.engines[engine_id].restore("cold")
+        record.start = dict(report.next_offsets) or {0: report.next_offset}
+        d.echo(
+            f"engine {engine_id}: replaying the retained input from inbound offset "
+            f"{positions_text(record.start)} (a window back), with no state"
+        )
+    else:
+        record.rebuilt = CHECKPOINT
+        record.start = at
+        d.processes.start(engine_id)
+        loaded(d, engine_id, target)
+        d.echo(
+            f"engine {engine_id}: runs {target.version} from its checkpoint; the new logic "
+            f"applies from inbound offset {positions_text(at)}"
+        )
+    record.first_engine = engine_id
+    await_in_sync(d, engine_id, f"version {target.version} started")
+    return record
+
+
+def persist_new(d: Deployment, source: str, target: Target) -> str:
+    """A snapshot of `source`, a standby of the new version: the state a later engine of
+    the version starts from. Its id."""
+    manifest = persist_from(d.engines[source])
+    snapshot_id = str(manifest["snapshot_id"])
+    if manifest.get("pipeline_version") != target.version:
+        raise DeployError(
+            f"snapshot {snapshot_id} of engine {source} is of version "
+            f"{manifest.get('pipeline_version')}, not {target.version}; the deploy stopped"
+        )
+    d.echo(
+        f"engine {source}: snapshot {snapshot_id} of version {target.version}, continuing at "
+        f"inbound offset {positions_text({int(k): v for k, v in manifest['next_offsets'].items()})}"
+    )
+    return snapshot_id
+
+
+def start_later(d: Deployment, engine_id: str, snapshot_id: str, target: Target) -> None:
+    """A later engine of the new version: its checkpoint set aside, then snapshot
+    `snapshot_id` (of the version) restored into it on the new code."""
+    d.echo(
+        f"engine {engine_id}: stopping it to start it on version {target.version} from "
+        f"snapshot {snapshot_id}"
+    )
+    d.processes.stop(engine_id)
+    d.set_aside(engine_id)
+    d.processes.start(engine_id)
+    loaded(d, engine_id, target)
+    d.engines[engine_id].restore(snapshot_id)
+    await_in_sync(d, engine_id, f"the restore of {snapshot_id}")
+
+
+def shadow_text(shadow: ShadowInfo | None) -> list[str]:
+    """The shadow's difference summary as lines for the operator: the counts, then one
+    example's rows of both versions."""
+    if shadow is None:
+        return ["no range compared yet (no input since the new version started?)"]
+    lines = [shadow.text()]
+    for example in shadow.examples[:1]:
+        lines.append(f"  e.g. msg_id {example.msg_id} (partition {example.partition}):")
+        for name, rows in (("old", example.active_rows), ("new", example.engine_rows)):
+            shown = "; ".join(r.value for r in rows[:3]) or "(no output)"
+            lines.append(f"    {name}: {shown}")
+    return lines
+
+
+def cutover(
+    ranges: Iterable[PublishedRange], new: str, before: Mapping[int, int]
+) -> dict[int, int]:
+    """The last msg_id the old version published in each partition: the end of its last
+    range after the mark, else what it had published before the switch (`before`).
+    DeployError if an old range follows a new one in a partition (the versions
+    interleaved: never, the election lets one engine publish at a time)."""
+    last: dict[int, int] = dict(before)
+    switched: dict[int, int] = {}
+    for r in sorted(ranges, key=lambda r: (r.partition, r.first)):
+        if r.version == new:
+            switched.setdefault(r.partition, r.first)
+            continue
+        if r.partition in switched:
+            raise DeployError(
+                f"partition {r.partition}: version {r.version} published {r.text()} after "
+                f"version {new} began at msg_id {switched[r.partition]}: the versions "
+                "interleaved. Audit the output (audit_output_topic) before anything else"
+            )
+        last[r.partition] = max(last.get(r.partition, -1), r.last)
+    return last
+
+
+def switch(d: Deployment, p: Plan, target: Target) -> tuple[Takeover, dict[int, int]]:
+    """Stop the active's pipeline: a standby on the new version takes over at a
+    transaction boundary. Returns the takeover and the cutover per partition."""
+    standbys = {e: d.engines[e] for e in d.engines if e != p.active}
+    d.progress.mark()
+    with d.tail() as tail:
+        takeover = stop_and_measure(d.engines[p.active], standbys, tail, 60.0, d.clock)
+    d.echo(f"switched: {takeover.describe()}")
+    ranges = d.progress.since()
+    return takeover, cutover(ranges, target.version, takeover.before())
+
+
+def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
+    """Deploy `target` on every engine of the pipeline (see the module's guarantee)."""
+    seen = views(d)
+    p = plan(seen, target)
+    last = d.deploys.last()
+    if rollback:
+        if last is None:
+            raise DeployError(
+                f"pipeline {d.pipeline} was never deployed: there is no version before to "
+                "roll back to"
+            )
+        if last[1].previous != target.version:
+            raise DeployError(
+                f"a rollback deploys the version before the last deploy, {last[1].previous}, "
+                f"but the code on disk is {target.version}: check that version's code out "
+                "(git checkout or restore) and run `twinstream deploy --rollback` again"
+            )
+    d.echo(
+        f"deploying {target.version} on pipeline {d.pipeline}: active {p.active} runs "
+        f"{p.active_version}; standbys to restart one at a time: {', '.join(p.stale) or 'none'}"
+        + (f"; already on it: {', '.join(p.current)}" if p.current else "")
+    )
+    d.echo("running the new version's own tests")
+    failed = d.run_tests()
+    if failed is not None:
+        raise DeployError(f"the new version's tests failed, nothing was restarted: {failed}")
+
+    node, record = d.deploys.begin(
+        Record(
+            version=target.version,
+            previous=p.active_version,
+            started_at=d.now().isoformat(),
+            rebuilt=REPLAY if _shape_changed(seen, p, target) else "",
+            rolled_back=rollback,
+        )
+    )
+    if record.rebuilt == REPLAY and not record.start:
+        problem = d.replay_problem()
+        if problem is not None:
+            raise DeployError(
+                f"the state's shape changed ({target.state_shape}), so the new version must "
+                f"rebuild its state by replaying the retained input, and {problem}. Nothing "
+                "was restarted"
+            )
+        d.echo(
+            f"the state's shape changed (now {target.state_shape}): the first engine "
+            "replays the retained input from a window back (TWINSTREAM_WINDOW_RETENTION_MS)"
+        )
+    current = list(p.current)
+    stale = list(p.stale)
+    if not record.start:
+        # No start recorded: a standby already on the version was started by hand, from a
+        # starting point of its own; every standby starts again from this deploy's.
+        stale, current = stale + current, []
+        first = stale.pop(0)
+        record = start_first(d, first, target, record)
+        d.deploys.update(node, record)
+        current.append(first)
+    elif not current:
+        raise DeployError(
+            f"version {target.version} began at msg_id {positions_text(record.start)} "
+            f"(engine {record.first_engine}), but no standby runs it now to take a snapshot "
+            "from: another start would compute other rows. Declare a new version (the "
+            "pipeline's `version`) and deploy again"
+        )
+    for engine_id in stale:
+        record.snapshot = persist_new(d, current[0], target)
+        d.deploys.update(node, record)
+        start_later(d, engine_id, record.snapshot, target)
+        current.append(engine_id)
+    if len(current) == 1:
+        # The old active restarts from a snapshot of the version after the switch; the only
+        # standby of it leads by then, and the active is never persisted: take it now.
+        record.snapshot = persist_new(d, current[0], target)
+        d.deploys.update(node, record)
+        await_in_sync(d, current[0], f"snapshot {record.snapshot}")
+
+    shadow = d.engines[current[0]].pipeline().agreement.shadow
+    d.echo(f"version {target.version} runs on {', '.join(current)} beside {p.active}:")
+    for line in shadow_text(shadow):
+        d.echo(f"  {line}")
+    if not d.confirm(
+        f"switch the lead of {d.pipeline} from {p.active} ({p.active_version}) to version "
+        f"{target.version}?"
+    ):
+        d.echo(
+            f"not switched: {', '.join(current)} run {target.version} as standbys beside the "
+            f"active {p.active}; run `twinstream deploy {d.pipeline}` again to switch"
+        )
+        return record
+
+    takeover, cut = switch(d, p, target)
+    record.cutover = cut
+    record.switched_at = d.now().isoformat()
+    record.takeover_s = takeover.first_output_s or takeover.role_s
+    d.deploys.update(node, record)
+    d.echo(f"cutover: {record.text()}")
+
+    # The old active, stopped by the switch, restarts on the new version as a standby,
+    # from a snapshot a standby of the version takes now (or the one taken before).
+    source = next((e for e in current if e != takeover.new_active), None)
+    if source is not None:
+        record.snapshot = persist_new(d, source, target)
+    start_later(d, p.active, record.snapshot, target)
+    d.deploys.update(node, record)
+    d.echo(f"deployed {target.version} on every engine of {d.pipeline}: {record.text()}")
+    return record
+
+
+def _shape_changed(seen: Sequence[EngineView], p: Plan, target: Target) -> bool:
+    """Whether the active keeps another state shape than the target declares."""
+    active = next(v for v in seen if v.engine_id == p.active)
+    return active.state_shape != target.state_shape
+
+
+# -- ZooKeeper ---------------------------------------------------------------------------
+
+
+class ZooKeeperDeployLog:
+    """DeployLog under `/twinstream/<pipeline>/deploys`: one sequential znode per deploy
+    (`deploy-0000000003`), its Record as JSON, with the pipeline's ACL. `begin` of a
+    version whose last deploy is not switched yet continues that one: its start stays the
+    one recorded."""
+
+    def __init__(self, client: Any, path: str) -> None:
+        self._client = client
+        self._path = path
+
+    def _children(self) -> list[str]:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            return sorted(self._client.get_children(self._path))
+        except NoNodeError:
+            return []
+
+    def last(self) -> tuple[str, Record] | None:
+        children = self._children()
+        if not children:
+            return None
+        node = f"{self._path}/{children[-1]}"
+        data, _ = self._client.get(node)
+        return node, Record.from_json(data)
+
+    def begin(self, record: Record) -> tuple[str, Record]:
+        last = self.last()
+        if last is not None and last[1].version == record.version and not last[1].cutover:
+            return last
+        self._client.ensure_path(self._path)
+        node = self._client.create(f"{self._path}/deploy-", record.as_json(), sequence=True)
+        return str(node), record
+
+    def update(self, node: str, record: Record) -> None:
+        self._client.set(node, record.as_json())
+
+    def history(self) -> list[Record]:
+        out = []
+        for child in self._children():
+            data, _ = self._client.get(f"{self._path}/{child}")
+            out.append(Record.from_json(data))
+        return out
+
+
+@contextlib.contextmanager
+def zookeeper_log(settings: CommonSettings) -> Iterator[ZooKeeperDeployLog]:
+    """The pipeline's DeployLog with its own ZooKeeper session, closed after."""
+    from twinstream.core.election import zk_client
+
+    client = zk_client(settings.zookeeper())
+    client.start(timeout=15)
+    try:
+        yield ZooKeeperDeployLog(client, settings.deploys_path)
+    finally:
+        client.stop()
+        client.close()
+
+
+# -- the deploy's parts on a running stack (the CLI wires them) --------------------------
+
+
+def target_on_disk(settings: CommonSettings) -> Target:
+    """The version of the pipeline's code on disk now (imported, as a started engine will)
+    and its state's shape."""
+    from twinstream.platform import registry
+
+    pipeline = registry.load(settings)
+    return Target(str(registry.code_version(settings, pipeline)), pipeline.state_shape)
+
+
+def checkpoint_at(settings: CommonSettings, engine_id: str) -> dict[int, int] | None:
+    """Where the engine's checkpoint continues (its process stopped), per partition."""
+    from twinstream.engine import snapshot
+
+    ckpt = settings.checkpoint_dir(engine_id)
+    position = snapshot.checkpoint_position(ckpt, settings.inbound_topic) if ckpt.exists() else None
+    return None if position is None else dict(position.next_offsets)
+
+
+# Where a deploy keeps the checkpoint an engine of the old version left (until the next
+# deploy of that engine): evidence, never resumed (the engine waits for a restore).
+ASIDE_SUFFIX = ".before-deploy"
+
+
+def set_aside(settings: CommonSettings, engine_id: str) -> None:
+    from twinstream.platform import storage
+
+    ckpt = settings.checkpoint_dir(engine_id)
+    if not ckpt.exists():
+        return
+    aside = ckpt.with_name(ckpt.name + ASIDE_SUFFIX)
+    storage.remove_tree(aside)
+    storage.rename(ckpt, aside)
+
+
+def replay_problem(settings: CommonSettings) -> str | None:
+    """Why a replay of the retained inbound topic cannot rebuild the state from a window
+    back (TWINSTREAM_WINDOW_RETENTION_MS): Kafka's log of a partition begins after the
+    window's first record (retention deleted part of it), or may (its first record is
+    the window's first and records before it were deleted). None: it reaches."""
+    from twinstream.engine.positions import InboundWatermarks
+    from twinstream.platform.kafka import connection
+
+    marks = InboundWatermarks(connection(settings), settings.topics(), "deploy")
+    try:
+        starts = marks.log_starts()
+        at = marks.offsets_at(int(time.time() * 1000) - settings.window_retention_ms)
+    finally:
+        marks.close()
+    short = {p: s for p, s in sorted(starts.items()) if s > 0 and at.get(p, s) <= s}
+    if not short:
+        return None
+    hours = settings.window_retention_ms / 3_600_000
+    return (
+        f"Kafka's log of {settings.inbound_topic} begins at inbound offset "
+        f"{positions_text(short)}, where the window's first record is (or was deleted): "
+        f"retention does not reach back the {hours:g} h window "
+        f"(TWINSTREAM_WINDOW_RETENTION_MS). Raise the topic's retention.ms above the window "
+        "plus a margin (the check_kafka_retention DAG says how much) and deploy once it holds "
+        "a window, or keep the state's shape so that the new version resumes the old state"
+    )
+
+
+def pipeline_tests(settings: CommonSettings, skip: bool) -> str | None:
+    """Run the tests beside the pipeline's code (test_*.py in its module's folder) with
+    pytest: None when they pass, else the reason with pytest's last lines. No tests: None
+    when `skip`, else the reason and what to do."""
+    import subprocess
+    import sys
+
+    from twinstream.platform import registry
+
+    if skip:
+        return None
+    folder = registry.module_folder(settings)
+    tests = sorted(folder.glob("test_*.py")) + sorted(folder.glob("*_test.py"))
+    if not tests:
+        return (
+            f"there are no tests beside the pipeline's code in {folder} (test_*.py): write "
+            "some (`twinstream new-pipeline` writes a model), or deploy with --no-tests"
+        )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, tests)],
+        cwd=folder.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode == 0:
+        return None
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+    return f"pytest {' '.join(t.name for t in tests)} exited {done.returncode}:\n{tail}"
+
+
+class KafkaProgressMarks:
+    """ProgressMarks over the pipeline's progress topic, read_committed."""
+
+    def __init__(self, settings: CommonSettings) -> None:
+        self._settings = settings
+        self._ends: dict[int, int] = {}
+
+    def mark(self) -> None:
+        from twinstream.platform.kafka import partition_ends
+
+        self._ends = partition_ends(self._settings, self._settings.progress_topic)
+
+    def since(self) -> list[PublishedRange]:
+        from twinstream.edge.reader import read_committed
+
+        ranges = []
+        topic = self._settings.progress_topic
+        for record in read_committed(
+            self._settings, topic, self._ends, idle_timeout_s=2.0, partition=None
+        ):
+            try:
+                value = json.loads(record.raw)
+                first, last = int(value["first"]), int(value["last"])
+            except (ValueError, TypeError, KeyError):
+                continue  # not a range: no version to account for
+            ranges.append(
+                PublishedRange(
+                    record.partition,
+                    first,
+                    last,
+                    value.get("digest"),
+                    record.epoch,
+                    record.engine_id,
+                    record.timestamp_ms,
+                    record.version,
+                )
+            )
+        return ranges
+
+
+def on_stack(
+    stack: Settings,
+    name: str,
+    closing: contextlib.ExitStack,
+    *,
+    confirm: Callable[[str], bool],
+    echo: Echo = print,
+    no_tests: bool = False,
+    wait_s: float = 600.0,
+) -> tuple[Deployment, Target]:
+    """A deploy of pipeline `name` of the local stack (`stack`: its settings), with the
+    target on disk: its engines restarted through supervisord; every client closed by
+    `closing`. The CLI's and the deploy_pipeline DAG's."""
+    from twinstream.engine.client import EngineClient
+    from twinstream.ops.drill import KafkaEpochTail
+    from twinstream.platform import registry
+    from twinstream.stack.restart import EngineProcesses
+
+    settings = registry.chosen(stack, name)
+    token = settings.secret("admin_token")
+    target = target_on_disk(settings)
+    engines: dict[str, EngineApi] = {
+        e: closing.enter_context(EngineClient.from_settings(settings, e, token, 30.0))
+        for e in settings.engine_ids
+    }
+    deployment = Deployment(
+        pipeline=settings.pipeline,
+        engines=engines,
+        processes=EngineProcesses(stack, echo=echo),
+        deploys=closing.enter_context(zookeeper_log(settings)),
+        progress=KafkaProgressMarks(settings),
+        checkpoint_at=lambda e: checkpoint_at(settings, e),
+        set_aside=lambda e: set_aside(settings, e),
+        run_tests=lambda: pipeline_tests(settings, no_tests),
+        replay_problem=lambda: replay_problem(settings),
+        tail=lambda: KafkaEpochTail(settings),
+        confirm=confirm,
+        echo=echo,
+        wait_s=wait_s,
+    )
+    return deployment, target

@@ -1,0 +1,432 @@
+"""A deploy's steps with fake engines whose processes load the code 'on disk', a fake
+election and a fake deploy log: standbys first, one at a time; the first from its checkpoint
+(or a replay), the later ones from a snapshot of the new version with their own checkpoint
+set aside; the switch only on the operator's word; the old active last (issue 51)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.unit.fakes import FakeClock, pipeline_info, server_info
+from twinstream.core.agreement import PublishedRange
+from twinstream.engine.api import (
+    AgreementInfo,
+    BufferedRow,
+    Difference,
+    PipelineInfo,
+    RestoreReport,
+    ServerInfo,
+    ShadowInfo,
+    TimelineInfo,
+)
+from twinstream.engine.snapshot import Manifest
+from twinstream.ops import deploy
+from twinstream.ops.deploy import DeployError, Deployment, Record, Target
+
+OLD, NEW = "1+aaaaaaaaaaaa", "2+bbbbbbbbbbbb"
+SHAPE = "count BIGINT"
+
+
+@dataclass
+class Stack:
+    """The engines, their processes and the election, as one world: `disk` is the code a
+    started process loads; stopping the active's pipeline makes the first running standby
+    active with the next epoch."""
+
+    disk: str = NEW
+    engines: dict[str, FakeEngine] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+    snapshots: dict[str, str] = field(default_factory=dict)  # id -> version
+    epoch: int = 7
+
+    def add(self, engine_id: str, role: str, version: str = OLD) -> FakeEngine:
+        engine = FakeEngine(self, engine_id, role, version)
+        self.engines[engine_id] = engine
+        return engine
+
+    def elect(self) -> None:
+        if any(e.role == "active" for e in self.engines.values()):
+            return
+        for engine in self.engines.values():
+            if engine.state == "running" and engine.role == "standby":
+                self.epoch += 1
+                engine.role, engine.epoch = "active", self.epoch
+                return
+
+    # Processes
+    def stop(self, engine_id: str) -> None:
+        self.calls.append(f"stop {engine_id}")
+        engine = self.engines[engine_id]
+        engine.up, engine.role, engine.state = False, "none", "stopped"
+        self.elect()
+
+    def start(self, engine_id: str) -> None:
+        self.calls.append(f"start {engine_id}")
+        engine = self.engines[engine_id]
+        engine.up, engine.version = True, self.disk
+        if engine.checkpoint is None:
+            engine.state = "stopped"  # no checkpoint: waits for a restore
+        else:
+            engine.state, engine.role = "running", "standby"
+            self.elect()
+
+    def set_aside(self, engine_id: str) -> None:
+        self.calls.append(f"set aside {engine_id}")
+        self.engines[engine_id].checkpoint = None
+
+
+class FakeEngine:
+    def __init__(self, stack: Stack, engine_id: str, role: str, version: str) -> None:
+        self.stack, self.engine_id, self.role, self.version = stack, engine_id, role, version
+        self.state, self.up, self.epoch = "running", True, 7 if role == "active" else 0
+        self.checkpoint: dict[int, int] | None = {0: 100, 1: 90}
+        self.shape = SHAPE
+
+    def server(self) -> ServerInfo:
+        return server_info(
+            engine_id=self.engine_id,
+            role=self.role,
+            epoch=self.epoch,
+            pipeline_version=self.version,
+            state_shape=self.shape if self.version == OLD else self.stack_shape(),
+        )
+
+    def stack_shape(self) -> str:
+        return getattr(self.stack, "new_shape", SHAPE)
+
+    def pipeline(self) -> PipelineInfo:
+        shadow = None
+        if self.version == NEW and self.role == "standby":
+            shadow = ShadowInfo(
+                active_version=OLD,
+                version=NEW,
+                ranges_compared=40,
+                ranges_differing=12,
+                rows_compared=400,
+                ranges_read_back=3,
+                msg_ids_differing=35,
+                examples=[
+                    Difference(
+                        partition=0,
+                        msg_id=120,
+                        first=118,
+                        last=125,
+                        active_rows=[BufferedRow(msg_id=120, kind="out", key="k", value="v1")],
+                        engine_rows=[BufferedRow(msg_id=120, kind="out", key="k", value="v2")],
+                    )
+                ],
+            )
+        return pipeline_info(
+            state=self.state,
+            in_sync=self.state == "running",
+            lag=0,
+            published={0: 500, 1: 480},
+            agreement=AgreementInfo(state="shadow" if shadow else "unchecked", shadow=shadow),
+        )
+
+    def timeline(self) -> TimelineInfo:
+        raise NotImplementedError
+
+    def stop(self) -> PipelineInfo:
+        self.stack.calls.append(f"stop pipeline {self.engine_id}")
+        self.role, self.state = "none", "stopped"
+        self.stack.elect()
+        return pipeline_info(state="stopped")
+
+    def start(self) -> PipelineInfo:
+        raise NotImplementedError
+
+    def persist(self) -> Manifest:
+        assert self.role == "standby", "the active is never persisted"
+        snapshot_id = f"snap-{self.engine_id}-{len(self.stack.snapshots)}"
+        self.stack.snapshots[snapshot_id] = self.version
+        self.stack.calls.append(f"persist {self.engine_id} -> {snapshot_id}")
+        return Manifest(
+            snapshot_id=snapshot_id,
+            pipeline="hostmetrics",
+            engine_id=self.engine_id,
+            pipeline_version=self.version,
+            next_offset=300,
+            next_offsets={0: 300, 1: 280},
+            batch_id=3,
+            created_at="2026-11-29T00:00:00Z",
+            size_bytes=1,
+            buffer_rows=0,
+            buffer_last_msg_id=None,
+            files={},
+        )
+
+    def restore(self, snapshot: str) -> RestoreReport:
+        self.stack.calls.append(f"restore {self.engine_id} {snapshot}")
+        assert snapshot == "cold" or self.stack.snapshots[snapshot] == self.version
+        self.state, self.role, self.checkpoint = "running", "standby", {0: 0}
+        self.stack.elect()
+        start = {0: 40, 1: 30} if snapshot == "cold" else {0: 300, 1: 280}
+        return RestoreReport(
+            snapshot=snapshot,
+            next_offset=start[0],
+            log_start_offset=0,
+            pipeline=self.pipeline(),
+            next_offsets=start,
+        )
+
+    def buffer(self, last: int) -> list[BufferedRow]:
+        raise NotImplementedError
+
+    def metrics(self) -> str:
+        raise NotImplementedError
+
+    def override(self) -> PipelineInfo:
+        raise NotImplementedError
+
+
+class MemoryLog:
+    def __init__(self, records: list[Record] | None = None) -> None:
+        self.records = list(records or [])
+
+    def last(self) -> tuple[str, Record] | None:
+        return (str(len(self.records) - 1), self.records[-1]) if self.records else None
+
+    def begin(self, record: Record) -> tuple[str, Record]:
+        last = self.last()
+        if last is not None and last[1].version == record.version and not last[1].cutover:
+            return last
+        self.records.append(record)
+        return str(len(self.records) - 1), record
+
+    def update(self, node: str, record: Record) -> None:
+        self.records[int(node)] = record
+
+
+class Marks:
+    """The progress topic after the mark: version `old` up to 0:510 and 1:490, then `new`."""
+
+    def __init__(self, old: str = OLD, new: str = NEW) -> None:
+        self.marked = False
+        self.old, self.new = old, new
+
+    def mark(self) -> None:
+        self.marked = True
+
+    def since(self) -> list[PublishedRange]:
+        assert self.marked
+        return [
+            PublishedRange(0, 501, 510, "d", 7, "a", version=self.old),
+            PublishedRange(1, 481, 490, "d", 7, "a", version=self.old),
+            PublishedRange(0, 511, 530, "d", 8, "b", version=self.new),
+            PublishedRange(1, 491, 500, "d", 8, "b", version=self.new),
+        ]
+
+
+class Tail:
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+
+    def poll(self, timeout_s: float) -> int | None:
+        return self.stack.epoch
+
+
+def deployment(stack: Stack, log: MemoryLog | None = None, **kw: Any) -> Deployment:
+    @contextlib.contextmanager
+    def tail() -> Iterator[Tail]:
+        yield Tail(stack)
+
+    clock = FakeClock()
+    lines: list[str] = []
+    options: dict[str, Any] = {
+        "pipeline": "hostmetrics",
+        "engines": stack.engines,
+        "processes": stack,
+        "deploys": log if log is not None else MemoryLog(),
+        "progress": Marks(),
+        "checkpoint_at": lambda e: stack.engines[e].checkpoint,
+        "set_aside": stack.set_aside,
+        "run_tests": lambda: None,
+        "replay_problem": lambda: None,
+        "tail": tail,
+        "confirm": lambda question: True,
+        "echo": lines.append,
+        "clock": clock,
+        "sleep": clock.sleep,
+        **kw,
+    }
+    d = Deployment(**options)
+    d.lines = lines  # type: ignore[attr-defined]
+    return d
+
+
+TARGET = Target(NEW, SHAPE)
+
+
+def test_standbys_go_first_one_at_a_time_then_the_switch_then_the_old_active():
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby")
+    stack.add("c", "standby")
+    log = MemoryLog()
+    record = deploy.run(deployment(stack, log), TARGET)
+    assert stack.calls == [
+        # b: the first engine of version 2, on its own checkpoint (the shape is unchanged).
+        "stop b",
+        "start b",
+        # c: from a snapshot b (version 2) took, its own checkpoint set aside first.
+        "persist b -> snap-b-0",
+        "stop c",
+        "set aside c",
+        "start c",
+        "restore c snap-b-0",
+        # Every standby runs version 2: the switch; b leads.
+        "stop pipeline a",
+        # a: from a snapshot of c, the standby of version 2 left.
+        "persist c -> snap-c-1",
+        "stop a",
+        "set aside a",
+        "start a",
+        "restore a snap-c-1",
+    ]
+    assert {e.engine_id: (e.role, e.version) for e in stack.engines.values()} == {
+        "a": ("standby", NEW),
+        "b": ("active", NEW),
+        "c": ("standby", NEW),
+    }
+    # Where the new logic began (b's checkpoint), and the cutover from the progress topic.
+    assert (record.first_engine, record.rebuilt, record.start) == (
+        "b",
+        "checkpoint",
+        {0: 100, 1: 90},
+    )
+    assert record.cutover == {0: 510, 1: 490}
+    assert (record.version, record.previous) == (NEW, OLD)
+    assert log.records == [record]
+    assert "version 1+aaaaaaaaaaaa up to msg_id 0:510, 1:490, 2+bbbbbbbbbbbb after" in record.text()
+
+
+def test_with_one_standby_its_snapshot_is_taken_before_the_switch_for_the_old_active():
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby")
+    d = deployment(stack)
+    deploy.run(d, TARGET)
+    assert stack.calls == [
+        "stop b",
+        "start b",
+        # The active is never persisted: b's snapshot is taken while b is a standby.
+        "persist b -> snap-b-0",
+        "stop pipeline a",
+        "stop a",
+        "set aside a",
+        "start a",
+        "restore a snap-b-0",
+    ]
+    lines = "\n".join(d.lines)  # type: ignore[attr-defined]
+    # The shadow's summary, with an example of both versions' rows, before the switch.
+    assert "12 of 40 ranges differ" in lines
+    assert "old: v1" in lines
+    assert "new: v2" in lines
+
+
+def test_no_switch_without_the_operators_word():
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby")
+    asked: list[str] = []
+    d = deployment(stack, confirm=lambda q: asked.append(q) or False)
+    record = deploy.run(d, TARGET)
+    assert asked == [f"switch the lead of hostmetrics from a ({OLD}) to version {NEW}?"]
+    assert "stop pipeline a" not in stack.calls
+    assert record.cutover == {}
+    assert stack.engines["a"].role == "active"
+    # Run again: the recorded start stands, b is not restarted, and the switch follows.
+    stack.calls.clear()
+    log = d.deploys
+    again = deploy.run(deployment(stack, log), TARGET)  # type: ignore[arg-type]
+    assert again.start == record.start
+    assert stack.calls[:2] == ["persist b -> snap-b-1", "stop pipeline a"]
+
+
+def test_failing_tests_restart_nothing():
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby")
+    d = deployment(stack, run_tests=lambda: "1 failed: test_sessions_split_after_20_minutes")
+    with pytest.raises(DeployError, match="tests failed, nothing was restarted: 1 failed"):
+        deploy.run(d, TARGET)
+    assert stack.calls == []
+
+
+def test_a_changed_state_shape_replays_the_retained_input_or_is_refused():
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby")
+    stack.new_shape = "count BIGINT, last_ms BIGINT"  # type: ignore[attr-defined]
+    target = Target(NEW, "count BIGINT, last_ms BIGINT")
+    short = "Kafka's log of hostmetrics.in starts at 0:5,000, after now - 1 h (0:4,200)"
+    with pytest.raises(DeployError, match=r"shape changed .* retained input, and Kafka"):
+        deploy.run(deployment(stack, replay_problem=lambda: short), target)
+    assert stack.calls == []
+
+    record = deploy.run(deployment(stack), target)
+    assert stack.calls[:4] == ["stop b", "set aside b", "start b", "restore b cold"]
+    assert (record.rebuilt, record.start) == ("replay", {0: 40, 1: 30})
+
+
+def test_a_rollback_needs_the_version_before_on_disk():
+    stack = Stack(disk=OLD)
+    stack.add("a", "active", NEW)
+    stack.add("b", "standby", NEW)
+    done = Record(version=NEW, previous=OLD, started_at="t", start={0: 1}, cutover={0: 9})
+    with pytest.raises(DeployError, match="never deployed"):
+        deploy.run(deployment(stack), Target(OLD, SHAPE), rollback=True)
+    other = Target("3+cccccccccccc", SHAPE)
+    with pytest.raises(DeployError, match=r"version before the last deploy, 1\+aaa.*check"):
+        deploy.run(deployment(stack, MemoryLog([done])), other, rollback=True)
+    back = deployment(stack, MemoryLog([done]), progress=Marks(NEW, OLD))
+    record = deploy.run(back, Target(OLD, SHAPE), rollback=True)
+    assert (record.version, record.previous, record.rolled_back) == (OLD, NEW, True)
+
+
+@pytest.mark.parametrize(
+    ("engines", "match"),
+    [
+        ([("a", "active", OLD)], "has no standby"),
+        ([("a", "active", NEW), ("b", "standby", NEW)], "nothing to deploy"),
+        ([("a", "standby", OLD), ("b", "standby", OLD)], "exactly one running active"),
+    ],
+)
+def test_a_deploy_is_refused_when_it_could_stop_the_output_or_has_nothing_to_do(engines, match):
+    stack = Stack()
+    for engine_id, role, version in engines:
+        stack.add(engine_id, role, version)
+    with pytest.raises(DeployError, match=match):
+        deploy.run(deployment(stack), TARGET)
+    assert stack.calls == []
+
+
+def test_a_standby_not_in_sync_is_not_taken_out_of_the_election():
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby").state = "restoring"
+    with pytest.raises(DeployError, match="every standby must be running, in sync"):
+        deploy.run(deployment(stack), TARGET)
+
+
+def test_the_cutover_is_the_old_versions_last_msg_id_per_partition_and_never_interleaves():
+    ranges = [
+        PublishedRange(0, 1, 10, "d", version=OLD),
+        PublishedRange(0, 11, 20, "d", version=NEW),
+        PublishedRange(2, 5, 9, "d", version=OLD),
+    ]
+    # Partition 1 saw nothing after the mark: what the old active had published before.
+    assert deploy.cutover(ranges, NEW, {1: 77}) == {0: 10, 1: 77, 2: 9}
+    with pytest.raises(DeployError, match="interleaved"):
+        deploy.cutover([*ranges, PublishedRange(0, 21, 22, "d", version=OLD)], NEW, {})
+
+
+def test_a_record_survives_its_json():
+    record = Record(version=NEW, previous=OLD, started_at="t", start={0: 1, 2: 5}, cutover={1: 9})
+    assert Record.from_json(record.as_json()) == record
