@@ -430,3 +430,36 @@ def test_the_cutover_is_the_old_versions_last_msg_id_per_partition_and_never_int
 def test_a_record_survives_its_json():
     record = Record(version=NEW, previous=OLD, started_at="t", start={0: 1, 2: 5}, cutover={1: 9})
     assert Record.from_json(record.as_json()) == record
+
+
+def test_the_new_versions_own_tests_run_and_a_failure_says_which(tmp_path):
+    """pytest on the test_*.py beside the pipeline's module; none: refused unless told."""
+    import uuid
+
+    from twinstream.platform.settings import load_settings
+
+    package = f"deployed_{uuid.uuid4().hex[:8]}"
+    folder = tmp_path / package
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "pipeline.py").write_text("VERSION = '2'\n")
+    settings = load_settings(
+        pipeline="deployed",
+        pipeline_module=f"{package}.pipeline",
+        pipelines_file=tmp_path / "pipelines.toml",
+        state_dir=tmp_path / "state",
+    )
+    assert "no tests beside the pipeline's code" in str(deploy.pipeline_tests(settings, False))
+    assert deploy.pipeline_tests(settings, True) is None
+    test = folder / "test_pipeline.py"
+    test.write_text(
+        f"from {package}.pipeline import VERSION\n\ndef test_v():\n    assert VERSION == '2'\n"
+    )
+    assert deploy.pipeline_tests(settings, False) is None
+    test.write_text(
+        f"from {package}.pipeline import VERSION\n\ndef test_v():\n    assert VERSION == '3'\n"
+    )
+    failed = deploy.pipeline_tests(settings, False)
+    assert failed is not None
+    assert "pytest test_pipeline.py exited 1" in failed
+    assert "1 failed" in failed
