@@ -47,8 +47,16 @@ def _log_starts(settings: CommonSettings) -> Mapping[int, int]:
     return inbound_log_starts(settings)
 
 
+# One ZooKeeper session for what the page reads there: adapters' status nodes, deploys.
+_zookeeper = AdapterReader()
+
 app = create_app(
-    Sources(engines=_engine, log_starts=_log_starts, adapters=AdapterReader()),
+    Sources(
+        engines=_engine,
+        log_starts=_log_starts,
+        adapters=_zookeeper,
+        deploys=_zookeeper.last_deploy,
+    ),
     auth=requires_authenticated(),
 )
 

@@ -19,7 +19,7 @@ import pytest
 
 from devkit.harness import Pipeline, coverage, wait_for
 from twinstream.engine.api import EngineApi
-from twinstream.ops import deploy
+from twinstream.ops import deploy, deploy_log
 from twinstream.ops.drill import KafkaEpochTail
 from twinstream.platform import registry
 from twinstream.platform.versions import digest
@@ -240,7 +240,7 @@ def test_a_deploy_switches_the_lead_to_the_new_version_at_one_msg_id_per_partiti
         v2 = target.version
         assert v2 == f"2+{digest(folder)}" != v1
         lines: list[str] = []
-        with deploy.zookeeper_log(p.settings) as log:
+        with deploy_log.zookeeper_log(p.settings) as log:
             d = deploy.Deployment(
                 pipeline=p.settings.pipeline,
                 engines=Engines(p),

@@ -422,7 +422,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
     readers = AdapterReader(settings)
 
     def look() -> Overview:
-        return overview(pipelines, engine, adapters=readers)
+        return overview(pipelines, engine, adapters=readers, deploys=readers.last_deploy)
 
     def timelines() -> dict[str, PipelineTimeline]:
         return {name: timeline.read(name, s, engine) for name, s in pipelines.items()}

@@ -306,6 +306,9 @@ class PipelineView(BaseModel):
     audit: AuditView | None
     # The pipeline's publisher adapters, when it runs any.
     adapters: list[AdapterView] = Field(default_factory=list)
+    # Its last deploy (twinstream.ops.deploy_log.Record.text()): versions, where the new
+    # logic began, the cutover msg_id per partition; None: never deployed (or not read).
+    deploy: str | None = None
 
     def add_adapters(self, adapters: list[AdapterView]) -> None:
         """The publisher adapters; more than one active, or lines they could not publish,
@@ -693,15 +696,18 @@ def overview(
     clock: Callable[[], float] = time.time,
     with_history: bool = True,
     adapters: Callable[[CommonSettings], list[AdapterView]] | None = None,
+    deploys: Callable[[CommonSettings], str | None] | None = None,
 ) -> Overview:
     """Every pipeline of `pipelines` (name -> its settings); `adapters`, if given, reads a
-    pipeline's publisher adapters."""
+    pipeline's publisher adapters, `deploys` its last deploy (AdapterReader reads both)."""
     views = []
     for name, settings in pipelines.items():
         starts = log_starts(settings) if log_starts is not None and with_history else None
         view = pipeline_view(name, settings, engines, starts, clock, with_history)
         if adapters is not None:
             view.add_adapters(adapters(settings))
+        if deploys is not None:
+            view.deploy = deploys(settings)
         views.append(view)
     return Overview(
         generated_at=datetime.fromtimestamp(clock(), UTC).isoformat(timespec="seconds"),
@@ -711,11 +717,12 @@ def overview(
 
 class AdapterReader:
     """Reads pipelines' publisher adapters from their status nodes in ZooKeeper
-    (twinstream.edge.publisher.StatusBoard): what `twinstream status` and the operator page
-    both show. It connects on first use, with `settings` or else the first pipeline's
-    (ZooKeeper is the stack's), and again after a lost connection; when ZooKeeper does not
-    answer in `timeout_s` (or no password is configured) it reads none for `retry_s`, so a
-    page that polls every second never waits on it (the engines' table says more)."""
+    (twinstream.edge.publisher.StatusBoard), and their last deploys (`last_deploy`): what
+    `twinstream status` and the operator page both show. It connects on first use, with
+    `settings` or else the first pipeline's (ZooKeeper is the stack's), and again after a
+    lost connection; when ZooKeeper does not answer in `timeout_s` (or no password is
+    configured) it reads none for `retry_s`, so a page that polls every second never waits
+    on it (the engines' table says more)."""
 
     def __init__(
         self,
@@ -745,6 +752,21 @@ class AdapterReader:
         return [
             AdapterView(adapter_id=name, **status.model_dump()) for name, status in found.items()
         ]
+
+    def last_deploy(self, pipeline: CommonSettings) -> str | None:
+        """The pipeline's last deploy in a line (twinstream.ops.deploy_log), None if none
+        or ZooKeeper does not answer."""
+        from twinstream.ops.deploy_log import ZooKeeperDeployLog
+
+        client = self._connected(pipeline)
+        if client is None:
+            return None
+        try:
+            last = ZooKeeperDeployLog(client, pipeline.deploys_path).last()
+        except Exception as exc:
+            log.info("pipeline %s: deploys not read: %s", pipeline.pipeline, exc)
+            return None
+        return None if last is None else last[1].text()
 
     def _connected(self, pipeline: Connections) -> Any:
         from twinstream.core.election import zk_client

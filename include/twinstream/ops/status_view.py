@@ -191,6 +191,8 @@ def history(pipeline: PipelineView) -> Text:
             f"{audit.at}): {audit.summary}\n",
             style="" if audit.ok else "bold red",
         )
+    if pipeline.deploy is not None:
+        lines.append(f"  last deploy: {pipeline.deploy}\n")
     for problem in pipeline.problems:
         lines.append(f"  PROBLEM: {problem}\n", style="bold red")
     return lines

@@ -26,7 +26,8 @@ from twinstream.engine.api import (
 )
 from twinstream.engine.snapshot import Manifest
 from twinstream.ops import deploy
-from twinstream.ops.deploy import DeployError, Deployment, Record, Target
+from twinstream.ops.deploy import DeployError, Deployment, Target
+from twinstream.ops.deploy_log import Record
 
 OLD, NEW = "1+aaaaaaaaaaaa", "2+bbbbbbbbbbbb"
 SHAPE = "count BIGINT"

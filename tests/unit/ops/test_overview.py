@@ -425,3 +425,20 @@ def test_each_engine_shows_the_code_it_runs_and_one_whose_files_changed_is_a_war
     text = out.export_text()
     assert "2+0123456789ab" in text
     assert "CODE CHANGED ON DISK (now ffffffffffff)" in text
+
+
+def test_the_last_deploy_is_in_the_view_and_the_status_text(tmp_path: Path):
+    from twinstream.ops.status_view import history
+
+    answers = {"a": ACTIVE, "b": standby({0: 100, 1: 50}, 50, in_sync=True), "c": None, "d": None}
+    line = "2+bbb (from 1+aaa); version 1+aaa up to msg_id 0:510, 1:490, 2+bbb after"
+    seen = overview(
+        pipelines(tmp_path),
+        fake_engines(answers),
+        with_history=False,
+        deploys=lambda s: line if s.pipeline == "hostmetrics" else None,
+    )
+    host, pay = seen.pipelines
+    assert (host.deploy, pay.deploy) == (line, None)
+    assert f"last deploy: {line}" in history(host).plain
+    assert "last deploy" not in history(pay).plain

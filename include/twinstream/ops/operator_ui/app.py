@@ -86,6 +86,8 @@ class Sources:
     log_starts: Callable[[CommonSettings], Mapping[int, int] | None] | None = None
     # (pipeline's settings) -> its publisher adapters (twinstream.ops.overview.AdapterReader).
     adapters: Callable[[CommonSettings], list[AdapterView]] | None = None
+    # (pipeline's settings) -> its last deploy in a line (AdapterReader.last_deploy).
+    deploys: Callable[[CommonSettings], str | None] | None = None
     clock: Callable[[], float] = time.time
     _history: dict[str, _History] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -131,6 +133,7 @@ class Sources:
             clock=self.clock,
             with_history=False,
             adapters=self.adapters,
+            deploys=self.deploys,
         )
         for pipeline in seen.pipelines:
             history = self.history(pipeline.name)

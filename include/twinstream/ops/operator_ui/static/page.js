@@ -346,6 +346,10 @@ function pipelineSection(p) {
           : null,
       )
     : el("p", { class: "muted" }, "Not audited yet (audit_output_topic).");
+  // The last deploy: versions, where the new logic began, the cutover msg_id per partition.
+  const deploy = p.deploy
+    ? el("p", { class: "deploy", id: `deploy-${p.name}` }, `Last deploy: ${p.deploy}`)
+    : null;
   return el(
     "section",
     { "data-pipeline": p.name },
@@ -358,6 +362,7 @@ function pipelineSection(p) {
       action(`Failover drill of ${p.name}`, "failover_drill", { pipeline: p.name }, `drill-${p.name}`),
     ),
     p.problems.length ? el("ul", { class: "problems" }, p.problems.map((x) => el("li", { class: "fail" }, x))) : null,
+    deploy,
     engines,
     adaptersTable(p),
     timelineBox(p.name),
