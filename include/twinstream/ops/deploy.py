@@ -430,13 +430,39 @@ def _shape_changed(seen: Sequence[EngineView], p: Plan, target: Target) -> bool:
 # -- the deploy's parts on a running stack (the CLI wires them) --------------------------
 
 
-def target_on_disk(settings: CommonSettings) -> Target:
-    """The version of the pipeline's code on disk now (imported, as a started engine will)
-    and its state's shape."""
-    from twinstream.platform import registry
+# Prints the declared version and state shape of the pipeline `module[:attribute]` under
+# a folder (argv 1 and 2), as JSON: run in a fresh interpreter by target_on_disk.
+_READ_TARGET = (
+    "import json, sys; from pathlib import Path; from twinstream.contract import load; "
+    "p = load(sys.argv[1], Path(sys.argv[2])); print(json.dumps([p.version, p.state_shape]))"
+)
 
-    pipeline = registry.load(settings)
-    return Target(str(registry.code_version(settings, pipeline)), pipeline.state_shape)
+
+def target_on_disk(settings: CommonSettings) -> Target:
+    """The version of the pipeline's code on disk now and its state's shape, read as a
+    started engine reads them: imported by a fresh interpreter (this process may hold an
+    older import of the module), digested from the files."""
+    import subprocess
+    import sys
+
+    from twinstream.platform import registry
+    from twinstream.platform.versions import CodeVersion
+
+    spec, root = registry.module_spec(settings)
+    done = subprocess.run(
+        [sys.executable, "-c", _READ_TARGET, spec, str(root)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DeployError(
+            f"the pipeline's code on disk ({spec} under {root}) does not load: {why}. Fix it "
+            "(its own tests say more); nothing was restarted"
+        )
+    declared, shape = json.loads(done.stdout.strip().splitlines()[-1])
+    return Target(str(CodeVersion(declared, registry.code_digest(settings))), shape)
 
 
 def checkpoint_at(settings: CommonSettings, engine_id: str) -> dict[int, int] | None:

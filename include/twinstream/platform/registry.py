@@ -248,27 +248,26 @@ def _entry(settings: CommonSettings) -> Entry:
     return listed[settings.pipeline]
 
 
-def load(settings: CommonSettings) -> Pipeline:
-    """The pipeline these settings run: TWINSTREAM_PIPELINE_MODULE if set, else the
-    pipelines file's entry for TWINSTREAM_PIPELINE. Imports the pipeline's module."""
+def module_spec(settings: CommonSettings) -> tuple[str, Path]:
+    """The pipeline's `module[:attribute]` and the folder it is found under:
+    TWINSTREAM_PIPELINE_MODULE if set, else the pipelines file's entry for its name."""
     if settings.pipeline_module:
-        spec, root = settings.pipeline_module, settings.pipelines_file.parent
-    else:
-        entry = _entry(settings)
-        spec, root = entry.module, entry.root
+        return settings.pipeline_module, settings.pipelines_file.parent
+    entry = _entry(settings)
+    return entry.module, entry.root
+
+
+def load(settings: CommonSettings) -> Pipeline:
+    """The pipeline these settings run (module_spec). Imports the pipeline's module."""
     # The settings' name is the deployment's (topics, znodes): one declaration may run
     # under several names, as the tests run theirs.
-    return load_module(spec, root)
+    return load_module(*module_spec(settings))
 
 
 def module_folder(settings: CommonSettings) -> Path:
     """The folder of the pipeline's module, whose code its version digests (found, not
     imported)."""
-    if settings.pipeline_module:
-        spec, root = settings.pipeline_module, settings.pipelines_file.parent
-    else:
-        entry = _entry(settings)
-        spec, root = entry.module, entry.root
+    spec, root = module_spec(settings)
     add_to_path(root)
     name = spec.partition(":")[0]
     try:

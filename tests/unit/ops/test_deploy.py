@@ -464,3 +464,34 @@ def test_the_new_versions_own_tests_run_and_a_failure_says_which(tmp_path):
     assert failed is not None
     assert "pytest test_pipeline.py exited 1" in failed
     assert "1 failed" in failed
+
+
+def test_the_target_is_read_from_disk_by_a_fresh_interpreter_not_an_earlier_import(tmp_path):
+    """This process imported version 1; the files now say 2: the target is 2, as an engine
+    started now would load it; code that does not load is refused before any restart."""
+    import importlib
+    import uuid
+
+    from twinstream.ops import skeleton
+    from twinstream.platform import registry
+    from twinstream.platform.settings import load_settings
+    from twinstream.platform.versions import digest
+
+    name = f"deployed_{uuid.uuid4().hex[:8]}"
+    skeleton.write(name, tmp_path)
+    settings = load_settings(
+        pipeline=name,
+        pipeline_module=f"{name}.pipeline",
+        pipelines_file=tmp_path / "pipelines.toml",
+        state_dir=tmp_path / "state",
+    )
+    loaded = registry.load(settings)
+    assert loaded.version == "1"
+    code = tmp_path / name / "pipeline.py"
+    code.write_text(code.read_text().replace('version="1"', 'version="2"'))
+    target = deploy.target_on_disk(settings)
+    assert target == Target(f"2+{digest(tmp_path / name)}", loaded.keyed.state)  # type: ignore[union-attr]
+    assert importlib.import_module(f"{name}.pipeline").pipeline.version == "1"
+    code.write_text("raise RuntimeError('half-edited')\n")
+    with pytest.raises(DeployError, match=r"does not load: RuntimeError: half-edited.*nothing"):
+        deploy.target_on_disk(settings)
