@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 Echo = Callable[[str], None]
 
+# An engine's reason before its first start (twinstream.engine.lifecycle.Lifecycle).
+NOT_STARTED = "not started"
+
 # How the first engine of a new version rebuilds its state.
 CHECKPOINT = "checkpoint"
 REPLAY = "replay"
@@ -176,6 +179,12 @@ def await_in_sync(d: Deployment, engine_id: str, since: str) -> None:
     started = time.time()
     deadline = d.clock() + d.wait_s
     while True:
+        info = d.engines[engine_id].pipeline()
+        if info.state == "stopped" and info.reason == NOT_STARTED and d.clock() < deadline:
+            # Its admin API answers a moment before the engine starts its query.
+            d.echo(f"  engine {engine_id}: starting its query")
+            d.sleep(d.poll_s)
+            continue
         try:
             check = sync_check(d.engines[engine_id], started, d.wait_s, time.time(), since)
         except OperateError as exc:

@@ -70,6 +70,7 @@ class Stack:
         self.calls.append(f"start {engine_id}")
         engine = self.engines[engine_id]
         engine.up, engine.version = True, self.disk
+        engine.starting = engine.checkpoint is not None
         if engine.checkpoint is None:
             engine.state = "stopped"  # no checkpoint: waits for a restore
         else:
@@ -87,6 +88,7 @@ class FakeEngine:
         self.state, self.up, self.epoch = "running", True, 7 if role == "active" else 0
         self.checkpoint: dict[int, int] | None = {0: 100, 1: 90}
         self.shape = SHAPE
+        self.starting = False
 
     def server(self) -> ServerInfo:
         return server_info(
@@ -122,6 +124,10 @@ class FakeEngine:
                     )
                 ],
             )
+        if self.starting:
+            # Its API answers before its query starts: one look sees it not started.
+            self.starting = False
+            return pipeline_info(state="stopped", reason="not started")
         return pipeline_info(
             state=self.state,
             in_sync=self.state == "running",
@@ -326,6 +332,8 @@ def test_with_one_standby_its_snapshot_is_taken_before_the_switch_for_the_old_ac
     ]
     lines = "\n".join(d.lines)  # type: ignore[attr-defined]
     # The shadow's summary, with an example of both versions' rows, before the switch.
+    # Its API answered before its query started: awaited, not taken for a failure.
+    assert "engine b: starting its query" in lines
     assert "12 of 40 ranges differ" in lines
     assert "old: v1" in lines
     assert "new: v2" in lines
