@@ -344,7 +344,12 @@ def test_no_switch_without_the_operators_word():
     stack.add("a", "active")
     stack.add("b", "standby")
     asked: list[str] = []
-    d = deployment(stack, confirm=lambda q: asked.append(q) or False)
+
+    def refuse(question: str) -> bool:
+        asked.append(question)
+        return False
+
+    d = deployment(stack, confirm=refuse)
     record = deploy.run(d, TARGET)
     assert asked == [f"switch the lead of hostmetrics from a ({OLD}) to version {NEW}?"]
     assert "stop pipeline a" not in stack.calls
