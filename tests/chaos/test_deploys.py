@@ -1,0 +1,186 @@
+"""A deploy of a new version of a running pipeline's code under load (issue 51, points 2 and
+4), on real ZooKeeper, Kafka and Spark, its engines its own, stopped by pid.
+
+`make chaos` only (`chaos_only`: TWINSTREAM_CHAOS_FULL=1): its four engine starts and
+catch-ups take 6 to 9 minutes on two cores, past make test's budget, until engines start
+warm (issue 52). The deploy's steps, refusals and record are unit-tested in
+tests/unit/ops/test_deploy.py, and a takeover by an engine of the new version under load,
+exactly once with one version boundary per partition, in make test's
+tests/integration/test_versions.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from devkit.harness import Pipeline, wait_for
+from tests.integration.versioned import CHANGED, VERSIONED, versioned_package
+from twinstream.engine.api import EngineApi
+from twinstream.ops import deploy, deploy_log
+from twinstream.ops.drill import KafkaEpochTail
+from twinstream.platform import registry
+from twinstream.platform.versions import digest
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.chaos,
+    pytest.mark.usefixtures("quiet_stack_engines"),
+]
+
+
+# The new version's own test, beside its code: the deploy runs it first.
+V2_TEST = """from {package}.pipeline import pipeline
+
+
+def test_it_is_version_2():
+    assert pipeline.version == "2"
+"""
+
+
+def wait_published(p: Pipeline, ends: Mapping[int, int]) -> None:
+    """Until the active has published every partition's last inbound msg_id."""
+
+    def done() -> bool:
+        active = p.active()
+        if active is None:
+            return False
+        published = {int(q): m for q, m in active.get("/pipeline")["published"].items()}
+        return all(published.get(q, -1) >= end - 1 for q, end in ends.items() if end)
+
+    wait_for(done, 120, f"every partition published up to {dict(ends)}", every_s=0.5)
+
+
+class Engines(Mapping[str, EngineApi]):
+    """The pipeline's engines' admin APIs as they are now: a restarted engine is a new
+    process with a client of its own."""
+
+    def __init__(self, p: Pipeline) -> None:
+        self._p = p
+
+    def __getitem__(self, engine_id: str) -> EngineApi:
+        return self._p.engines[engine_id].client
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._p.engines)
+
+    def __len__(self) -> int:
+        return len(self._p.engines)
+
+
+class Processes:
+    """The harness's engine processes: stopped by pid (SIGTERM, awaited), started on the
+    code on disk and awaited until their admin API answers."""
+
+    def __init__(self, p: Pipeline) -> None:
+        self._p = p
+
+    def stop(self, engine_id: str) -> None:
+        self._p.engines[engine_id].stop()
+
+    def start(self, engine_id: str) -> None:
+        engine = self._p.start(engine_id)
+        wait_for(lambda: engine.try_get("/server"), 120, f"engine {engine_id} answering")
+        engine.remember_tree()
+
+
+@pytest.mark.chaos_only
+def test_a_deploy_switches_the_lead_to_the_new_version_at_one_msg_id_per_partition(
+    stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Version 1 active and standby under 100 events/s; version 2 written over it on disk
+    (same state, another output) with its own test. The deploy: tests, the standby on
+    version 2 from its checkpoint, a snapshot of it, the switch, the old active on version 2
+    from that snapshot. Every inbound offset is published once; every output up to the
+    cutover of its partition is version 1's as a reference run of version 1 gives it, every
+    one after it version 2's as a reference run of version 2 gives it; the headers say
+    which."""
+    package, folder = versioned_package(stack_env, VERSIONED)
+    reference_package, _ = versioned_package(stack_env, CHANGED)
+    v1 = f"1+{digest(folder)}"
+    # Two partitions: a cutover each. Every restart catches up what arrived meanwhile, on
+    # two cores beside the other JVM: a low rate keeps the scenario in make test's budget.
+    p = Pipeline(stack_env, tmp_path / "pipeline", module=f"{package}.pipeline", partitions=2)
+    try:
+        p.start_pair()
+        load = p.load(200_000, rate=100)
+        wait_for(lambda: load.sent > 500, 60, "input flowing")
+        # The owner's change: version 2, and its test.
+        (folder / "pipeline.py").write_text(CHANGED)
+        (folder / "test_pipeline.py").write_text(V2_TEST.format(package=package))
+        target = deploy.target_on_disk(p.settings)
+        v2 = target.version
+        assert v2 == f"2+{digest(folder)}" != v1
+        lines: list[str] = []
+        with deploy_log.zookeeper_log(p.settings) as log:
+            d = deploy.Deployment(
+                pipeline=p.settings.pipeline,
+                engines=Engines(p),
+                processes=Processes(p),
+                deploys=log,
+                progress=deploy.KafkaProgressMarks(p.settings),
+                checkpoint_at=lambda e: deploy.checkpoint_at(p.settings, e),
+                set_aside=lambda e: deploy.set_aside(p.settings, e),
+                run_tests=lambda: deploy.pipeline_tests(p.settings, skip=False),
+                replay_problem=lambda: deploy.replay_problem(p.settings),
+                tail=lambda: KafkaEpochTail(p.settings),
+                confirm=lambda question: True,
+                echo=lines.append,
+                wait_s=240,
+            )
+            record = deploy.run(d, target)
+            assert log.last() is not None
+            assert log.last()[1] == record  # type: ignore[index]
+        said = "\n".join(lines)
+        assert "ranges differ" in said, said  # the shadow's summary, before the switch
+        assert (record.version, record.previous, record.rebuilt) == (v2, v1, "checkpoint")
+        assert sorted(record.cutover) == [0, 1]
+        assert record.takeover_s is not None
+        assert record.takeover_s < 10
+        for engine in p.engines.values():
+            assert engine.get("/server")["pipeline_version"] == v2
+        # Output of version 2 after the switch, then the load ends.
+        wait_for(lambda: len(p.outputs()) > 0, 30, "output")
+        p.stop_load(load)
+        ends = p.inbound_ends()
+        wait_published(p, ends)
+
+        # Exactly once, per partition, by the progress topic.
+        counts: collections.Counter[tuple[int, int]] = collections.Counter()
+        for r in p.progress():
+            span = json.loads(r.value)
+            counts.update((r.partition, i) for i in range(span["first"], span["last"] + 1))
+        wanted = {(q, i) for q, end in ends.items() for i in range(end)}
+        assert sorted(wanted - set(counts))[:10] == []
+        assert sorted(k for k, c in counts.items() if c > 1)[:10] == []
+
+        # Each output as its own version's reference run gives it, and says its version.
+        old_rows = p.reference_by_position()
+        p.contract = registry.load(
+            p._settings(TWINSTREAM_PIPELINE_MODULE=f"{reference_package}.pipeline")
+        )
+        new_rows = p.reference_by_position()
+        s = p.settings
+        got: dict[tuple[int, int], list[tuple[str, str | None, str, str | None]]] = {}
+        for r in sorted(p.outputs(), key=lambda r: (r.topic, r.partition, r.offset)):
+            assert r.msg_id is not None
+            got.setdefault((r.partition, r.msg_id), []).append((r.topic, r.key, r.value, r.version))
+        assert set(old_rows) == wanted
+        switched = 0
+        for position in sorted(wanted):
+            partition, msg_id = position
+            after = msg_id > record.cutover[partition]
+            switched += after
+            rows, version = (new_rows, v2) if after else (old_rows, v1)
+            want = [
+                (s.outbound_topic if o.kind == "out" else s.dlq_topic, o.key, o.value, version)
+                for o in rows[position]
+            ]
+            assert got.get(position, []) == want, (position, record.cutover)
+        assert switched > 300  # version 2 published a good share of the input
+    finally:
+        p.discard()
