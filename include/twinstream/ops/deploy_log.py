@@ -111,13 +111,6 @@ class ZooKeeperDeployLog:
     def update(self, node: str, record: Record) -> None:
         self._client.set(node, record.as_json())
 
-    def history(self) -> list[Record]:
-        out = []
-        for child in self._children():
-            data, _ = self._client.get(f"{self._path}/{child}")
-            out.append(Record.from_json(data))
-        return out
-
 
 @contextlib.contextmanager
 def zookeeper_log(settings: CommonSettings) -> Iterator[ZooKeeperDeployLog]:
