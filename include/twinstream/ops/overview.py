@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -632,14 +633,23 @@ def pipeline_view(
     views: list[EngineView] = []
     infos: dict[str, PipelineInfo] = {}
     takeovers: dict[int, TakeoverView] = {}
-    for engine_id in settings.engine_ids:
+
+    def ask(engine_id: str) -> tuple[ServerInfo, PipelineInfo] | EngineError:
         try:
-            client = engines(settings, engine_id)
-            with client:
-                server, pipe = client.server(), client.pipeline()
+            with engines(settings, engine_id) as client:
+                return client.server(), client.pipeline()
         except EngineError as exc:
-            views.append(unanswered_view(name, engine_id, exc))
+            return exc
+
+    # Every engine at once: one after the other, a busy engine's slow answer (seconds, on a
+    # loaded machine) delayed every later engine's, and the page's view of a takeover.
+    with ThreadPoolExecutor(len(settings.engine_ids) or 1, "overview-engine") as pool:
+        answers = list(pool.map(ask, settings.engine_ids))
+    for engine_id, answer in zip(settings.engine_ids, answers, strict=True):
+        if isinstance(answer, EngineError):
+            views.append(unanswered_view(name, engine_id, answer))
             continue
+        server, pipe = answer
         views.append(engine_view(name, server.engine_id, server, pipe))
         infos[engine_id] = pipe
         for t in pipe.takeovers:
