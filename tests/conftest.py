@@ -20,9 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from devkit import pace
 from devkit.harness import Pipeline, example_pipeline, wait_for
+from twinstream.engine.client import EngineClient
+from twinstream.ops.overview import pipeline_view
 from twinstream.platform import registry
-from twinstream.platform.settings import REPO_ROOT, Settings
+from twinstream.platform.settings import REPO_ROOT, Connections, Settings
 from twinstream.stack import core
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor, at_once
@@ -62,6 +65,19 @@ TEST_ENV = {
     # benchmarks keep the JVM's default, which pays off over an engine's life.
     "TWINSTREAM_SPARK_CONF": "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Measured before any service starts, so that the stack's own load never loosens a
+    # bound; a subprocess (an engine, a DAG run) inherits the session's figure.
+    os.environ.setdefault(pace.ENV, f"{pace.measure():.2f}")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return (
+        f"pace {pace.pace():.2f}: time bounds x{pace.pace():.2f} "
+        f"(devkit/pace.py; {pace.ENV} to set it)"
+    )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -167,6 +183,16 @@ def stack(settings: Settings) -> Iterator[core.UpReport]:
         core.down(settings)
 
 
+def untroubled(settings: Settings) -> bool:
+    """True once `twinstream status` would name no problem of the pipeline, else False."""
+    token = settings.secret("admin_token")
+
+    def client(pipeline: Connections, engine_id: str) -> EngineClient:
+        return EngineClient.from_settings(pipeline, engine_id, token, 5.0)
+
+    return not pipeline_view(settings.pipeline, settings, client, with_history=False).problems
+
+
 def settled(settings: Settings) -> str | None:
     """The pipeline's active engine once its election has settled (one active, every other
     engine standby), else None."""
@@ -179,14 +205,19 @@ def settled(settings: Settings) -> str | None:
 @pytest.fixture(scope="module")
 def up_engines(stack, settings) -> None:
     """Every engine of every pipeline on the stack running under its supervisord, each
-    pipeline with one active and its other engines standby, as `up` leaves them: a no-op
-    right after `up` (these tests run first), else the stopped engines started again."""
+    pipeline with one active and its other engines standby that could take over (no problem
+    in `twinstream status`): the stopped engines started again, and waited for until each
+    standby is in sync."""
     supervisor = Supervisor(Layout.of(settings))
     # All at once: supervisord's start returns only after the program's `startsecs`.
     at_once(supervisor.start, [f"engine-{e}" for e in registry.engines(settings)])
     for each in registry.stack(settings).values():
         # Spark's start on two shared cores: minutes when four engines start at once.
         wait_for(partial(settled, each), 300, f"{each.pipeline}: one active engine")
+        # A standby restarted with its pipeline is in sync only once it has caught up: a
+        # problem in status until then (issue 49), which a test of status must not take
+        # for the stack's.
+        wait_for(partial(untroubled, each), 300, f"{each.pipeline}: no problem in status")
 
 
 @pytest.fixture(scope="module")
