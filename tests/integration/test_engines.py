@@ -22,6 +22,7 @@ from confluent_kafka import Producer
 
 from devkit import hostile
 from devkit.harness import EngineProcess, Pipeline, wait_for
+from devkit.pace import bound
 from pipelines.hostmetrics.generate import synthetic
 from tests.integration.engines import (
     assert_exactly_once_and_as_reference,
@@ -70,8 +71,9 @@ def test_both_engines_killed_at_once_the_gap_is_recomputed_and_published_once(
     output_back_s = (
         datetime.fromisoformat(first["at"]).timestamp() + first["first_commit_s"] - killed_at
     )
-    assert output_back_s <= DOUBLE_KILL_BOUND_S, (
-        f"output back {output_back_s:.1f} s after the double kill (bound {DOUBLE_KILL_BOUND_S} s)"
+    limit = bound(DOUBLE_KILL_BOUND_S)
+    assert output_back_s <= limit, (
+        f"output back {output_back_s:.1f} s after the double kill (bound {limit:.1f} s)"
     )
     repair = wait_for(
         lambda: next((r for r in b.get("/pipeline")["repairs"] if r["seconds"]), None),
@@ -257,7 +259,9 @@ def test_a_producer_that_is_no_engine_fencing_the_active_makes_it_resign_output_
     outputs = assert_exactly_once_and_as_reference(pipeline, pipeline.produced, first)
     epochs = {(r.engine_id, r.epoch) for r in outputs}
     assert (b.engine_id, fenced_epoch + 1) in epochs, "the standby took over from the fence"
-    assert resume_s < 5, f"the output resumed {resume_s:.1f}s after the foreign fence"
+    assert resume_s < bound(5), (
+        f"the output resumed {resume_s:.1f}s after the foreign fence (bound {bound(5):.1f} s)"
+    )
 
 
 def test_a_kill_9_of_the_active_hands_over_to_the_standby_within_5s_losing_nothing(
@@ -279,7 +283,7 @@ def test_a_kill_9_of_the_active_hands_over_to_the_standby_within_5s_losing_nothi
     pipeline.wait_published(pipeline.produced - 1)
 
     assert_exactly_once_and_as_reference(pipeline, pipeline.produced, first)
-    assert takeover_s < 5, f"takeover took {takeover_s:.1f}s"
+    assert takeover_s < bound(5), f"takeover took {takeover_s:.1f}s (bound {bound(5):.1f} s)"
 
 
 def fence_from_outside(

@@ -22,6 +22,7 @@ import pytest
 from devkit.browser import admin_password, chromium, open_twinstream_page
 from devkit.chaos import SteadyLoad, SupervisedEngines
 from devkit.harness import wait_for
+from devkit.pace import bound
 from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack.layout import Layout
 
@@ -137,7 +138,9 @@ def test_the_page_follows_a_kill_and_its_restore_button_starts_a_dag_run(
             new_active = badge.inner_text().removeprefix("active: ")
             print(f"the page named {new_active} active {shown_s:.2f} s after the kill -9")
             assert new_active != active
-            assert shown_s <= 5.0, f"the page took {shown_s:.2f} s to show the new active"
+            assert shown_s <= bound(5.0), (
+                f"the page took {shown_s:.2f} s to show the new active (bound {bound(5.0):.1f} s)"
+            )
             # The takeover is a mark on the chart: the new active's, of a newer epoch (the
             # killed engine's own marks went with it).
             marked = wait_for(
