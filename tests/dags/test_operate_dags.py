@@ -298,3 +298,28 @@ def engine_view_of(pipeline: str, engine_id: str, role: str, in_sync: bool):
     return EngineView(
         pipeline=pipeline, engine_id=engine_id, role=role, state="running", in_sync=in_sync
     )
+
+
+def test_a_deploy_prepares_asks_for_the_switch_then_switches(dags):
+    """deploy_pipeline: the tests and the standbys first, then a human-in-the-loop approval
+    that shows the shadow's summary (unanswered: no switch), then the switch."""
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = dags["deploy_pipeline"]
+    assert type(dag.timetable).__name__ == "NullTimetable"  # manual trigger only
+    assert dag.params.get_param("pipeline").schema["enum"] == ["hostmetrics", "payments"]
+    form = _form(dag, pipeline="payments")
+    assert (form["rollback"], form["run_tests"]) == (False, True)
+    with pytest.raises(ParamValidationError, match="pipeline"):
+        _form(dag, pipeline="nope")
+    with pytest.raises(ParamValidationError, match="wait_minutes"):
+        _form(dag, wait_minutes=0)
+    order = ["prepare", "approve_switch", "switch"]
+    for before, after in itertools.pairwise(order):
+        assert dag.task_dict[before].downstream_task_ids == {after}, (before, after)
+    approve = dag.task_dict["approve_switch"]
+    assert isinstance(approve, ApprovalOperator)
+    assert approve.defaults == ["Reject"]
+    assert approve.response_timeout == timedelta(days=1)
+    assert "summary" in approve.body

@@ -29,18 +29,19 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from twinstream.core.agreement import PublishedRange
 from twinstream.core.rows import positions_text
 from twinstream.engine.api import EngineApi, ShadowInfo
+from twinstream.engine.client import EngineClient
 from twinstream.ops.deploy_log import DeployLog, Record, zookeeper_log
 from twinstream.ops.drill import EpochTail, Takeover, stop_and_measure
 from twinstream.ops.operate import OperateError, observe, persist_from, sync_check
 from twinstream.ops.overview import EngineView
-from twinstream.platform.settings import CommonSettings, Settings
+from twinstream.platform.settings import CommonSettings, Connections, TaskSettings
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +285,24 @@ def shadow_text(shadow: ShadowInfo | None) -> list[str]:
             shown = "; ".join(r.value for r in rows[:3]) or "(no output)"
             lines.append(f"    {name}: {shown}")
     return lines
+
+
+def summary(d: Deployment, target: Target) -> list[str]:
+    """What the operator decides the switch on: which engines run the target beside the
+    active, and the shadow's difference summary of the first of them."""
+    seen = views(d)
+    on_target = [v for v in seen if v.role == "standby" and v.pipeline_version == target.version]
+    actives = [v.engine_id for v in seen if v.role == "active"]
+    if not on_target:
+        return [
+            f"no standby runs {target.version} (engines: {'; '.join(v.describe() for v in seen)})"
+        ]
+    shadow = d.engines[on_target[0].engine_id].pipeline().agreement.shadow
+    return [
+        f"version {target.version} runs on {', '.join(v.engine_id for v in on_target)} beside "
+        f"the active {', '.join(actives) or '(none)'}:",
+        *(f"  {line}" for line in shadow_text(shadow)),
+    ]
 
 
 def cutover(
@@ -599,34 +618,44 @@ class KafkaProgressMarks:
 
 
 def on_stack(
-    stack: Settings,
+    base: TaskSettings,
     name: str,
     closing: contextlib.ExitStack,
     *,
+    client: Callable[[Connections, str], EngineClient],
+    startup_timeout_s: float,
     confirm: Callable[[str], bool],
     echo: Echo = print,
     no_tests: bool = False,
     wait_s: float = 600.0,
 ) -> tuple[Deployment, Target]:
-    """A deploy of pipeline `name` of the local stack (`stack`: its settings), with the
-    target on disk: its engines restarted through supervisord; every client closed by
-    `closing`. The CLI's and the deploy_pipeline DAG's."""
-    from twinstream.engine.client import EngineClient
+    """A deploy of pipeline `name` of the local stack (`base`: the stack's settings as the
+    process reads them), with the target on disk: its engines' admin APIs through `client`
+    (the CLI's from the token, a DAG task's from Airflow's connections), restarted through
+    supervisord (each within `startup_timeout_s`); every client closed by `closing`. The
+    CLI's and the deploy_pipeline DAG's."""
+    from twinstream.engine.client import EngineError
     from twinstream.ops.drill import KafkaEpochTail
     from twinstream.platform import registry
     from twinstream.stack.restart import EngineProcesses
 
-    settings = registry.chosen(stack, name)
-    token = settings.secret("admin_token")
+    settings = registry.chosen(base, name)
     target = target_on_disk(settings)
     engines: dict[str, EngineApi] = {
-        e: closing.enter_context(EngineClient.from_settings(settings, e, token, 30.0))
-        for e in settings.engine_ids
+        e: closing.enter_context(client(settings, e)) for e in settings.engine_ids
     }
+
+    def answers(engine_id: str) -> str | None:
+        try:
+            engines[engine_id].server()
+        except EngineError as exc:
+            return exc.reason[:200]
+        return None
+
     deployment = Deployment(
         pipeline=settings.pipeline,
         engines=engines,
-        processes=EngineProcesses(stack, echo=echo),
+        processes=EngineProcesses(settings, answers, startup_timeout_s, echo=echo),
         deploys=closing.enter_context(zookeeper_log(settings)),
         progress=KafkaProgressMarks(settings),
         checkpoint_at=lambda e: checkpoint_at(settings, e),
@@ -639,3 +668,36 @@ def on_stack(
         wait_s=wait_s,
     )
     return deployment, target
+
+
+def task(params: Mapping[str, Any], *, switch: bool, echo: Echo = log.info) -> dict[str, Any]:
+    """A deploy_pipeline task on the local stack's machine: the run's pipeline deployed up
+    to the switch (`switch` False: its tests, then every standby on the code on disk, and
+    the summary the operator approves the switch on), or resumed through the switch
+    (`switch` True; the tests ran before the approval). A refusal fails the task at once,
+    naming the fix; the record is the deploy log's."""
+    from twinstream.engine.client import EngineError
+    from twinstream.ops.operate import airflow_engine, refusals_fail_fast
+    from twinstream.platform.settings import load
+    from twinstream.stack.core import StackError
+
+    with refusals_fail_fast(), contextlib.ExitStack() as closing:
+        try:
+            d, target = on_stack(
+                load(TaskSettings),
+                str(params["pipeline"]),
+                closing,
+                client=lambda settings, engine_id: airflow_engine(engine_id, settings),
+                startup_timeout_s=60.0 * int(params["start_minutes"]),
+                confirm=lambda question: switch,
+                echo=echo,
+                no_tests=switch or not params["run_tests"],
+                wait_s=60.0 * int(params["wait_minutes"]),
+            )
+            record = run(d, target, rollback=bool(params["rollback"]))
+            lines = summary(d, target)
+        except (StackError, EngineError) as exc:
+            raise DeployError(f"{exc}; the deploy stopped there") from exc
+    for line in lines:
+        echo(line)
+    return {"version": target.version, "record": asdict(record), "summary": "\n".join(lines)}

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from twinstream.platform import registry
-from twinstream.platform.settings import Settings, SettingsError
+from twinstream.platform.settings import Connections, Settings, SettingsError
 from twinstream.stack import health
 from twinstream.stack.core import StackError, wait_until_healthy
 from twinstream.stack.layout import Layout
@@ -113,42 +113,32 @@ def restart_engine(
 class EngineProcesses:
     """The local stack's engines as processes, for a deploy (twinstream.ops.deploy):
     `stop` returns once supervisord has stopped the program; `start` once the engine answers
-    its admin API (its pipeline may wait for a restore: the deploy looks at it then), within
-    TWINSTREAM_STARTUP_TIMEOUT_S. `settings` are the stack's."""
+    its admin API (`answers`: None once it does, else why not; its pipeline may wait for a
+    restore: the deploy looks at it then), within `timeout_s`. Only the stack's folder is
+    read from `settings` (the supervisord socket under it): the CLI and a DAG task on the
+    stack's machine alike."""
 
     def __init__(
         self,
-        settings: Settings,
+        settings: Connections,
+        answers: Callable[[str], str | None],
+        timeout_s: float,
         echo: Echo = print,
         supervisor: Any = None,
-        answers: Callable[[str], str | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self._settings = settings
         self._layout = Layout.of(settings)
         self._supervisor = supervisor if supervisor is not None else Supervisor(self._layout)
+        self._answers, self._timeout_s = answers, timeout_s
         self._echo = echo
-        self._answers = answers if answers is not None else self._probe
         self._clock, self._sleep = clock, sleep
         if not self._supervisor.is_running():
             raise StackError(
                 f"the local stack is not running (no supervisord at "
-                f"{self._layout.supervisor_socket}): start it with `make up`"
+                f"{self._layout.supervisor_socket}): start it with `make up`; under Docker "
+                "Compose a deploy is not built yet (README, Change a running pipeline)"
             )
-
-    def _probe(self, engine_id: str) -> str | None:
-        """None once the engine answers GET /server, else why not."""
-        from twinstream.engine.client import EngineClient, EngineError
-
-        settings = owner(self._settings, engine_id)
-        try:
-            token = settings.secret("admin_token")
-            with EngineClient.from_settings(settings, engine_id, token, 3.0) as client:
-                client.server()
-        except EngineError as exc:
-            return exc.reason[:200]
-        return None
 
     def stop(self, engine_id: str) -> None:
         program = engine_program(engine_id)
@@ -160,7 +150,7 @@ class EngineProcesses:
         self._echo(f"  starting {program}")
         self._supervisor.start(program, wait=False)
         started = self._clock()
-        deadline = started + self._settings.startup_timeout_s
+        deadline = started + self._timeout_s
         said = started
         while (why := self._answers(engine_id)) is not None:
             if self._supervisor.process(program).state == "FATAL":
@@ -170,7 +160,7 @@ class EngineProcesses:
                 )
             if self._clock() > deadline:
                 raise StackError(
-                    f"{program} does not answer after {self._settings.startup_timeout_s:.0f} s "
+                    f"{program} does not answer after {self._timeout_s:.0f} s "
                     f"({why}): read {self._layout.log_file(program)}"
                 )
             if self._clock() - said >= 10:

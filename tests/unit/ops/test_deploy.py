@@ -508,3 +508,59 @@ def test_the_target_is_read_from_disk_by_a_fresh_interpreter_not_an_earlier_impo
     code.write_text("raise RuntimeError('half-edited')\n")
     with pytest.raises(DeployError, match=r"does not load: RuntimeError: half-edited.*nothing"):
         deploy.target_on_disk(settings)
+
+
+def test_the_dags_tasks_prepare_then_switch_once_approved_and_a_refusal_fails_fast(monkeypatch):
+    """deploy_pipeline's two working tasks: the first runs the tests and brings every
+    standby to the new version, stopping before the switch with the summary the approval
+    shows; the second resumes through the switch without running the tests again."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    import twinstream.platform.settings as settings_module
+
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby")
+    log = MemoryLog()
+    asked: list[dict[str, Any]] = []
+
+    def on_stack(base, name, closing, *, client, startup_timeout_s, confirm, echo, **kw):
+        asked.append({"name": name, "startup_s": startup_timeout_s, **kw})
+        return deployment(stack, log, confirm=confirm, echo=echo), TARGET
+
+    monkeypatch.setattr(deploy, "on_stack", on_stack)
+    monkeypatch.setattr(settings_module, "load", lambda kind: None)
+    params = {
+        "pipeline": "hostmetrics",
+        "rollback": False,
+        "run_tests": True,
+        "start_minutes": 7,
+        "wait_minutes": 10,
+    }
+    lines: list[str] = []
+    prepared = deploy.task(params, switch=False, echo=lines.append)
+    assert "stop pipeline a" not in stack.calls
+    assert stack.engines["b"].version == NEW
+    assert stack.engines["a"].role == "active"
+    assert prepared["version"] == NEW
+    assert prepared["record"]["cutover"] == {}
+    assert "version 2+bbbbbbbbbbbb runs on b beside the active a:" in prepared["summary"]
+    assert "12 of 40 ranges differ" in prepared["summary"]
+    assert asked[0] == {
+        "name": "hostmetrics",
+        "startup_s": 420.0,
+        "no_tests": False,
+        "wait_s": 600.0,
+    }
+
+    switched = deploy.task(params, switch=True, echo=lines.append)
+    assert "stop pipeline a" in stack.calls
+    assert asked[1]["no_tests"] is True
+    assert switched["record"]["cutover"] == {0: 510, 1: 490}
+    assert {e.engine_id: e.version for e in stack.engines.values()} == {"a": NEW, "b": NEW}
+
+    alone = Stack()
+    alone.add("a", "active")
+    stack.engines, stack.calls = alone.engines, []
+    with pytest.raises(AirflowFailException, match="has no standby"):
+        deploy.task(params, switch=False, echo=lines.append)

@@ -65,7 +65,12 @@ def test_the_page_and_the_overview_need_the_airflow_login(client: TestClient):
     assert host["active"] == "a"
     assert [e["role"] for e in host["engines"]] == ["active", "standby"]
     assert pay["engines"][1]["unauthorized"] is True
-    assert set(body["actions"]) == {"persist_standby_state", "restore_and_resync", "failover_drill"}
+    assert set(body["actions"]) == {
+        "persist_standby_state",
+        "restore_and_resync",
+        "failover_drill",
+        "deploy_pipeline",
+    }
     client.cookies.clear()
     for path in (
         "/",
@@ -287,3 +292,16 @@ def test_the_page_shows_each_engines_agreement_and_a_disagreement_in_full(tmp_pa
     assert 'snapshot: "proven"' in row
     section = script[script.index("function pipelineSection") :]
     assert "disagreementRow(e, ENGINE_COLUMNS.length)" in section
+
+
+def test_a_pipeline_with_an_engine_on_other_code_than_its_files_offers_its_deploy():
+    """Issue 51: the page's Deploy button triggers deploy_pipeline for that pipeline, shown
+    only while an engine runs other code than its files (EngineView.stale)."""
+    from twinstream.ops.overview import EngineView
+
+    assert "stale" in EngineView.model_fields
+    script = (STATIC / "page.js").read_text()
+    section = script[script.index("function pipelineSection") :]
+    offered = section[: section.index("deploy-now-${p.name}")]
+    assert "p.engines.some((e) => e.stale)" in offered
+    assert '"deploy_pipeline", { pipeline: p.name }' in offered

@@ -193,9 +193,10 @@ def test_a_deploys_engine_start_waits_until_its_api_answers_and_names_a_failure(
     lines: list[str] = []
     processes = restart.EngineProcesses(
         settings,
+        answers=lambda e: next(answers),
+        timeout_s=settings.startup_timeout_s,
         echo=lines.append,
         supervisor=supervisor,
-        answers=lambda e: next(answers),
         clock=clock,
         sleep=clock.sleep,
     )
@@ -208,9 +209,16 @@ def test_a_deploys_engine_start_waits_until_its_api_answers_and_names_a_failure(
     supervisor.states["engine-b"] = "FATAL"
     supervisor.start = lambda name, wait=True: None  # type: ignore[method-assign]
     failing = restart.EngineProcesses(
-        settings, supervisor=supervisor, answers=lambda e: "refused", clock=clock, sleep=clock.sleep
+        settings,
+        answers=lambda e: "refused",
+        timeout_s=settings.startup_timeout_s,
+        supervisor=supervisor,
+        clock=clock,
+        sleep=clock.sleep,
     )
     with pytest.raises(StackError, match=r"keeps failing to start .* read .*engine-b"):
         failing.start("b")
     with pytest.raises(StackError, match="make up"):
-        restart.EngineProcesses(settings, supervisor=FakeSupervisor({}, running=False))
+        restart.EngineProcesses(
+            settings, lambda e: None, 60.0, supervisor=FakeSupervisor({}, running=False)
+        )

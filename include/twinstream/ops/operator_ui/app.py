@@ -61,6 +61,7 @@ ACTIONS = {
     "persist_standby_state": "Persist now",
     "restore_and_resync": "Restore and resync",
     "failover_drill": "Failover drill",
+    "deploy_pipeline": "Deploy the code on disk",
 }
 
 

@@ -360,6 +360,11 @@ function pipelineSection(p) {
       el("span", { class: p.active ? "role role-active" : "role role-none", id: `active-${p.name}` }, p.active ? `active: ${p.active}` : "no single active"),
       " ",
       action(`Failover drill of ${p.name}`, "failover_drill", { pipeline: p.name }, `drill-${p.name}`),
+      // An engine runs other code than its files: deploy_pipeline brings every engine to
+      // it with no gap; its switch waits for an approval in Airflow's Required actions.
+      p.engines.some((e) => e.stale)
+        ? action(`Deploy the code on disk to ${p.name}`, "deploy_pipeline", { pipeline: p.name }, `deploy-now-${p.name}`)
+        : null,
     ),
     p.problems.length ? el("ul", { class: "problems" }, p.problems.map((x) => el("li", { class: "fail" }, x))) : null,
     deploy,
