@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from twinstream.contract import ContractError
 from twinstream.core.rows import PARTITION_SHIFT
@@ -45,7 +45,10 @@ from twinstream.ops.audit import (
     cursor_file,
     find_problems,
     report_summary,
+    save_expectations,
+    saved_expectations,
     validate,
+    version_suites,
 )
 from twinstream.platform import registry
 from twinstream.platform.kafka import connection
@@ -88,6 +91,11 @@ def read_topic(
             F.expr(
                 "cast(cast(filter(headers, h -> h.key = 'msg_id')[0].value as string) as long)"
             ).alias("msg_id"),
+            # The version of the code that computed the record (null: published before
+            # records carried one).
+            F.expr("cast(filter(headers, h -> h.key = 'version')[0].value as string)").alias(
+                "version"
+            ),
             F.col("value").cast("string").alias("value"),
         )
     )
@@ -149,9 +157,11 @@ def write_report(
     validation: Validation | None,
     run_name: str = "",
     up_to: UpTo | None = None,
+    unchecked: list[str] | None = None,
 ) -> None:
     """What this audit found, pass or fail, machine-readable beside the cursor: the summary
-    names each failed expectation (what `twinstream status` shows of a failed audit)."""
+    names each failed expectation (what `twinstream status` shows of a failed audit), and
+    the versions whose outputs' values were not checked (their expectations never kept)."""
     expectations_met = validation is None or validation.success
     failed = [] if validation is None else validation.failed
     report = {
@@ -163,6 +173,7 @@ def write_report(
         "up_to": str(up_to or UpTo()),
         "expectations_met": expectations_met,
         "failed_expectations": failed,
+        "unchecked_versions": unchecked or [],
         "results": None if validation is None else str(validation.results_path),
         "data_docs": None if validation is None else str(validation.data_docs),
     }
@@ -244,21 +255,46 @@ def audit(
         write_report(cursor_path, args.run_id, findings, None, up_to=up_to)
         return findings, True
 
-    values = None
+    suites: list[tuple[str, list[Any], DataFrame]] = []
+    unchecked: list[str] = []
     if contract.expectations is not None:
-        values = (
-            out.where(F.col("msg_id") < per_partition(ends))
-            .select(
+        # Each version's outputs against its own expectations: the code on disk's now, and
+        # every other version's as kept when its code was on disk at an audit.
+        on_disk = str(registry.code_version(settings, contract))
+        now = contract.expectations()
+        save_expectations(settings.audit_dir, on_disk, contract.value_schema, now)
+        audited = out.where(F.col("msg_id") < per_partition(ends))
+        present = [r["version"] for r in audited.select("version").distinct().collect()]
+        plan, unchecked = version_suites(
+            present,
+            on_disk,
+            contract.value_schema,
+            now,
+            lambda v: saved_expectations(settings.audit_dir, v),
+        )
+        if unchecked:
+            log.warning(
+                "audit %s: the outputs of version %s are checked for exactly once but not "
+                "for their values: their expectations were never kept (no audit ran while "
+                "their code was on disk)",
+                settings.pipeline,
+                ", ".join(unchecked),
+            )
+        for suite in plan:
+            if suite.version is None:
+                chosen = audited.where(F.col("version").isNull() | (F.col("version") == on_disk))
+            else:
+                chosen = audited.where(F.col("version") == suite.version)
+            values = chosen.select(
                 # The msg_id a pipeline's transform saw: the record id (the partition
                 # above the offset, twinstream.core.rows.record_id; the offset on
                 # partition 0), which an output that carries its msg_id holds.
                 F.shiftleft(F.col("partition").cast("long"), PARTITION_SHIFT)
                 .bitwiseOR(F.col("msg_id"))
                 .alias("header_msg_id"),
-                F.from_json("value", contract.value_schema).alias("v"),
-            )
-            .select("header_msg_id", "v.*")
-        )
+                F.from_json("value", suite.value_schema).alias("v"),
+            ).select("header_msg_id", "v.*")
+            suites.append((suite.name, suite.expectations, values))
     run_name = (
         f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{at[0].next_msg_id if 0 in at else 0}-{ends.get(0, 0)}"
     )
@@ -266,9 +302,8 @@ def audit(
         settings.audit_dir,
         run_name,
         spans_df,
-        values,
         {p: (at[p].next_msg_id, ends[p]) for p in inbound},
-        contract.expectations() if contract.expectations is not None else None,
+        suites,
     )
     log.info(
         "audit %s: Great Expectations %s; result %s; Data Docs %s",
@@ -277,7 +312,7 @@ def audit(
         validation.results_path,
         validation.data_docs,
     )
-    write_report(cursor_path, args.run_id, findings, validation, run_name, up_to)
+    write_report(cursor_path, args.run_id, findings, validation, run_name, up_to, unchecked)
     if findings.ok and validation.success:
         cursor.moved(
             {

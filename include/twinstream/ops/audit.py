@@ -34,7 +34,7 @@ import bisect
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -524,17 +524,104 @@ def report_summary(findings: Audited, failed: Sequence[str], limit: int = 10) ->
     return f"{count} FAILED: {'; '.join(failed[:limit])}{more}. Coverage: {findings.summary()}"
 
 
+@dataclass(frozen=True)
+class VersionSuite:
+    """The value suite of one version's outputs: its suite's name, the version (None: the
+    code on disk, whose suite also takes outputs with no version header, published before
+    outputs carried one), the DDL its values are read with and its expectations."""
+
+    name: str
+    version: str | None
+    value_schema: str
+    expectations: list[Any]
+
+
+def _safe(version: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", version).strip("_") or "unversioned"
+
+
+def versions_dir(audit_dir: Path) -> Path:
+    """Where each audited version's value expectations are kept, one file a version."""
+    return audit_dir / "versions"
+
+
+def save_expectations(
+    audit_dir: Path, version: str, value_schema: str, expectations: Sequence[Any]
+) -> None:
+    """Keep the value expectations of `version` (the code on disk now), so that its outputs
+    are checked against them once another version's code replaced it on disk."""
+    folder = versions_dir(audit_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    kept = {
+        "version": version,
+        "value_schema": value_schema,
+        "expectations": [e.configuration.to_json_dict() for e in expectations],
+    }
+    path = folder / f"{_safe(version)}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(kept, indent=2))
+    os.replace(tmp, path)
+
+
+def saved_expectations(audit_dir: Path, version: str) -> tuple[str, list[Any]] | None:
+    """The value schema and expectations kept for `version`, or None if none were (its code
+    was never on disk at an audit)."""
+    path = versions_dir(audit_dir) / f"{_safe(version)}.json"
+    try:
+        kept = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    if kept.get("version") != version:
+        return None
+    from great_expectations.expectations.expectation_configuration import (
+        ExpectationConfiguration,
+    )
+
+    expectations = [
+        ExpectationConfiguration(
+            type=e["type"], kwargs=e.get("kwargs", {}), meta=e.get("meta")
+        ).to_domain_obj()
+        for e in kept["expectations"]
+    ]
+    return str(kept["value_schema"]), expectations
+
+
+def version_suites(
+    present: Iterable[str | None],
+    on_disk: str,
+    value_schema: str,
+    expectations: list[Any],
+    saved: Callable[[str], tuple[str, list[Any]] | None],
+) -> tuple[list[VersionSuite], list[str]]:
+    """A value suite per version whose outputs the audit reads (`present`, their version
+    headers): the code on disk's own expectations for its outputs (SUITE_VALUES, as before
+    any deploy) and every other version's kept ones for its outputs; and the versions
+    whose expectations were never kept (outputs checked for exactly once, not for their
+    values)."""
+    suites = [VersionSuite(SUITE_VALUES, None, value_schema, expectations)]
+    unchecked = []
+    for version in sorted({v for v in present if v and v != on_disk}):
+        kept = saved(version)
+        if kept is None:
+            unchecked.append(version)
+            continue
+        schema, theirs = kept
+        if theirs:
+            suites.append(VersionSuite(f"{SUITE_VALUES}_{_safe(version)}", version, schema, theirs))
+    return suites, unchecked
+
+
 def validate(
     gx_root: Path,
     run_name: str,
     ids_df: Any,
-    values_df: Any,
     ranges: Mapping[int, tuple[int, int]],
-    value_expectations: list[Any] | None = None,
+    value_suites: Sequence[tuple[str, list[Any], Any]] = (),
 ) -> Validation:
     """Run the suites on the (Spark) DataFrames with a file context under `gx_root`: the
-    coverage suite on the progress ranges, the pipeline's own on the values if it declares
-    any; keep the result as JSON and update the Data Docs."""
+    coverage suite on the progress ranges, and each (name, expectations, values) of
+    `value_suites` (the pipeline's own, a version's each); keep the result as JSON and
+    update the Data Docs."""
     import great_expectations as gx
 
     context = gx.get_context(mode="file", project_root_dir=str(gx_root))
@@ -543,8 +630,7 @@ def validate(
     statistics: dict[str, Any] = {}
     results: dict[str, Any] = {}
     suites = [(SUITE_IDS, id_expectations(ranges), ids_df)]
-    if value_expectations:
-        suites.append((SUITE_VALUES, value_expectations, values_df))
+    suites += [(name, expectations, df) for name, expectations, df in value_suites if expectations]
     for suite_name, expectations, df in suites:
         # New each run: the DataFrame is a batch parameter, the suite is this code.
         if suite_name in source.get_asset_names():

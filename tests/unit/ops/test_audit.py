@@ -456,3 +456,56 @@ def test_the_job_refuses_a_bad_up_to_before_spark_starts(capsys):
         _audit_job().main(["--up-to", "5000"])
     assert exited.value.code == 2
     assert "write 'committed'" in capsys.readouterr().err
+
+
+def test_each_versions_outputs_are_checked_against_its_own_kept_expectations(tmp_path: Path):
+    """Issue 51: after a deploy the audit reads outputs of two versions. The code on disk's
+    expectations check its own outputs (and those with no version header, published before
+    outputs carried one); another version's outputs are checked against the expectations
+    kept when its code was on disk, read back as the same expectations; a version whose
+    expectations were never kept is named, not checked against another version's."""
+    import great_expectations.expectations as gxe
+
+    from twinstream.ops.audit import (
+        SUITE_VALUES,
+        save_expectations,
+        saved_expectations,
+        version_suites,
+    )
+
+    old = [
+        gxe.ExpectColumnValuesToBeBetween(column="cpu", min_value=0, max_value=100),
+        gxe.ExpectColumnValuesToNotBeNull(column="host"),
+    ]
+    new = [gxe.ExpectColumnValuesToBeBetween(column="cpu_pct", min_value=0, max_value=1)]
+    save_expectations(tmp_path, "1+aaaaaaaaaaaa", "host STRING, cpu DOUBLE", old)
+    kept = saved_expectations(tmp_path, "1+aaaaaaaaaaaa")
+    assert kept is not None
+    schema, expectations = kept
+    assert schema == "host STRING, cpu DOUBLE"
+    assert [e.configuration.to_json_dict() for e in expectations] == [
+        e.configuration.to_json_dict() for e in old
+    ]
+    assert saved_expectations(tmp_path, "0+ffffffffffff") is None
+
+    suites, unchecked = version_suites(
+        [None, "2+bbbbbbbbbbbb", "1+aaaaaaaaaaaa", "0+ffffffffffff"],
+        "2+bbbbbbbbbbbb",
+        "host STRING, cpu_pct DOUBLE",
+        new,
+        lambda v: saved_expectations(tmp_path, v),
+    )
+    assert [(s.name, s.version, s.value_schema) for s in suites] == [
+        (SUITE_VALUES, None, "host STRING, cpu_pct DOUBLE"),
+        (f"{SUITE_VALUES}_1_aaaaaaaaaaaa", "1+aaaaaaaaaaaa", "host STRING, cpu DOUBLE"),
+    ]
+    assert suites[0].expectations is new
+    assert [type(e).__name__ for e in suites[1].expectations] == [
+        "ExpectColumnValuesToBeBetween",
+        "ExpectColumnValuesToNotBeNull",
+    ]
+    assert unchecked == ["0+ffffffffffff"]
+    # No other version read: the code on disk's suite alone, as before any deploy.
+    alone, none = version_suites([None], "2+bbbbbbbbbbbb", "x INT", new, lambda v: None)
+    assert [s.name for s in alone] == [SUITE_VALUES]
+    assert none == []
