@@ -161,6 +161,8 @@ def one_deploy(
             stack,
             "hostmetrics",
             closing,
+            client=deploy.token_client,
+            startup_timeout_s=stack.startup_timeout_s,
             confirm=confirm,
             echo=echo,
             no_tests=True,

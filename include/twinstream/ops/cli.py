@@ -629,14 +629,10 @@ def cmd_restart(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_deploy(settings: Settings, args: argparse.Namespace) -> int:
     """Bring every engine of one pipeline of the local stack to the code on disk, standbys
     first, then the lead at a transaction boundary (twinstream.ops.deploy)."""
-    from twinstream.engine.client import EngineClient, EngineError
+    from twinstream.engine.client import EngineError
     from twinstream.ops import deploy
     from twinstream.ops.operate import OperateError
     from twinstream.stack.core import StackError
-
-    def client(pipeline: Connections, engine_id: str) -> EngineClient:
-        token = pipeline.secret("admin_token")
-        return EngineClient.from_settings(pipeline, engine_id, token, 30.0)
 
     with contextlib.ExitStack() as closing:
         try:
@@ -644,7 +640,7 @@ def cmd_deploy(settings: Settings, args: argparse.Namespace) -> int:
                 settings,
                 args.name,
                 closing,
-                client=client,
+                client=deploy.token_client,
                 startup_timeout_s=settings.startup_timeout_s,
                 confirm=confirmer(args.yes),
                 no_tests=args.no_tests,

@@ -617,6 +617,12 @@ class KafkaProgressMarks:
         return ranges
 
 
+def token_client(settings: Connections, engine_id: str) -> EngineClient:
+    """An engine's admin API client from the settings' admin token (the CLI's, a
+    benchmark's); a DAG task's come from Airflow's connections instead."""
+    return EngineClient.from_settings(settings, engine_id, settings.secret("admin_token"), 30.0)
+
+
 def on_stack(
     base: TaskSettings,
     name: str,
