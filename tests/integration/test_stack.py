@@ -847,7 +847,13 @@ def test_remove_pipeline_deletes_a_throwaway_pipelines_topics_users_znode_and_ta
         fields: list[Any] = [ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{user}"]
         fields += [None, AclOperation.ANY, AclPermissionType.ANY]
         acls = AclBindingFilter(*fields)
-        assert admin.describe_acls(acls, request_timeout=30).result(timeout=30) == [], user
+        # A broker applies the controller's ACL deletion from the metadata log, moments
+        # later on a loaded machine: polled, as the topics' deletion is.
+        wait_for(
+            lambda a=acls: admin.describe_acls(a, request_timeout=30).result(timeout=30) == [],  # type: ignore[misc]
+            30,
+            f"{user}'s ACLs gone",
+        )
         described: Any = admin.describe_user_scram_credentials([user])
         with pytest.raises(KafkaException):
             described[user].result(timeout=30)
