@@ -322,4 +322,4 @@ def test_a_deploy_prepares_asks_for_the_switch_then_switches(dags):
     assert isinstance(approve, ApprovalOperator)
     assert approve.defaults == ["Reject"]
     assert approve.response_timeout == timedelta(days=1)
-    assert "summary" in approve.body
+    assert "summary" in str(approve.body)
