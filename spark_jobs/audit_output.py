@@ -91,9 +91,10 @@ def read_topic(
             F.expr(
                 "cast(cast(filter(headers, h -> h.key = 'msg_id')[0].value as string) as long)"
             ).alias("msg_id"),
-            # The version of the code that computed the record (null: published before
-            # records carried one).
-            F.expr("cast(filter(headers, h -> h.key = 'version')[0].value as string)").alias(
+            # The version of the code that computed the record; null when it carries none
+            # (published before records did, or copied without it): get() is NULL past the
+            # end where [0] fails the job under ANSI mode.
+            F.expr("cast(get(filter(headers, h -> h.key = 'version'), 0).value as string)").alias(
                 "version"
             ),
             F.col("value").cast("string").alias("value"),
