@@ -126,6 +126,22 @@ class EngineProcess:
     def pid(self) -> int:
         return self.proc.pid
 
+    def dump_threads(self) -> None:
+        """Have the engine write every Python thread's stack to its log (SIGUSR1,
+        spark_jobs/engine.py), if it still runs: what a stalled engine was doing."""
+        if self.proc.poll() is not None:
+            return
+        before = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGUSR1)
+        # Written from the signal's handler at once; a moment for it to reach the file
+        # before the test's teardown stops the engine (no failure if it does not).
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if self.log_path.exists() and self.log_path.stat().st_size > before:
+                return
+            time.sleep(0.1)
+
     @property
     def client(self) -> EngineClient:
         """The admin API's one client (twinstream.engine.client), made on first use."""
@@ -520,7 +536,15 @@ class Pipeline:
                 got = {int(p): v for p, v in (info.get(field) or {}).items()}
                 return all(got.get(p, -1) >= end - 1 for p, end in ends.items())
 
-            wait_for(caught_up, timeout_s, f"engine {engine.engine_id}: {field} {ends}", 0.5)
+            try:
+                wait_for(caught_up, timeout_s, f"engine {engine.engine_id}: {field} {ends}", 0.5)
+            except AssertionError as exc:
+                for each in engines:
+                    each.dump_threads()
+                raise AssertionError(
+                    f"{exc} (each engine's Python threads are at the end of its log: "
+                    f"{', '.join(str(e.log_path) for e in engines)})"
+                ) from None
 
     @staticmethod
     def wait_processed(last: int, *engines: EngineProcess, timeout_s: float = 180) -> None:

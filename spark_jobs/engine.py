@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import logging
 import signal
 import sys
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("py4j", "kazoo.client", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # `kill -USR1 <pid>` writes every Python thread's stack to the engine's log (stderr)
+    # and the engine goes on: how a stalled main loop or batch is seen without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         settings = registry.for_engine(load(EngineSettings), args.engine_id)
         port = settings.engine_admin_port(args.engine_id)
