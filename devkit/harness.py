@@ -8,6 +8,7 @@ import collections
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import statistics
@@ -139,8 +140,33 @@ class EngineProcess:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             if self.log_path.exists() and self.log_path.stat().st_size > before:
-                return
+                break
             time.sleep(0.1)
+        self._dump_jvm_threads()
+
+    def _dump_jvm_threads(self) -> None:
+        """The engine's JVM's threads too (jcmd Thread.print, where the JDK has it): a
+        batch stalled in Spark or its Kafka source shows only there."""
+        jcmd = shutil.which("jcmd")
+        if jcmd is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.pid).children(recursive=True):
+                if child.name() != "java":
+                    continue
+                with (
+                    self.log_path.open("ab") as out,
+                    contextlib.suppress(OSError, subprocess.TimeoutExpired),
+                ):
+                    out.write(f"\n--- jcmd {child.pid} Thread.print ---\n".encode())
+                    out.flush()
+                    subprocess.run(
+                        [jcmd, str(child.pid), "Thread.print"],
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        timeout=30,
+                        check=False,
+                    )
 
     @property
     def client(self) -> EngineClient:
