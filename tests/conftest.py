@@ -22,10 +22,10 @@ import pytest
 
 from devkit import pace
 from devkit.harness import Pipeline, example_pipeline, wait_for
-from twinstream.engine.client import EngineClient
+from twinstream.ops.deploy import token_client
 from twinstream.ops.overview import pipeline_view
 from twinstream.platform import registry
-from twinstream.platform.settings import REPO_ROOT, Connections, Settings
+from twinstream.platform.settings import REPO_ROOT, Settings
 from twinstream.stack import core
 from twinstream.stack.layout import Layout
 from twinstream.stack.supervisor import Supervisor, at_once
@@ -185,12 +185,8 @@ def stack(settings: Settings) -> Iterator[core.UpReport]:
 
 def untroubled(settings: Settings) -> bool:
     """True once `twinstream status` would name no problem of the pipeline, else False."""
-    token = settings.secret("admin_token")
-
-    def client(pipeline: Connections, engine_id: str) -> EngineClient:
-        return EngineClient.from_settings(pipeline, engine_id, token, 5.0)
-
-    return not pipeline_view(settings.pipeline, settings, client, with_history=False).problems
+    view = pipeline_view(settings.pipeline, settings, token_client, with_history=False)
+    return not view.problems
 
 
 def settled(settings: Settings) -> str | None:

@@ -417,10 +417,8 @@ def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
         d.deploys.update(node, record)
         await_in_sync(d, current[0], f"snapshot {record.snapshot}")
 
-    shadow = d.engines[current[0]].pipeline().agreement.shadow
-    d.echo(f"version {target.version} runs on {', '.join(current)} beside {p.active}:")
-    for line in shadow_text(shadow):
-        d.echo(f"  {line}")
+    for line in summary(d, target):
+        d.echo(line)
     if not d.confirm(
         f"switch the lead of {d.pipeline} from {p.active} ({p.active_version}) to version "
         f"{target.version}?"
@@ -701,9 +699,9 @@ def task(params: Mapping[str, Any], *, switch: bool, echo: Echo = log.info) -> d
                 wait_s=60.0 * int(params["wait_minutes"]),
             )
             record = run(d, target, rollback=bool(params["rollback"]))
+            # run() has logged it before its question; read again for the XCom (after a
+            # switch: the engines as they are now).
             lines = summary(d, target)
         except (StackError, EngineError) as exc:
             raise DeployError(f"{exc}; the deploy stopped there") from exc
-    for line in lines:
-        echo(line)
     return {"version": target.version, "record": asdict(record), "summary": "\n".join(lines)}
