@@ -264,6 +264,20 @@ class EngineProcess:
             self._client = None
 
 
+def reached(info: dict[str, Any], ends: dict[int, int], field: str = "processed") -> bool:
+    """Whether an engine's GET /pipeline answer (`info`) has processed (or, field=
+    "published", knows published) every record below each partition's `ends`. Processed
+    counts a partition its query has read to the end (`read_up_to`) too: an engine restarted
+    with its checkpoint at the topic's end processes no row again, and its `processed` stays
+    empty (the three-engine agreement test waited for ever on such an engine)."""
+    got = {int(p): v for p, v in (info.get(field) or {}).items()}
+    read = {int(p): v for p, v in (info.get("read_up_to") or {}).items()}
+    return all(
+        got.get(p, -1) >= end - 1 or (field == "processed" and read.get(p, 0) >= end)
+        for p, end in ends.items()
+    )
+
+
 class Load(threading.Thread):
     """`records` to the inbound topic at `rate`/s in the background, until they run out or
     `stop()` is called; `sent` counts the records handed to the producer (each one
@@ -553,14 +567,12 @@ class Pipeline:
         self, *engines: EngineProcess, field: str = "processed", timeout_s: float = 180
     ) -> None:
         """Wait until each engine has processed (or, field="published", knows published)
-        every record the inbound partitions hold now."""
+        every record the inbound partitions hold now (`reached`)."""
         ends = {p: end for p, end in self.inbound_ends().items() if end > 0}
         for engine in engines:
 
             def caught_up(e: EngineProcess = engine) -> bool:
-                info = e.try_get("/pipeline") or {}
-                got = {int(p): v for p, v in (info.get(field) or {}).items()}
-                return all(got.get(p, -1) >= end - 1 for p, end in ends.items())
+                return reached(e.try_get("/pipeline") or {}, ends, field)
 
             try:
                 wait_for(caught_up, timeout_s, f"engine {engine.engine_id}: {field} {ends}", 0.5)

@@ -172,6 +172,10 @@ class PipelineInfo(BaseModel):
     # as this engine knows it. With one partition, the last_msg_id_* fields say the same.
     processed: dict[int, int] = Field(default_factory=dict)
     published: dict[int, int] = Field(default_factory=dict)
+    # Per inbound partition: the next offset the query will read (its last batch's end).
+    # An engine restarted with its checkpoint at the topic's end has processed nothing
+    # since (`processed` is empty) and yet has read everything: this says so.
+    read_up_to: dict[int, int] = Field(default_factory=dict)
     takeovers: list[TakeoverInfo] = Field(default_factory=list)
     # Per inbound partition: the rows its buffer holds (against `buffer_size` each).
     buffer_fills: dict[int, int] = Field(default_factory=dict)

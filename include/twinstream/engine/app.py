@@ -873,6 +873,7 @@ class Engine:
             agreement=agreement,
             lag_s=self.sync.lag_s,
             cover=cover,
+            read_up_to=self._query_position(),
         )
 
     def metrics(self) -> str:

@@ -41,6 +41,7 @@ def pipeline_info(
     lag_s: float | None = None,
     cover: Cover | None = None,
     now: float | None = None,
+    read_up_to: dict[int, int] | None = None,
 ) -> PipelineInfo:
     """The engine's pipeline as GET /pipeline answers it; `quarantined` maps record ids
     (twinstream.core.rows.record_id) to reasons."""
@@ -75,6 +76,7 @@ def pipeline_info(
         restored_from=restored_from,
         processed=status.processed,
         published=status.published,
+        read_up_to=read_up_to or {},
         takeovers=[
             TakeoverInfo(
                 epoch=t.epoch,

@@ -426,3 +426,11 @@ def test_pipeline_info_gives_positions_per_partition_or_the_scalar_of_one():
     many = fakes.pipeline_info(processed={0: 9, 1: 4}, published={1: 3})
     assert many.processed_positions() == {0: 9, 1: 4}
     assert many.published_positions() == {1: 3}
+
+
+def test_pipeline_info_says_how_far_the_query_has_read_per_partition():
+    """An engine restarted at the topic's end processes nothing: `read_up_to` still says
+    it has read everything (the harness's catch-up wait reads it)."""
+    info = fakes.pipeline_info(processed={}, read_up_to={0: 100, 1: 50})
+    assert info.model_dump()["read_up_to"] == {0: 100, 1: 50}
+    assert fakes.pipeline_info().read_up_to == {}
