@@ -411,7 +411,15 @@ def test_an_http_client_that_retries_after_a_timeout_does_not_duplicate_a_record
     try:
         active = wait_for(lambda: _active(pipeline, ["a", "b"]), 60, "one publisher active")
         other = "b" if active == "a" else "a"
-        assert send(ports[other], 10) == 503  # the standby sends the client to the active
+        # The standby sends the client to the active, once it listens: an adapter's
+        # election may end before the other's HTTP server is up (a slow CI machine's run
+        # found no one listening).
+        standby = wait_for(
+            lambda: [s for s in (send(ports[other], 10),) if s is not None],
+            bound(60),
+            "the standby adapter answering",
+        )
+        assert standby == [503]
         # The active logs its win before it has fenced and read where to resume: until then
         # it answers 503 too, publishing nothing (seen once in a fresh-clone make test).
         first = wait_for(
