@@ -78,10 +78,10 @@ def assert_exactly_once(engines: SupervisedEngines, firsts: dict[int, int], sent
 
 
 # Each round: takeover, supervisord's restart, Spark's start and catch-up (about a minute).
-# `make chaos` only (68 s of `make test` for its one round): in `make test` successive kill -9
-# failovers under load are tests/integration/test_agreement.py's three engines (two kills,
-# the killed engines back, exactly once), and a stack engine killed and restarted by
-# supervisord is the operator page's test.
+# `make chaos` only (68 s of `make test` for its one round): in `make test` a kill -9
+# handover under load and a double kill are tests/integration/test_engines.py's, and a stack
+# engine killed and restarted by supervisord is the operator page's test. Successive kills
+# of engines run only in `make chaos`: here and in tests/chaos/test_three_engines.py.
 @pytest.mark.chaos_only
 @pytest.mark.timeout(600 + 240 * FAILOVERS)
 def test_kill9_failovers_alternate_between_the_engines_and_lose_nothing(engines, settings):
