@@ -36,7 +36,7 @@ import logging
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +69,40 @@ def zk_client(zk: ZooKeeperConnection, **overrides: Any) -> KazooClient:
         "connection_retry": {"max_tries": -1, "delay": 0.2, "max_delay": 2.0},
     }
     return KazooClient(**{**options, **overrides})
+
+
+class ZooKeeperUnreachable(RuntimeError):
+    """A short-lived session (an operator's command, a DAG task) found no ZooKeeper."""
+
+
+@contextlib.contextmanager
+def zk_session(
+    zk: ZooKeeperConnection,
+    timeout_s: float = 15.0,
+    client_of: Callable[[ZooKeeperConnection], KazooClient] = zk_client,
+) -> Iterator[KazooClient]:
+    """A started client for one command's work, stopped and closed after. A ZooKeeper
+    that does not answer within `timeout_s` is a ZooKeeperUnreachable that names its hosts
+    and the fix, not kazoo's bare timeout (a command's traceback said only "Connection
+    time-out")."""
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    client = client_of(zk)
+    try:
+        client.start(timeout=timeout_s)
+    except KazooTimeoutError:
+        client.stop()
+        client.close()
+        raise ZooKeeperUnreachable(
+            f"ZooKeeper at {zk.hosts} did not answer within {timeout_s:.0f} s: is the stack "
+            "running? (`make status` says; `make up` starts it, TWINSTREAM_ZK_CONNECT "
+            "names another ensemble)"
+        ) from None
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
 
 
 ROOT = "/twinstream"

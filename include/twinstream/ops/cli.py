@@ -484,13 +484,11 @@ def parse_record(text: str) -> int:
 
 
 def cmd_quarantine(settings: CommonSettings, args: argparse.Namespace) -> int:
-    from twinstream.core.election import zk_client
+    from twinstream.core.election import zk_session
     from twinstream.core.quarantine import QuarantineStore
     from twinstream.core.rows import record_text
 
-    client = zk_client(settings.zookeeper())
-    client.start(timeout=15)
-    try:
+    with zk_session(settings.zookeeper()) as client:
         store = QuarantineStore(client, settings.quarantine_path)
         if args.action == "list":
             entries = store.entries()
@@ -518,9 +516,6 @@ def cmd_quarantine(settings: CommonSettings, args: argparse.Namespace) -> int:
             "publish its raw bytes again (the dead letter's `raw`, base64)."
         )
         return 0
-    finally:
-        client.stop()
-        client.close()
 
 
 def cmd_override(settings: CommonSettings, args: argparse.Namespace) -> int:

@@ -115,12 +115,8 @@ class ZooKeeperDeployLog:
 @contextlib.contextmanager
 def zookeeper_log(settings: CommonSettings) -> Iterator[ZooKeeperDeployLog]:
     """The pipeline's DeployLog with its own ZooKeeper session, closed after."""
-    from twinstream.core.election import zk_client
+    from twinstream.core.election import zk_session
 
-    client = zk_client(settings.zookeeper())
-    client.start(timeout=15)
-    try:
+    with zk_session(settings.zookeeper()) as client:
         yield ZooKeeperDeployLog(client, settings.deploys_path)
-    finally:
-        client.stop()
         client.close()

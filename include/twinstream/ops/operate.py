@@ -75,16 +75,11 @@ def observe(engine: EngineApi, pipeline: str) -> EngineView:
 def zk_leader(settings: CommonSettings) -> str | None:
     """The engine id holding the election (the first contender), read with the pipeline's
     ZooKeeper credentials; None when nobody holds it."""
-    from twinstream.core.election import zk_client
+    from twinstream.core.election import zk_session
 
-    client = zk_client(settings.zookeeper())
-    client.start(timeout=15)
-    try:
+    with zk_session(settings.zookeeper()) as client:
         contenders = client.Election(settings.election_path).contenders()
         return str(contenders[0]) if contenders else None
-    finally:
-        client.stop()
-        client.close()
 
 
 def pick_standby(views: Iterable[EngineView], leader: str | None) -> str:

@@ -515,3 +515,59 @@ def test_entering_the_election_starts_only_a_client_that_is_not_running(client_s
     assert election._thread is not None
     election._thread.join(5)
     assert getattr(client, "starts", 0) == starts
+
+
+class _Unanswered:
+    """A kazoo client whose ZooKeeper never answers."""
+
+    def __init__(self) -> None:
+        self.stopped = self.closed = False
+
+    def start(self, timeout: float) -> None:
+        from kazoo.handlers.threading import KazooTimeoutError
+
+        raise KazooTimeoutError("Connection time-out")
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_short_session_to_a_zookeeper_that_never_answers_names_the_hosts_and_the_fix():
+    from twinstream.core.election import ZooKeeperUnreachable, zk_session
+    from twinstream.platform.connections import ZooKeeperConnection
+
+    client = _Unanswered()
+    zk = ZooKeeperConnection("127.0.0.1:1", 1.0, "twinstream", "secret")
+    with (
+        pytest.raises(ZooKeeperUnreachable, match=r"127\.0\.0\.1:1 did not answer.*make up"),
+        zk_session(zk, timeout_s=0.1, client_of=lambda _zk: client),
+    ):
+        pass
+    # No reconnecting thread left behind.
+    assert client.stopped
+    assert client.closed
+
+
+def test_a_short_session_is_stopped_and_closed_after_its_work():
+    from twinstream.core.election import zk_session
+    from twinstream.platform.connections import ZooKeeperConnection
+
+    class Answered(_Unanswered):
+        def start(self, timeout: float) -> None:
+            pass
+
+    client = Answered()
+    zk = ZooKeeperConnection("127.0.0.1:1", 1.0, "twinstream", "secret")
+
+    def work() -> None:
+        with zk_session(zk, client_of=lambda _zk: client) as got:
+            assert got is client
+            raise KeyError("the command's own error")
+
+    with pytest.raises(KeyError):
+        work()
+    assert client.stopped
+    assert client.closed
