@@ -1,8 +1,9 @@
-"""A deploy of a new version of a running pipeline's code under load (issue 51, points 2 and
-4), on real ZooKeeper, Kafka and Spark, its engines its own, stopped by pid.
+"""A deploy of a new version of a running pipeline's code under load, and a rollback (issue
+51, points 2, 4 and 5), on real ZooKeeper, Kafka and Spark, its engines its own, stopped by
+pid.
 
-`make chaos` only (`chaos_only`: TWINSTREAM_CHAOS_FULL=1): its four engine starts and
-catch-ups take 6 to 9 minutes on two cores, past make test's budget, until engines start
+`make chaos` only (`chaos_only`: TWINSTREAM_CHAOS_FULL=1): a deploy's four engine starts and
+catch-ups take 6 to 9 minutes on two cores (a rollback twice that), past make test's budget, until engines start
 warm (issue 52). The deploy's steps, refusals and record are unit-tested in
 tests/unit/ops/test_deploy.py, and a takeover by an engine of the new version under load,
 exactly once with one version boundary per partition, in make test's
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,82 @@ class Processes:
         engine.remember_tree()
 
 
+V1_TEST = """from {package}.pipeline import pipeline
+
+
+def test_it_is_version_1():
+    assert pipeline.version == "1"
+"""
+
+
+def deployment(
+    p: Pipeline, log: deploy_log.ZooKeeperDeployLog, lines: list[str]
+) -> deploy.Deployment:
+    """`twinstream deploy --yes`'s steps on the harness's engines."""
+    return deploy.Deployment(
+        pipeline=p.settings.pipeline,
+        engines=Engines(p),
+        processes=Processes(p),
+        deploys=log,
+        progress=deploy.KafkaProgressMarks(p.settings),
+        checkpoint_at=lambda e: deploy.checkpoint_at(p.settings, e),
+        set_aside=lambda e: deploy.set_aside(p.settings, e),
+        run_tests=lambda: deploy.pipeline_tests(p.settings, skip=False),
+        replay_problem=lambda: deploy.replay_problem(p.settings),
+        tail=lambda: KafkaEpochTail(p.settings),
+        confirm=lambda question: True,
+        echo=lines.append,
+        wait_s=240,
+    )
+
+
+def wanted_once(p: Pipeline) -> set[tuple[int, int]]:
+    """Every inbound (partition, offset) now, each checked to be in exactly one published
+    transaction (the progress topic's ranges)."""
+    ends = p.inbound_ends()
+    # The active knows every partition published (the harness's own wait).
+    p.wait_caught_up(wait_for(p.active, 30, "an active"), field="published", timeout_s=120)
+    counts: collections.Counter[tuple[int, int]] = collections.Counter()
+    for r in p.progress():
+        span = json.loads(r.value)
+        counts.update((r.partition, i) for i in range(span["first"], span["last"] + 1))
+    wanted = {(q, i) for q, end in ends.items() for i in range(end)}
+    assert sorted(wanted - set(counts))[:10] == []
+    assert sorted(k for k, c in counts.items() if c > 1)[:10] == []
+    return wanted
+
+
+def assert_rows_by_version(
+    p: Pipeline,
+    wanted: set[tuple[int, int]],
+    references: Mapping[str, str],
+    version_at: Callable[[int, int], str],
+) -> collections.Counter[str]:
+    """Each output as the reference run of the version `version_at(partition, msg_id)`
+    names gives it, with that version in its header. `references`: version -> the module
+    of a package holding that version's code. Returns the outputs' count per version."""
+    rows = {}
+    for version, module in references.items():
+        p.contract = registry.load(p._settings(TWINSTREAM_PIPELINE_MODULE=module))
+        rows[version] = p.reference_by_position()
+        assert set(rows[version]) == wanted
+    s = p.settings
+    got: dict[tuple[int, int], list[tuple[str, str | None, str, str | None]]] = {}
+    for r in sorted(p.outputs(), key=lambda r: (r.topic, r.partition, r.offset)):
+        assert r.msg_id is not None
+        got.setdefault((r.partition, r.msg_id), []).append((r.topic, r.key, r.value, r.version))
+    per_version: collections.Counter[str] = collections.Counter()
+    for position in sorted(wanted):
+        version = version_at(*position)
+        per_version[version] += 1
+        want = [
+            (s.outbound_topic if o.kind == "out" else s.dlq_topic, o.key, o.value, version)
+            for o in rows[version][position]
+        ]
+        assert got.get(position, []) == want, (position, version)
+    return per_version
+
+
 @pytest.mark.chaos_only
 def test_a_deploy_switches_the_lead_to_the_new_version_at_one_msg_id_per_partition(
     stack_env: dict[str, str], tmp_path: Path
@@ -105,22 +182,7 @@ def test_a_deploy_switches_the_lead_to_the_new_version_at_one_msg_id_per_partiti
         assert v2 == f"2+{digest(folder)}" != v1
         lines: list[str] = []
         with deploy_log.zookeeper_log(p.settings) as log:
-            d = deploy.Deployment(
-                pipeline=p.settings.pipeline,
-                engines=Engines(p),
-                processes=Processes(p),
-                deploys=log,
-                progress=deploy.KafkaProgressMarks(p.settings),
-                checkpoint_at=lambda e: deploy.checkpoint_at(p.settings, e),
-                set_aside=lambda e: deploy.set_aside(p.settings, e),
-                run_tests=lambda: deploy.pipeline_tests(p.settings, skip=False),
-                replay_problem=lambda: deploy.replay_problem(p.settings),
-                tail=lambda: KafkaEpochTail(p.settings),
-                confirm=lambda question: True,
-                echo=lines.append,
-                wait_s=240,
-            )
-            record = deploy.run(d, target)
+            record = deploy.run(deployment(p, log, lines), target)
             assert log.last() is not None
             assert log.last()[1] == record  # type: ignore[index]
         said = "\n".join(lines)
@@ -134,42 +196,81 @@ def test_a_deploy_switches_the_lead_to_the_new_version_at_one_msg_id_per_partiti
         # Output of version 2 after the switch, then the load ends.
         wait_for(lambda: len(p.outputs()) > 0, 30, "output")
         p.stop_load(load)
-        ends = p.inbound_ends()
-        # The active knows every partition published (the harness's own wait).
-        p.wait_caught_up(wait_for(p.active, 30, "an active"), field="published", timeout_s=120)
 
-        # Exactly once, per partition, by the progress topic.
-        counts: collections.Counter[tuple[int, int]] = collections.Counter()
-        for r in p.progress():
-            span = json.loads(r.value)
-            counts.update((r.partition, i) for i in range(span["first"], span["last"] + 1))
-        wanted = {(q, i) for q, end in ends.items() for i in range(end)}
-        assert sorted(wanted - set(counts))[:10] == []
-        assert sorted(k for k, c in counts.items() if c > 1)[:10] == []
-
-        # Each output as its own version's reference run gives it, and says its version.
-        old_rows = p.reference_by_position()
-        p.contract = registry.load(
-            p._settings(TWINSTREAM_PIPELINE_MODULE=f"{reference_package}.pipeline")
+        wanted = wanted_once(p)
+        per_version = assert_rows_by_version(
+            p,
+            wanted,
+            {v1: f"{package}.pipeline", v2: f"{reference_package}.pipeline"},
+            lambda partition, msg_id: v2 if msg_id > record.cutover[partition] else v1,
         )
-        new_rows = p.reference_by_position()
-        s = p.settings
-        got: dict[tuple[int, int], list[tuple[str, str | None, str, str | None]]] = {}
-        for r in sorted(p.outputs(), key=lambda r: (r.topic, r.partition, r.offset)):
-            assert r.msg_id is not None
-            got.setdefault((r.partition, r.msg_id), []).append((r.topic, r.key, r.value, r.version))
-        assert set(old_rows) == wanted
-        switched = 0
-        for position in sorted(wanted):
-            partition, msg_id = position
-            after = msg_id > record.cutover[partition]
-            switched += after
-            rows, version = (new_rows, v2) if after else (old_rows, v1)
-            want = [
-                (s.outbound_topic if o.kind == "out" else s.dlq_topic, o.key, o.value, version)
-                for o in rows[position]
-            ]
-            assert got.get(position, []) == want, (position, record.cutover)
-        assert switched > 300  # version 2 published a good share of the input
+        assert per_version[v2] > 300  # version 2 published a good share of the input
+    finally:
+        p.discard()
+
+
+@pytest.mark.chaos_only
+def test_a_rollback_under_load_returns_the_lead_to_the_version_before_exactly_once(
+    stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Version 1 under 100 events/s, version 2 deployed, then version 1's code put back on
+    disk and `twinstream deploy --rollback`: the lead passes back to version 1 at a second
+    cutover per partition. Every inbound offset is published once; outputs up to the first
+    cutover and after the second are version 1's as its reference run gives them (its state
+    went on through version 2, whose state is the same), those between are version 2's; the
+    headers say which; the log records the rollback."""
+    package, folder = versioned_package(stack_env, VERSIONED)
+    (folder / "test_pipeline.py").write_text(V1_TEST.format(package=package))
+    reference_package, _ = versioned_package(stack_env, CHANGED)
+    v1 = f"1+{digest(folder)}"
+    p = Pipeline(stack_env, tmp_path / "pipeline", module=f"{package}.pipeline", partitions=2)
+    try:
+        p.start_pair()
+        load = p.load(400_000, rate=100)
+        wait_for(lambda: load.sent > 500, 60, "input flowing")
+        lines: list[str] = []
+        with deploy_log.zookeeper_log(p.settings) as log:
+            (folder / "pipeline.py").write_text(CHANGED)
+            (folder / "test_pipeline.py").write_text(V2_TEST.format(package=package))
+            forward = deploy.run(deployment(p, log, lines), deploy.target_on_disk(p.settings))
+            v2 = forward.version
+            assert forward.previous == v1 != v2
+            wait_for(lambda: len(p.outputs()) > 0, 30, "version 2's output")
+            # The owner puts version 1 back (git checkout) and rolls back.
+            (folder / "pipeline.py").write_text(VERSIONED)
+            (folder / "test_pipeline.py").write_text(V1_TEST.format(package=package))
+            target = deploy.target_on_disk(p.settings)
+            assert target.version == v1
+            back = deploy.run(deployment(p, log, lines), target, rollback=True)
+            assert log.last() is not None
+            assert log.last()[1] == back  # type: ignore[index]
+        assert (back.version, back.previous, back.rolled_back) == (v1, v2, True)
+        assert sorted(back.cutover) == [0, 1]
+        assert all(back.cutover[q] > forward.cutover[q] for q in (0, 1)), (forward, back)
+        assert back.takeover_s is not None
+        assert back.takeover_s < bound(10), (back.takeover_s, bound(10))
+        for engine in p.engines.values():
+            assert engine.get("/server")["pipeline_version"] == v1
+        published_before = len(p.outputs())
+        wait_for(lambda: len(p.outputs()) > published_before, 60, "output after the rollback")
+        p.stop_load(load)
+
+        wanted = wanted_once(p)
+
+        def version_at(partition: int, msg_id: int) -> str:
+            if forward.cutover[partition] < msg_id <= back.cutover[partition]:
+                return v2
+            return v1
+
+        per_version = assert_rows_by_version(
+            p,
+            wanted,
+            {v1: f"{package}.pipeline", v2: f"{reference_package}.pipeline"},
+            version_at,
+        )
+        assert per_version[v2] > 100, per_version
+        assert sum(msg_id > back.cutover[partition] for partition, msg_id in wanted) > 100, (
+            "version 1 published after the rollback"
+        )
     finally:
         p.discard()
