@@ -79,7 +79,7 @@ class ZooKeeperUnreachable(RuntimeError):
 def zk_session(
     zk: ZooKeeperConnection,
     timeout_s: float = 15.0,
-    client_of: Callable[[ZooKeeperConnection], KazooClient] = zk_client,
+    client_of: Callable[[ZooKeeperConnection], KazooClient] | None = None,
 ) -> Iterator[KazooClient]:
     """A started client for one command's work, stopped and closed after. A ZooKeeper
     that does not answer within `timeout_s` is a ZooKeeperUnreachable that names its hosts
@@ -87,7 +87,7 @@ def zk_session(
     time-out")."""
     from kazoo.handlers.threading import KazooTimeoutError
 
-    client = client_of(zk)
+    client = (client_of or zk_client)(zk)
     try:
         client.start(timeout=timeout_s)
     except KazooTimeoutError:

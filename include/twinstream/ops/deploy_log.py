@@ -119,4 +119,3 @@ def zookeeper_log(settings: CommonSettings) -> Iterator[ZooKeeperDeployLog]:
 
     with zk_session(settings.zookeeper()) as client:
         yield ZooKeeperDeployLog(client, settings.deploys_path)
-        client.close()

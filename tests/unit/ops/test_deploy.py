@@ -564,3 +564,37 @@ def test_the_dags_tasks_prepare_then_switch_once_approved_and_a_refusal_fails_fa
     stack.engines, stack.calls = alone.engines, []
     with pytest.raises(AirflowFailException, match="has no standby"):
         deploy.task(params, switch=False, echo=lines.append)
+
+
+class _StrictClient:
+    """A kazoo client as strict as kazoo's own connection: close() before stop() raises."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def start(self, timeout: float) -> None:
+        self.calls.append("start")
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+    def close(self) -> None:
+        if self.calls[-1:] != ["stop"]:
+            raise RuntimeError("Cannot close connection until it is stopped")
+        self.calls.append("close")
+
+
+def test_the_deploy_logs_session_is_stopped_then_closed_once(tmp_path, monkeypatch):
+    """The deploy's ZooKeeper log opens one session and ends it as kazoo requires (a stray
+    close() inside it once failed every deploy as it ended)."""
+    from twinstream.core import election
+    from twinstream.ops import deploy_log
+    from twinstream.platform.settings import load_settings
+
+    client = _StrictClient()
+    monkeypatch.setattr(election, "zk_client", lambda _zk: client)
+    monkeypatch.setenv("TWINSTREAM_ZK_PASSWORD", "unused-by-the-fake")
+    settings = load_settings(pipeline="deployed", state_dir=tmp_path / "state")
+    with deploy_log.zookeeper_log(settings) as log:
+        assert isinstance(log, deploy_log.ZooKeeperDeployLog)
+    assert client.calls == ["start", "stop", "close"]
