@@ -9,6 +9,7 @@ import pytest
 from devkit.harness import Pipeline, wait_for
 from devkit.pace import bound
 from tests.integration.engines import (
+    LONG_SESSIONS,
     assert_exactly_once_and_as_reference,
     load_dag,
     return_value,
@@ -29,7 +30,7 @@ def test_the_drill_refuses_without_a_standby_then_hands_over_audits_and_puts_the
     dag_run_env(pipeline)
     # Before there is a standby the drill refuses, and stops nothing. (Folded in here: a
     # test of its own cost a pipeline and an engine start, ~30 s of make test.)
-    a = pipeline.start("a")
+    a = pipeline.start("a", **LONG_SESSIONS)
     pipeline.wait_running(a)
     wait_for(lambda: a.role() == "active", 30, "a active")
     refused = load_dag("failover_drill").test()
@@ -38,7 +39,7 @@ def test_the_drill_refuses_without_a_standby_then_hands_over_audits_and_puts_the
     assert a.role() == "active"
     assert a.get("/pipeline")["state"] == "running"
 
-    b = pipeline.start("b")
+    b = pipeline.start("b", **LONG_SESSIONS)
     pipeline.wait_running(b)
     assert b.role() == "standby", b.role()
     pipeline.warm_up(a, b)

@@ -37,7 +37,13 @@ from confluent_kafka.admin import AdminClient
 
 from devkit.harness import EngineProcess, Pipeline, wait_for
 from pipelines.hostmetrics.generate import synthetic
-from tests.integration.engines import in_sync, load_dag, return_value, task_states
+from tests.integration.engines import (
+    LONG_SESSIONS,
+    in_sync,
+    load_dag,
+    return_value,
+    task_states,
+)
 from twinstream.edge.reader import Record, read_committed
 from twinstream.engine import snapshot
 from twinstream.ops import cli
@@ -265,7 +271,11 @@ def quarantine_run(
     # Batches of at most 250: the search halves a failed batch down to one record, and
     # after a half passes, the next batch Spark plans fails whole again; a catch-up batch of
     # thousands costs several halvings more (each a restart of the query).
-    env = {"TWINSTREAM_FAULT_MARKER": MARKER, "TWINSTREAM_MAX_OFFSETS_PER_TRIGGER": "250"}
+    env = {
+        "TWINSTREAM_FAULT_MARKER": MARKER,
+        "TWINSTREAM_MAX_OFFSETS_PER_TRIGGER": "250",
+        **LONG_SESSIONS,
+    }
     # The checkpoints by a `file://` URL, as on HDFS or S3: Spark writes them through
     # Hadoop's file system for the scheme, the engines narrow each failed batch's offsets
     # entry through fsspec's (twinstream.platform.storage), and Spark must then run the
@@ -296,8 +306,9 @@ def quarantine_run(
             300,
             "the marker record quarantined",
         )
-        active = pipeline.active()
-        assert active is not None
+        # Awaited, not read once: under the search's restarts on two busy cores both
+        # engines once lost their sessions at the same moment, and no engine was active.
+        active = wait_for(pipeline.active, 60, "an active engine")
         pipeline.wait_caught_up(active, field="published", timeout_s=180)
         yield QuarantineRun(pipeline, (a, b), pids, poisoned, checkpoints)
     finally:
