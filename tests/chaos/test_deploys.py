@@ -3,10 +3,10 @@
 pid.
 
 `make chaos` only (`chaos_only`: TWINSTREAM_CHAOS_FULL=1): a deploy's four engine starts and
-catch-ups take 6 to 9 minutes on two cores (a rollback twice that), past make test's budget, until engines start
-warm (issue 52). The deploy's steps, refusals and record are unit-tested in
-tests/unit/ops/test_deploy.py, and a takeover by an engine of the new version under load,
-exactly once with one version boundary per partition, in make test's
+catch-ups take 6 to 9 minutes on two cores (the rollback test, two deploys, 644 s), past make
+test's budget, until engines start warm (issue 52). The deploy's steps, refusals and record
+are unit-tested in tests/unit/ops/test_deploy.py, and a takeover by an engine of the new
+version under load, exactly once with one version boundary per partition, in make test's
 tests/integration/test_versions.py.
 """
 
