@@ -13,7 +13,6 @@ tests/integration/test_versions.py.
 from __future__ import annotations
 
 import collections
-import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 
 from devkit.harness import Pipeline, wait_for
 from devkit.pace import bound
+from tests.integration.engines import assert_tiled_once
 from tests.integration.versioned import CHANGED, VERSIONED, versioned_package
 from twinstream.engine.api import EngineApi
 from twinstream.ops import deploy, deploy_log
@@ -106,20 +106,29 @@ def deployment(
     )
 
 
+def versioned_pipeline(
+    stack_env: dict[str, str], tmp_path: Path, first_test: str | None = None
+) -> tuple[str, Path, str, str, Pipeline]:
+    """Version 1 of the example in a package of its own (with `first_test` beside it, if
+    given), version 2's code in another for its reference run, and a pipeline of two
+    partitions on version 1 (a cutover each): (package, folder, version 2's package,
+    version 1, the pipeline), its engines not started."""
+    package, folder = versioned_package(stack_env, VERSIONED)
+    if first_test is not None:
+        (folder / "test_pipeline.py").write_text(first_test.format(package=package))
+    reference_package, _ = versioned_package(stack_env, CHANGED)
+    v1 = f"1+{digest(folder)}"
+    p = Pipeline(stack_env, tmp_path / "pipeline", module=f"{package}.pipeline", partitions=2)
+    return package, folder, reference_package, v1, p
+
+
 def wanted_once(p: Pipeline) -> set[tuple[int, int]]:
     """Every inbound (partition, offset) now, each checked to be in exactly one published
     transaction (the progress topic's ranges)."""
     ends = p.inbound_ends()
     # The active knows every partition published (the harness's own wait).
     p.wait_caught_up(wait_for(p.active, 30, "an active"), field="published", timeout_s=120)
-    counts: collections.Counter[tuple[int, int]] = collections.Counter()
-    for r in p.progress():
-        span = json.loads(r.value)
-        counts.update((r.partition, i) for i in range(span["first"], span["last"] + 1))
-    wanted = {(q, i) for q, end in ends.items() for i in range(end)}
-    assert sorted(wanted - set(counts))[:10] == []
-    assert sorted(k for k, c in counts.items() if c > 1)[:10] == []
-    return wanted
+    return assert_tiled_once(p, ends)
 
 
 def assert_rows_by_version(
@@ -164,12 +173,9 @@ def test_a_deploy_switches_the_lead_to_the_new_version_at_one_msg_id_per_partiti
     cutover of its partition is version 1's as a reference run of version 1 gives it, every
     one after it version 2's as a reference run of version 2 gives it; the headers say
     which."""
-    package, folder = versioned_package(stack_env, VERSIONED)
-    reference_package, _ = versioned_package(stack_env, CHANGED)
-    v1 = f"1+{digest(folder)}"
-    # Two partitions: a cutover each. Every restart catches up what arrived meanwhile, on
-    # two cores beside the other JVM: a low rate keeps the scenario in make test's budget.
-    p = Pipeline(stack_env, tmp_path / "pipeline", module=f"{package}.pipeline", partitions=2)
+    package, folder, reference_package, v1, p = versioned_pipeline(stack_env, tmp_path)
+    # Every restart catches up what arrived meanwhile, on two cores beside the other JVM: a
+    # low rate keeps the scenario within minutes.
     try:
         p.start_pair()
         load = p.load(200_000, rate=100)
@@ -219,11 +225,7 @@ def test_a_rollback_under_load_returns_the_lead_to_the_version_before_exactly_on
     cutover and after the second are version 1's as its reference run gives them (its state
     went on through version 2, whose state is the same), those between are version 2's; the
     headers say which; the log records the rollback."""
-    package, folder = versioned_package(stack_env, VERSIONED)
-    (folder / "test_pipeline.py").write_text(V1_TEST.format(package=package))
-    reference_package, _ = versioned_package(stack_env, CHANGED)
-    v1 = f"1+{digest(folder)}"
-    p = Pipeline(stack_env, tmp_path / "pipeline", module=f"{package}.pipeline", partitions=2)
+    package, folder, reference_package, v1, p = versioned_pipeline(stack_env, tmp_path, V1_TEST)
     try:
         p.start_pair()
         load = p.load(400_000, rate=100)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import json
+from collections.abc import Mapping
 from typing import Any
 
 from devkit.harness import EngineProcess, Pipeline, coverage, ranges
@@ -91,3 +94,16 @@ def assert_exactly_once_and_as_reference(pipeline: Pipeline, total: int, first: 
         got = published.get(msg_id, [])
         assert got == want, (msg_id, [v[:300] for _, _, v in got], [v[:300] for _, _, v in want])
     return outputs
+
+
+def assert_tiled_once(pipeline: Pipeline, ends: Mapping[int, int]) -> set[tuple[int, int]]:
+    """Partition p of .progress tiles 0..ends[p] - 1 of inbound partition p, each offset in
+    exactly one published transaction; returns every (partition, offset)."""
+    counts: collections.Counter[tuple[int, int]] = collections.Counter()
+    for record in pipeline.progress():
+        span = json.loads(record.value)
+        counts.update((record.partition, i) for i in range(span["first"], span["last"] + 1))
+    wanted = {(p, i) for p, end in ends.items() for i in range(end)}
+    assert sorted(wanted - set(counts))[:10] == []
+    assert sorted(p for p, c in counts.items() if c > 1)[:10] == []
+    return wanted

@@ -39,6 +39,7 @@ from devkit.harness import EngineProcess, Pipeline, wait_for
 from pipelines.hostmetrics.generate import synthetic
 from tests.integration.engines import (
     LONG_SESSIONS,
+    assert_tiled_once,
     in_sync,
     load_dag,
     return_value,
@@ -94,14 +95,7 @@ def assert_exactly_once_per_partition_by_progress(pipeline: Pipeline) -> set[tup
     ends = pipeline.inbound_ends()
     assert sorted(ends) == list(range(PARTITIONS))
     assert all(end > 100 for end in ends.values()), f"a partition got almost nothing: {ends}"
-    counts: collections.Counter[tuple[int, int]] = collections.Counter()
-    for record in pipeline.progress():
-        span = json.loads(record.value)
-        counts.update((record.partition, i) for i in range(span["first"], span["last"] + 1))
-    wanted = {(p, i) for p, end in ends.items() for i in range(end)}
-    assert sorted(wanted - set(counts))[:10] == []
-    assert sorted(p for p, c in counts.items() if c > 1)[:10] == []
-    return wanted
+    return assert_tiled_once(pipeline, ends)
 
 
 def assert_exactly_once_per_partition(pipeline: Pipeline) -> list[Record]:
