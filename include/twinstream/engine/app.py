@@ -69,13 +69,30 @@ log = logging.getLogger(__name__)
 _ZK_READ_DEADLINE_S = 30.0
 
 
+def engine_session_args(
+    settings: EngineSettings, engine_id: str, pipeline: Pipeline | None
+) -> tuple[str, None, dict[str, str]]:
+    """An engine's session: its name, master (the settings') and settings, as
+    `twinstream.engine.spark.session` and `session_conf` take them."""
+    return (
+        f"twinstream-{settings.pipeline}-{engine_id}",
+        None,
+        {**spark_conf(pipeline), "spark.driver.memory": settings.engine_heap},
+    )
+
+
 class Engine:
     """One engine of a pipeline, given its clients (`EngineClients.from_settings` builds
     them, a unit test gives fakes). Building it starts nothing; `open` starts its sampler
     thread and prepares a publisher, `start` its query and its part in the election."""
 
     def __init__(
-        self, settings: EngineSettings, engine_id: str, pipeline: Pipeline, clients: EngineClients
+        self,
+        settings: EngineSettings,
+        engine_id: str,
+        pipeline: Pipeline,
+        clients: EngineClients,
+        spark: SparkSession | None = None,
     ) -> None:
         settings.engine_admin_port(engine_id)  # an unknown engine id fails here, by name
         self.settings = settings
@@ -134,7 +151,9 @@ class Engine:
         self._batch_ends: tuple[int, dict[int, int] | None] = (-2, None)
         # Serialises start, stop, persist and restore; status reads never wait for it.
         self._lock = threading.RLock()
-        self._spark: SparkSession | None = None
+        # A warm spare's session when the engine adopted one (twinstream.engine.spare).
+        self._spark: SparkSession | None = spark
+        self._warmed = False
         self._query: StreamingQuery | None = None
         # stopped, running, restoring, persisting, recovering (twinstream.engine.lifecycle).
         self.lifecycle = Lifecycle(self.log.named(Lifecycle.__module__))
@@ -267,6 +286,9 @@ class Engine:
     def _start_query(self, starting_offsets: dict[int, int] | None = None) -> None:
         if self._spark is None:
             self._spark = self._new_session()
+        if not self._warmed:
+            # Once per session; an adopted spare's session too (its warm-up ran no user code).
+            self._warmed = True
             warm_up_engine(
                 self._spark, self.settings, self.definition, self.engine_id, self._backlog
             )
@@ -645,12 +667,7 @@ class Engine:
         from twinstream.engine.spark import session
 
         return session(
-            self.settings,
-            f"twinstream-{self.settings.pipeline}-{self.engine_id}",
-            conf={
-                **spark_conf(self.definition),
-                "spark.driver.memory": self.settings.engine_heap,
-            },
+            self.settings, *engine_session_args(self.settings, self.engine_id, self.definition)
         )
 
     def _backlog(self) -> int | None:

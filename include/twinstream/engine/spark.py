@@ -59,23 +59,17 @@ def driver_java_options(settings: Connections, conf: Mapping[str, str]) -> str |
     return options or None
 
 
-def session(
+def session_conf(
     settings: EngineSettings,
     app_name: str,
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
-) -> SparkSession:
-    """A session on `master`, by default the engines' (settings.engine_spark_master; ""
-    leaves it to spark-submit). Settings in order of precedence: `conf`, then this
-    framework's, then TWINSTREAM_SPARK_CONF's."""
-    from pyspark.sql import SparkSession
-
+) -> dict[str, str]:
+    """Every setting `session` builds a session with (a spare compares its own with them).
+    In order of precedence: `conf`, then this framework's, then TWINSTREAM_SPARK_CONF's."""
     # Python workers must run this interpreter (the virtualenv's), not the system python.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app_name)
     chosen = settings.engine_spark_master if master is None else master
-    if chosen:
-        builder = builder.master(chosen)
     merged = {
         **settings.spark_conf,
         **cluster_conf(settings, chosen),
@@ -84,11 +78,28 @@ def session(
         "spark.sql.shuffle.partitions": "2",
         "spark.ui.enabled": "false",
         **(conf or {}),
+        "spark.app.name": app_name,
     }
+    if chosen:
+        merged["spark.master"] = chosen
     options = driver_java_options(settings, merged)
     if options:
         merged[DRIVER_JAVA_OPTIONS] = options
-    for key, value in merged.items():
+    return merged
+
+
+def session(
+    settings: EngineSettings,
+    app_name: str,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A session on `master`, by default the engines' (settings.engine_spark_master; ""
+    leaves it to spark-submit), with `session_conf`'s settings."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for key, value in session_conf(settings, app_name, master, conf).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
