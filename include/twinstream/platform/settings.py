@@ -296,6 +296,11 @@ class Connections(BaseSettings):
     def engine_dir(self, engine_id: str) -> Path:
         return self.state_dir / "engines" / engine_id
 
+    @property
+    def spares_dir(self) -> Path:
+        """Where this machine's warm spares listen (twinstream.engine.spare)."""
+        return self.state_dir / "spares"
+
     def engine_conn_id(self, engine_id: str) -> str:
         """The Airflow connection that holds the engine's admin URL and token."""
         return f"twinstream_engine_{engine_id.replace('-', '_')}"
@@ -507,6 +512,10 @@ class EngineTuning(BaseSettings):
     # How often an engine logs where its batches spent their time (the medians since the
     # last line: Spark's parts, the batch's job and the gate's publish on the driver).
     batch_timings_log_s: float = Field(default=60.0, gt=0)
+    # Warm spares per machine (twinstream.engine.spare): engine processes started ahead, at
+    # a low CPU priority, past their JVM's start, Spark session and a warm-up, that a
+    # restarted engine asks to become it instead of starting cold. 0: every start is cold.
+    spares: int = Field(default=1, ge=0)
     # The engine's JVM heap (its Spark driver's memory: spark.driver.memory).
     engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")
     # Where an engine's Spark runs: local[n] in the engine's own JVM (the default), a
@@ -663,6 +672,14 @@ class EngineSettings(CommonSettings, EngineTuning, InSyncBounds):
         if self.spark_standalone:
             return self.standalone_master_url
         return self.spark_master
+
+    @property
+    def warm_spares(self) -> int:
+        """The warm spares this machine keeps: `spares` where the engines' Spark runs in
+        their own JVMs; none on a cluster, where a spare would be an application holding
+        cores an engine needs (README, "On a Spark cluster")."""
+        master = self.engine_spark_master
+        return self.spares if master.startswith("local") else 0
 
 
 class TaskSettings(CommonSettings, Housekeeping, InSyncBounds):

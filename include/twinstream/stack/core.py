@@ -319,6 +319,9 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
         _wait_for_supervisor(supervisor)
 
     engines = [f"engine-{e}" for p in pipelines.values() for e in p.engine_ids]
+    # The warm spares with them (twinstream.engine.spare), niced below them.
+    if engines and settings.warm_spares:
+        engines.append(render.SPARES_PROGRAM)
     # The publisher adapters with them: they write topics (as users) that exist only then.
     engines += [name for p in pipelines.values() for name in render.publisher_programs(p)]
     # Everything but the engines now; the engines once what they need is there.
@@ -611,7 +614,7 @@ def _stop_engines_and_airflow(supervisor: Supervisor, echo: Echo) -> None:
     first = [
         p.name
         for p in supervisor.processes()
-        if p.pid and (p.name.startswith("engine-") or p.name == "airflow")
+        if p.pid and (p.name.startswith(("engine-", "spare-")) or p.name == "airflow")
     ]
     try:
         at_once(supervisor.stop, first)

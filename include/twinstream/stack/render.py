@@ -60,6 +60,10 @@ class Program:
     autostart: bool = True
 
 
+# The keeper of this machine's warm spares (twinstream.engine.spare_keeper).
+SPARES_PROGRAM = "spares"
+
+
 def new_cluster_id() -> str:
     """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars), not
     starting with "-": kafka-storage's argument parser takes "--cluster-id -Vap..." for a
@@ -382,6 +386,26 @@ def programs(
                 # Started by `up` once Kafka is healthy and their topics exist: started with
                 # everything else, their JVMs would take the cores the starting brokers and
                 # Airflow need, only to wait for them.
+                autostart=False,
+            )
+        )
+    # This machine's warm spares (twinstream.engine.spare_keeper), started by `up` with the
+    # engines: a restarted engine asks one to become it. The keeper starts them niced: a
+    # spare's JVM start and warm-up never take the cores from running engines.
+    if engines and settings.warm_spares:
+        result.append(
+            Program(
+                name=SPARES_PROGRAM,
+                command=[
+                    sys.executable,
+                    str(REPO_ROOT / "spark_jobs" / "engine.py"),
+                    "--keep-spares",
+                    str(settings.warm_spares),
+                ],
+                priority=45,
+                environment=engine_env,
+                startsecs=2,
+                stopwaitsecs=60,
                 autostart=False,
             )
         )

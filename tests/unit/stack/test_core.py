@@ -194,14 +194,15 @@ def test_up_starts_the_engines_apart_and_without_waiting_for_each():
 
 
 def test_supervisord_starts_the_engines_only_when_up_asks(settings):
-    """autostart=false for the engines alone: supervisord still restarts them on exit."""
+    """autostart=false for the engines and the keeper of their warm spares alone:
+    supervisord still restarts them on exit."""
     from twinstream.stack import render
 
     conf = render.supervisord_conf(settings, Layout.of(settings), "/usr/bin")
     sections = {block.split("]", 1)[0]: block for block in conf.split("[program:")[1:]}
     assert any(name.startswith("engine-") for name in sections), sorted(sections)
     for name, block in sections.items():
-        engine = name.startswith("engine-")
+        engine = name.startswith("engine-") or name == "spares"
         assert f"autostart={'false' if engine else 'true'}" in block, name
         assert "autorestart=true" in block, name
 

@@ -98,6 +98,8 @@ def test_a_spark_standalone_master_and_worker_run_from_pysparks_distribution(tmp
     assert programs["spark-worker"].environment["SPARK_HOME"] == str(render.spark_home())
     assert programs["spark-worker"].environment["SPARK_SCALA_VERSION"] == "2.13"
     assert programs["engine-a"].environment["TWINSTREAM_SPARK_STANDALONE"] == "True"
+    # No warm spares on a cluster: each would be an application holding an engine's cores.
+    assert render.SPARES_PROGRAM not in programs
     assert "spark-master" not in {
         p.name for p in render.programs(_settings(tmp_path), Layout.of(s), pipelines={})
     }
@@ -191,7 +193,13 @@ def test_supervisord_conf_parses_and_supervises_every_service(tmp_path):
     options = _parse_supervisord_conf(tmp_path, _settings(tmp_path))
     groups = {g.name: g for g in options.process_group_configs}
     # `make up` runs both examples: hostmetrics on a, b; payments on c, d.
-    assert set(groups) == {"zookeeper", "kafka", "airflow", *(f"engine-{e}" for e in "abcd")}
+    assert set(groups) == {
+        "zookeeper",
+        "kafka",
+        "airflow",
+        *(f"engine-{e}" for e in "abcd"),
+        "spares",
+    }
     programs = {p.name: p for g in groups.values() for p in g.process_configs}
     assert set(programs) == {
         "zookeeper",
@@ -203,8 +211,14 @@ def test_supervisord_conf_parses_and_supervises_every_service(tmp_path):
         "engine-b",
         "engine-c",
         "engine-d",
+        "spares",  # the keeper of the machine's warm spares (TWINSTREAM_SPARES: 1)
     }
     assert programs["engine-c"].command.split()[-2:] == ["--engine-id", "c"]
+    keeper = programs["spares"]
+    assert keeper.command.split()[-2:] == ["--keep-spares", "1"]
+    # Started by `up` with the engines; its spares run with the engines' environment.
+    assert not keeper.autostart
+    assert keeper.environment == programs["engine-a"].environment
     for program in programs.values():
         assert program.autorestart is not False
         assert program.stopasgroup
