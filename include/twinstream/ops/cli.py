@@ -406,6 +406,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
     whose rows disagree with the published ones, a failed audit), 2 if the engines refuse
     the token or none answers (one line saying so)."""
     from twinstream.engine import timeline
+    from twinstream.engine.spare_keeper import read_status
     from twinstream.engine.timeline import PipelineTimeline
     from twinstream.ops.status_view import render, watch
 
@@ -422,7 +423,13 @@ def cmd_status(settings: Settings, args: argparse.Namespace | None) -> int:
     readers = AdapterReader(settings)
 
     def look() -> Overview:
-        return overview(pipelines, engine, adapters=readers, deploys=readers.last_deploy)
+        return overview(
+            pipelines,
+            engine,
+            adapters=readers,
+            deploys=readers.last_deploy,
+            spares=lambda: read_status(settings.spares_dir),
+        )
 
     def timelines() -> dict[str, PipelineTimeline]:
         return {name: timeline.read(name, s, engine) for name, s in pipelines.items()}

@@ -334,9 +334,45 @@ class PipelineView(BaseModel):
             self.problems.append(f"the last audit ({audit.run}) failed{tasks}: {audit.summary}")
 
 
+class SpareView(BaseModel):
+    """A warm spare of this machine's keeper (twinstream.engine.spare_keeper), or one that
+    became an engine: which, and when."""
+
+    name: str
+    pid: int
+    status: str  # warming, warm, adopted
+    engine_id: str | None = None
+    adopted_at: str | None = None
+
+    def describe(self) -> str:
+        if self.engine_id is None:
+            return f"{self.status} (pid {self.pid})"
+        return f"engine {self.engine_id} since {self.adopted_at} (pid {self.pid})"
+
+
+def spare_views(rows: list[dict[str, Any]] | None) -> list[SpareView] | None:
+    if rows is None:
+        return None
+    return [
+        SpareView(
+            name=str(r["name"]),
+            pid=int(r["pid"]),
+            status=str(r["status"]),
+            engine_id=r.get("engine_id"),
+            adopted_at=None
+            if r.get("at") is None
+            else datetime.fromtimestamp(float(r["at"]), UTC).isoformat(timespec="seconds"),
+        )
+        for r in rows
+    ]
+
+
 class Overview(BaseModel):
     generated_at: str
     pipelines: list[PipelineView]
+    # This machine's warm spares; None: no keeper runs here (TWINSTREAM_SPARES=0, or
+    # another machine's stack).
+    spares: list[SpareView] | None = None
 
     @property
     def ok(self) -> bool:
@@ -707,9 +743,11 @@ def overview(
     with_history: bool = True,
     adapters: Callable[[CommonSettings], list[AdapterView]] | None = None,
     deploys: Callable[[CommonSettings], str | None] | None = None,
+    spares: Callable[[], list[dict[str, Any]] | None] | None = None,
 ) -> Overview:
     """Every pipeline of `pipelines` (name -> its settings); `adapters`, if given, reads a
-    pipeline's publisher adapters, `deploys` its last deploy (AdapterReader reads both)."""
+    pipeline's publisher adapters, `deploys` its last deploy (AdapterReader reads both),
+    `spares` this machine's warm spares (twinstream.engine.spare_keeper.read_status)."""
     views = []
     for name, settings in pipelines.items():
         starts = log_starts(settings) if log_starts is not None and with_history else None
@@ -722,6 +760,7 @@ def overview(
     return Overview(
         generated_at=datetime.fromtimestamp(clock(), UTC).isoformat(timespec="seconds"),
         pipelines=views,
+        spares=None if spares is None else spare_views(spares()),
     )
 
 

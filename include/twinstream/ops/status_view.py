@@ -17,7 +17,15 @@ from rich.text import Text
 
 from twinstream.core.rows import positions_text
 from twinstream.engine.timeline import PipelineTimeline
-from twinstream.ops.overview import FAIL, WARN, EngineView, Overview, PipelineView, age_text
+from twinstream.ops.overview import (
+    FAIL,
+    WARN,
+    EngineView,
+    Overview,
+    PipelineView,
+    SpareView,
+    age_text,
+)
 
 ROLE_STYLES = {"active": "bold green", "standby": "cyan"}
 HEALTH_STYLES = {FAIL: "bold red", WARN: "yellow"}
@@ -295,8 +303,24 @@ def view(seen: Overview, timelines: Mapping[str, PipelineTimeline] | None = None
             roles = {e.engine_id: e.role for e in pipeline.engines}
             parts.append(timeline_text(timeline, roles))
         parts.append(history(pipeline))
+    if seen.spares is not None:
+        parts.append(spares_text(seen.spares))
     parts.append(Text(f"as of {seen.generated_at}", style="dim"))
     return Group(*parts)
+
+
+def spares_text(spares: Sequence[SpareView]) -> Text:
+    """This machine's warm spares: how many are warm, and the engines some became."""
+    waiting = [s for s in spares if s.engine_id is None]
+    warm = sum(s.status == "warm" for s in waiting)
+    line = Text(f"warm spares: {warm} warm, {len(waiting) - warm} warming")
+    if warm == 0:
+        line.stylize("yellow")
+        line.append(" (a killed engine restarts cold until one is warm)")
+    for spare in spares:
+        if spare.engine_id is not None:
+            line.append(f"; adopted as {spare.describe()}")
+    return line
 
 
 def render(seen: Overview, out: Console | None = None) -> None:

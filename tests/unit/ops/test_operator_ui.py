@@ -305,3 +305,33 @@ def test_a_pipeline_with_an_engine_on_other_code_than_its_files_offers_its_deplo
     offered = section[: section.index("deploy-now-${p.name}")]
     assert "p.engines.some((e) => e.stale)" in offered
     assert '"deploy_pipeline", { pipeline: p.name }' in offered
+
+
+def test_the_page_shows_the_machines_warm_spares_and_the_engines_they_became(
+    tmp_path: Path, client: TestClient
+):
+    """The keeper's status (twinstream.engine.spare_keeper) in the overview the page reads;
+    the script reads only fields SpareView has."""
+    import os
+
+    from twinstream.engine.spare_keeper import write_status
+    from twinstream.ops.overview import SpareView
+
+    settings = load_settings(admin_token="t", state_dir=tmp_path)  # the client fixture's
+    test_client = client
+    assert test_client.get("/api/overview").json()["overview"]["spares"] is None  # no keeper
+    # As a live keeper (this process) writes it.
+    write_status(
+        settings.spares_dir,
+        [
+            {"name": f"{os.getpid()}-2", "pid": 12, "status": "warm"},
+            {"name": f"{os.getpid()}-1", "pid": 11, "status": "adopted", "engine_id": "b", "at": 0},
+        ],
+    )
+    spares = test_client.get("/api/overview").json()["overview"]["spares"]
+    assert [(s["status"], s["engine_id"]) for s in spares] == [("warm", None), ("adopted", "b")]
+    assert spares[1]["adopted_at"] == "1970-01-01T00:00:00+00:00"
+    script = (STATIC / "page.js").read_text()
+    drawn = script[script.index("function sparesLine") :]
+    drawn = drawn[: drawn.index("\n}\n")]
+    assert set(re.findall(r"\bs\.([a-z_]+)", drawn)) <= set(SpareView.model_fields)

@@ -34,6 +34,7 @@ from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from twinstream.engine import timeline as timelines
+from twinstream.engine.spare_keeper import read_status
 from twinstream.ops.audit import data_docs_site
 from twinstream.ops.operator_ui.datadocs import VENDOR, external_resources, offline, safe_file
 from twinstream.ops.overview import (
@@ -135,6 +136,7 @@ class Sources:
             with_history=False,
             adapters=self.adapters,
             deploys=self.deploys,
+            spares=lambda: read_status(self.settings().spares_dir),
         )
         for pipeline in seen.pipelines:
             history = self.history(pipeline.name)

@@ -518,7 +518,17 @@ function draw(seen) {
   if (!seen) return;
   const main = document.getElementById("pipelines");
   const toolbar = el("div", { class: "toolbar" }, action("Persist now (every pipeline)", "persist_standby_state", {}, "persist"));
-  main.replaceChildren(toolbar, ...seen.overview.pipelines.map(pipelineSection));
+  main.replaceChildren(toolbar, ...seen.overview.pipelines.map(pipelineSection), sparesLine(seen.overview.spares));
+}
+
+// This machine's warm spares (twinstream.engine.spare_keeper), as `twinstream status` says it.
+function sparesLine(spares) {
+  if (!spares) return el("p", { class: "muted spares" }, "no keeper of warm spares runs on this machine: a killed engine restarts cold");
+  const waiting = spares.filter((s) => !s.engine_id);
+  const warm = waiting.filter((s) => s.status === "warm").length;
+  const adopted = spares.filter((s) => s.engine_id).map((s) => `engine ${s.engine_id} since ${s.adopted_at} (pid ${s.pid})`);
+  const text = `warm spares: ${warm} warm, ${waiting.length - warm} warming` + (adopted.length ? `; adopted as ${adopted.join(", ")}` : "");
+  return el("p", { class: warm ? "muted spares" : "spares warn" }, text);
 }
 
 async function refresh() {
