@@ -28,6 +28,7 @@ import psutil
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from devkit import spares
 from twinstream.contract import Pipeline as Contract
 from twinstream.core.rows import Output
 from twinstream.edge.feed import publish
@@ -422,6 +423,15 @@ class Pipeline:
         log_path = self.workdir / f"engine-{engine_id}-{self.started}.log"
         # As the pipeline's engine user, as the stack runs its engines.
         environment = {**os.environ, **self.env, **ENGINE_KAFKA_ROLE, **env}
+        url = f"http://127.0.0.1:{self.ports[engine_id]}"
+        token = self.env["TWINSTREAM_ADMIN_TOKEN"]
+        warm = None if spares.POOL is None else spares.POOL.take(engine_id, environment)
+        if warm is not None:
+            # The spare's own log, found where the engine's would be.
+            log_path.symlink_to(warm.log_path)
+            engine = EngineProcess(engine_id, url, log_path, warm.proc, token)
+            self.engines[engine_id] = engine
+            return engine
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [
@@ -434,8 +444,7 @@ class Pipeline:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        url = f"http://127.0.0.1:{self.ports[engine_id]}"
-        engine = EngineProcess(engine_id, url, log_path, proc, self.env["TWINSTREAM_ADMIN_TOKEN"])
+        engine = EngineProcess(engine_id, url, log_path, proc, token)
         self.engines[engine_id] = engine
         return engine
 

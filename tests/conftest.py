@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit import pace
+from devkit import pace, spares
 from devkit.harness import Pipeline, example_pipeline, wait_for
 from twinstream.ops.deploy import token_client
 from twinstream.ops.overview import pipeline_view
@@ -178,8 +178,17 @@ def settings(stack_env: dict[str, str]) -> Settings:
 def stack(settings: Settings) -> Iterator[core.UpReport]:
     try:
         report = core.up(settings)
+        # Warm spares for the tests' own engines from now on (devkit/spares.py): an engine
+        # a test starts skips its JVM's and Spark session's start.
+        spares.POOL = spares.Keeper(
+            Path(tempfile.mkdtemp(prefix="ts-spares-")), spares.POOL_SIZE, dict(os.environ)
+        )
+        spares.POOL.fill()
         yield report
     finally:
+        if spares.POOL is not None:
+            spares.POOL.close()
+            spares.POOL = None
         core.down(settings)
 
 

@@ -28,18 +28,16 @@ from devkit.chaos import (
     audit_load,
     audit_summary,
     failover_round,
+    only_this_pipeline,
 )
 from devkit.harness import inbound_ends, wait_for
 from devkit.pace import bound
 from pipelines.hostmetrics.generate import synthetic
 from twinstream.edge.feed import publish
 from twinstream.edge.reader import read_committed
-from twinstream.platform import registry
 from twinstream.platform.kafka import admin_config, partition_ends
 from twinstream.platform.settings import Settings
 from twinstream.stack import health, render
-from twinstream.stack.layout import Layout
-from twinstream.stack.supervisor import Supervisor, at_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -52,11 +50,7 @@ RATE = 200.0
 
 @pytest.fixture(scope="module")
 def engines(stack_engines, settings: Settings) -> Iterator[SupervisedEngines]:
-    # The other pipelines' engines (payments) leave the two cores to these.
-    supervisor = Supervisor(Layout.of(settings))
-    others = [e for e in registry.engines(settings) if e not in settings.engine_ids]
-    at_once(supervisor.stop, [f"engine-{e}" for e in others])
-    engines = SupervisedEngines(settings)
+    engines = only_this_pipeline(settings)
     # A standby is in sync only once it has processed something: give both engines input
     # (other modules stop them; stack_engines has started them again).
     publish(
