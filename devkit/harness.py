@@ -358,11 +358,16 @@ class Pipeline:
         module: str = "pipelines.hostmetrics.pipeline",
         partitions: int = 1,
         env: Mapping[str, str] | None = None,
+        warm_spares: bool = True,
     ) -> None:
         """`module`: the contract pipeline the engines run (module[:attribute]), under a
         name of its own, so that its topics and znodes are this test's alone; its topics
         have `partitions` partitions (records keyed by the pipeline's `partition_by`).
-        `env`: TWINSTREAM_* settings of this pipeline's own, over the rest."""
+        `env`: TWINSTREAM_* settings of this pipeline's own, over the rest. `warm_spares`:
+        whether its engines may start from the session's warm spares (devkit/spares.py);
+        False for a pipeline that reads what a spare's session keeps as its own (the Spark
+        application's name)."""
+        self.warm_spares = warm_spares
         self.name = f"t{uuid.uuid4().hex[:8]}"
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -425,7 +430,11 @@ class Pipeline:
         environment = {**os.environ, **self.env, **ENGINE_KAFKA_ROLE, **env}
         url = f"http://127.0.0.1:{self.ports[engine_id]}"
         token = self.env["TWINSTREAM_ADMIN_TOKEN"]
-        warm = None if spares.POOL is None else spares.POOL.take(engine_id, environment)
+        warm = (
+            spares.POOL.take(engine_id, environment)
+            if spares.POOL is not None and self.warm_spares
+            else None
+        )
         if warm is not None:
             # The spare's own log, found where the engine's would be.
             log_path.symlink_to(warm.log_path)

@@ -26,7 +26,9 @@ EVERY = 1000
 
 def engine_of(records: DataFrame) -> str:
     """The engine's id, from its Spark application's name (`twinstream-<pipeline>-<id>`,
-    twinstream.engine.app): what a contract pipeline must never depend on."""
+    twinstream.engine.app): what a contract pipeline must never depend on. An engine that
+    was a warm spare keeps the spare's name, `twinstream-spare` (twinstream.engine.spare):
+    run this pipeline's engines cold."""
     name = records.sparkSession.conf.get("spark.app.name") or ""
     return name.rsplit("-", 1)[-1]
 

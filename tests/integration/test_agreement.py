@@ -33,7 +33,9 @@ def test_a_standby_that_computes_other_rows_says_where_and_never_leads(stack_env
     within seconds of the active publishing it; kill -9 of the active then leaves the
     pipeline without an active rather than let the disagreeing standby lead, until an
     operator overrides it: then it takes over and every offset is published once."""
-    pipeline = Pipeline(stack_env, tmp_path, module="pipelines.skewed")
+    # Cold engines: skewed tells them apart by their Spark application's name, which a
+    # warm spare's session keeps as its own ("twinstream-spare") whatever engine it becomes.
+    pipeline = Pipeline(stack_env, tmp_path, module="pipelines.skewed", warm_spares=False)
     try:
         active, standby = pipeline.start_pair()
         first = pipeline.produced
