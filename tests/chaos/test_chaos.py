@@ -134,8 +134,8 @@ def test_both_engines_killed_at_once_under_load_supervisord_restarts_them(engine
     repairs = []
     for client in engines.clients.values():
         info = client.pipeline()
-        assert info["uncovered_ranges"] == [], info["uncovered_ranges"]
-        repairs += info["repairs"]
+        assert info.uncovered_ranges == [], info.uncovered_ranges
+        repairs += info.repairs
     print(
         f"both engines killed: a pair again after {paired_s:.1f} s; repairs {repairs}; "
         f"{sent} messages exactly once",
