@@ -151,8 +151,6 @@ def keep_spares(count: int) -> int:
 def run_spare(path: Path) -> tuple[str, SparkSession] | None:
     """Warm a session, listen on `path`, and once an asker confirms, take its environment as
     this process's own: the engine id and the warm session. None: stopped while a spare."""
-    from twinstream.engine.spark import session_conf
-
     stop = _stop_on_signals("the spare stops")
     try:
         own = load(EngineSettings)
@@ -168,20 +166,15 @@ def run_spare(path: Path) -> tuple[str, SparkSession] | None:
     waiting.listen()
 
     def accept(adoption: spare.Adoption) -> str | None:
+        def conflicts() -> list[str]:
+            settings = registry.for_engine(load(EngineSettings), adoption.engine_id)
+            return _static_conflicts(spark, settings, adoption.engine_id, None)
+
         try:
-            settings = _with_environment(
-                adoption.env, lambda: registry.for_engine(load(EngineSettings), adoption.engine_id)
-            )
-            name, master, engine_conf = engine_session_args(settings, adoption.engine_id, None)
-            wanted = _with_environment(
-                adoption.env, lambda: session_conf(settings, name, master, engine_conf)
-            )
+            found = _with_environment(adoption.env, conflicts)
         except (SettingsError, ContractError, FileNotFoundError) as exc:
             return str(exc)
-        conflicts = spare.session_conflicts(spark, wanted)
-        if conflicts:
-            return f"static Spark settings differ: {', '.join(conflicts)}"
-        return None
+        return f"static Spark settings differ: {', '.join(found)}" if found else None
 
     keeper = os.getppid()
     # A spare whose keeper is gone (killed: it stopped none of its spares) retires.
@@ -232,6 +225,18 @@ def _with_environment(env: Mapping[str, str], make: Callable[[], T]) -> T:
         os.environ.update(saved)
 
 
+def _static_conflicts(
+    spark: SparkSession, settings: EngineSettings, engine_id: str, pipeline: Pipeline | None
+) -> list[str]:
+    """The static Spark settings the engine's own session would have that the spare's
+    lacks (twinstream.engine.spare.session_conflicts); `pipeline` None: the settings'
+    alone, before its module is imported."""
+    from twinstream.engine.spark import session_conf
+
+    wanted = session_conf(settings, *engine_session_args(settings, engine_id, pipeline))
+    return spare.session_conflicts(spark, wanted)
+
+
 def _adopt_session(
     spark: SparkSession, settings: EngineSettings, engine_id: str, pipeline: Pipeline
 ) -> bool:
@@ -241,8 +246,7 @@ def _adopt_session(
     from twinstream.engine.pipeline import KEYED_CONF, spark_conf
     from twinstream.engine.spark import session_conf
 
-    wanted = session_conf(settings, *engine_session_args(settings, engine_id, pipeline))
-    conflicts = spare.session_conflicts(spark, wanted)
+    conflicts = _static_conflicts(spark, settings, engine_id, pipeline)
     if conflicts:
         logging.getLogger(__name__).warning(
             "engine %s pipeline %s: its static Spark settings %s differ from the spare's: "
@@ -252,6 +256,7 @@ def _adopt_session(
             ", ".join(conflicts),
         )
         return False
+    wanted = session_conf(settings, *engine_session_args(settings, engine_id, pipeline))
     spare.apply_runtime_conf(spark, wanted, [*KEYED_CONF, *spark_conf(spare.WARM_UP_PIPELINE)])
     # Python workers run with the JVM's environment (the spare's) and the session's own:
     # the pipeline's folder must be on the path they import its transform from.

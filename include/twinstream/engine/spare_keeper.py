@@ -15,7 +15,6 @@ spares itself (`take`).
 from __future__ import annotations
 
 import contextlib
-import enum
 import itertools
 import json
 import logging
@@ -32,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from twinstream.engine.spare import SPARE_NICENESS, Adoption, adopted_note, ask
+from twinstream.engine.spare import SPARE_NICENESS, Adoption, SpareState, adopted_note, ask
 from twinstream.platform.settings import REPO_ROOT
 
 log = logging.getLogger(__name__)
@@ -56,13 +55,6 @@ def spare_command(socket_path: Path) -> list[str]:
     ]
 
 
-class SpareStatus(enum.StrEnum):
-    WARMING = "warming"
-    WARM = "warm"
-    ADOPTED = "adopted"
-    ENDED = "ended"
-
-
 @dataclass
 class SpareProcess:
     name: str
@@ -79,12 +71,14 @@ class SpareProcess:
         return note
 
     @property
-    def status(self) -> SpareStatus:
+    def status(self) -> SpareState:
+        """Its state as seen from outside (twinstream.engine.spare's states; an offer in
+        flight shows as warm): its note, its exit, its socket."""
         if self.adopted() is not None:
-            return SpareStatus.ADOPTED
+            return SpareState.ADOPTED
         if self.proc.poll() is not None:
-            return SpareStatus.ENDED
-        return SpareStatus.WARM if self.socket.is_socket() else SpareStatus.WARMING
+            return SpareState.RETIRED
+        return SpareState.WARM if self.socket.is_socket() else SpareState.WARMING
 
 
 class Keeper:
@@ -117,10 +111,10 @@ class Keeper:
             kept = []
             for spare in self.spares:
                 status = spare.status
-                if status is SpareStatus.ADOPTED:
+                if status is SpareState.ADOPTED:
                     self.adopted.append(spare)
                     log.info("spare %s became engine %s", spare.name, spare.adopted())
-                elif status is SpareStatus.ENDED:
+                elif status is SpareState.RETIRED:
                     log.warning(
                         "spare %s ended (exit %s): see %s",
                         spare.name,
@@ -156,7 +150,7 @@ class Keeper:
         the engine cold. A new spare starts warming in its place."""
         try:
             for spare in list(self.spares):
-                if spare.status is SpareStatus.WARM and ask(spare.socket, Adoption(engine_id, env)):
+                if spare.status is SpareState.WARM and ask(spare.socket, Adoption(engine_id, env)):
                     return spare
             return None
         finally:

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from devkit.harness import wait_for
-from twinstream.engine.spare import Adoption, ask, warm_spares
-from twinstream.engine.spare_keeper import Keeper, SpareStatus
+from twinstream.engine.spare import Adoption, SpareState, ask, warm_spares
+from twinstream.engine.spare_keeper import Keeper
 
 # A spare without a JVM: listens at once, and once adopted sleeps as an engine would run.
 FAKE_SPARE = """
@@ -52,7 +52,7 @@ def test_the_keeper_keeps_its_count_and_replaces_a_spare_that_became_an_engine(
     first = keeper.spares[0]
     pid = ask(first.socket, Adoption("a", {"PATH": os.environ["PATH"]}))
     assert pid == first.proc.pid
-    wait_for(lambda: first.status is SpareStatus.ADOPTED, 10, "the adopted note")
+    wait_for(lambda: first.status is SpareState.ADOPTED, 10, "the adopted note")
     keeper.fill()
     # Adopted: no longer a spare, and a new one in its place.
     assert first not in keeper.spares
@@ -73,7 +73,7 @@ def test_a_spare_that_ends_is_replaced(keeper: Keeper) -> None:
     victim = keeper.spares[0]
     victim.proc.kill()
     victim.proc.wait(10)
-    assert victim.status is SpareStatus.ENDED
+    assert victim.status is SpareState.RETIRED
     keeper.fill()
     assert victim not in keeper.spares
     assert len(keeper.spares) == 2
@@ -86,7 +86,7 @@ def test_take_gives_a_warm_spare_as_the_engine_and_starts_another(keeper: Keeper
     taken = keeper.take("b", dict(os.environ))
     assert taken is not None
     assert psutil.Process(taken.proc.pid).is_running()
-    wait_for(lambda: taken.status is SpareStatus.ADOPTED, 10, "the adopted note")
+    wait_for(lambda: taken.status is SpareState.ADOPTED, 10, "the adopted note")
     keeper.fill()
     assert taken in keeper.adopted
     assert len(keeper.spares) == 2
