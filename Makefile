@@ -27,13 +27,12 @@ help:
 	@echo "make down    stop everything the stack started"
 	@echo "make check   the inner loop (under 3 minutes): ruff, ruff format --check, mypy,"
 	@echo "             the unit and DAG tests; no service started"
-	@echo "make test    install everything; make check, then tests/integration and tests/chaos"
-	@echo "             on a test stack of their own (chaos_only scenarios skipped: 1 of"
-	@echo "             tests/chaos runs, the outbound outage until every engine is at its bound)"
-	@echo "make chaos   tests/chaos whole: 100 kill -9 failovers, a broker killed, ZooKeeper"
-	@echo "             down 30 s, a 3-minute outbound outage with and without a kill of the"
-	@echo "             active, both engines killed at once, standbys behind, far ahead and"
-	@echo "             queued behind a restoring engine, damaged snapshots"
+	@echo "make test    install everything; make check, then every test of tests/integration"
+	@echo "             on a test stack of their own (tests/chaos collected, all skipped)"
+	@echo "make chaos   tests/chaos: the scenarios of minutes (100 kill -9 failovers, a broker"
+	@echo "             killed, ZooKeeper down 30 s and its leader killed, a 3-minute outbound"
+	@echo "             outage, double kills, a warm spare, a restore through Airflow, the drill,"
+	@echo "             two pipelines, standbys behind and far ahead, damaged snapshots, deploys)"
 	@echo "make clean   stop the stack and delete its state (.twinstream/) and the virtualenv"
 
 # The Python packages, the jars and, for the targets that drive a browser, Debian's
@@ -145,10 +144,9 @@ integration: INSTALL_ALSO := browser
 integration: install
 	$(BIN)/pytest tests/integration
 
-# tests/chaos whole: every scenario marked chaos_only, which `make test` collects and skips
-# (each names the tests of make test that meet its guarantee: make test keeps to its 30
-# minutes), and the outbound outage at its full 3 minutes. `-s`: the run takes over an
-# hour, so each failover's line is shown as it happens (and kept: pytest would drop a
+# tests/chaos whole: the scenarios of minutes, every one marked chaos_only, which `make
+# test` collects and skips (each module names what make test proves of its guarantee: make
+# test keeps to CI's 40 minutes). `-s`: the run takes over an hour, so each failover's line is shown as it happens (and kept: pytest would drop a
 # passing test's captured output).
 chaos: install
 	TWINSTREAM_CHAOS_FAILOVERS=100 TWINSTREAM_CHAOS_FULL=1 \
@@ -175,9 +173,9 @@ check: system-deps
 	  if [ $$typed -ne 0 ] || [ $$status -ne 0 ] || [ $$made -ne 0 ]; then exit 1; fi
 
 # `make check`, then tests/integration and tests/chaos on a test stack of their own
-# (tests/conftest.py), on an idle machine: they time failovers. Scenarios marked
-# chaos_only are collected and skipped (`make chaos` runs them): of tests/chaos, the
-# outbound outage runs, held until every engine is at its bound. pytest lists each setup,
+# (tests/conftest.py), on an idle machine: they time failovers. Every scenario of
+# tests/chaos is chaos_only, collected and skipped (`make chaos` runs them; a unit test,
+# tests/unit/test_suites.py, keeps every chaos_only test there and none elsewhere). pytest lists each setup,
 # scenario and teardown of 5 s or more: where the suite's time budget goes, every run.
 test: INSTALL_ALSO := browser
 test: system-deps

@@ -242,7 +242,7 @@ class ServingSince(threading.Thread):
 
 
 # `make chaos` only (31 s of `make test`): in `make test` ZooKeeper's leader is killed under
-# load (tests/integration/test_deploy.py: one active, no gap, no duplicate), and SUSPENDED
+# load (tests/chaos/test_zookeeper_leader.py: one active, no gap, no duplicate), and SUSPENDED
 # and LOST are unit-tested (tests/unit/core/test_election.py, test_gate.py).
 @pytest.mark.chaos_only
 def test_zookeeper_down_holds_the_output_and_resumes_within_5s(engines, settings):

@@ -107,3 +107,18 @@ def assert_tiled_once(pipeline: Pipeline, ends: Mapping[int, int]) -> set[tuple[
     assert sorted(wanted - set(counts))[:10] == []
     assert sorted(p for p, c in counts.items() if c > 1)[:10] == []
     return wanted
+
+
+def published_total(engine: EngineProcess) -> int:
+    """Records of every partition the engine knows published (last msg_id + 1 each)."""
+    info = engine.try_get("/pipeline") or {}
+    return sum(v + 1 for v in (info.get("published") or {}).values())
+
+
+def assert_each_partition_tiled_once(pipeline: Pipeline, partitions: int) -> set[tuple[int, int]]:
+    """Every one of `partitions` inbound partitions got records, and partition p of
+    .progress tiles 0..end_p - 1 of it, each offset once; returns every (partition, offset)."""
+    ends = pipeline.inbound_ends()
+    assert sorted(ends) == list(range(partitions))
+    assert all(end > 100 for end in ends.values()), f"a partition got almost nothing: {ends}"
+    return assert_tiled_once(pipeline, ends)
