@@ -23,6 +23,7 @@ import time
 import xmlrpc.client
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -324,17 +325,21 @@ def up(settings: Settings, echo: Echo = print) -> UpReport:
         engines.append(render.SPARES_PROGRAM)
     # The publisher adapters with them: they write topics (as users) that exist only then.
     engines += [name for p in pipelines.values() for name in render.publisher_programs(p)]
-    # Everything but the engines now; the engines once what they need is there.
-    report.started_programs += _start_stopped(supervisor, echo, exclude=engines)
-
-    echo("waiting for ZooKeeper and Kafka; Airflow starts beside them")
     brokers = [f"kafka-{n}" for n in render.node_ids(settings)]
     zookeepers = render.zookeeper_names(settings)
     spark = ["spark-master", "spark-worker"] if settings.spark_standalone else []
-    wait_until_healthy(settings, layout, supervisor, echo, [*zookeepers, *brokers, *spark])
-    report.topics = provision_kafka(settings, pipelines, echo)
-    report.started_programs += _start_stopped(supervisor, echo, only=engines)
-    wait_until_healthy(settings, layout, supervisor, echo, ["airflow", *engines])
+
+    def provision_topics() -> None:
+        report.topics = provision_kafka(settings, pipelines, echo)
+
+    report.started_programs += start_in_order(
+        supervisor,
+        echo,
+        services=[*zookeepers, *brokers, *spark],
+        engines=engines,
+        wait=partial(wait_until_healthy, settings, layout, supervisor, echo),
+        provision=provision_topics,
+    )
     for name, pipeline in pipelines.items():
         if pipeline.engine_ids:
             report.actives[name] = wait_for_one_active(pipeline, echo)
@@ -386,6 +391,34 @@ def stale_text(stale: list[str]) -> str:
         'README, "Change a\n  running pipeline"). Not `twinstream restart ENGINE`: that '
         "loads the new code on\n  the engine's old state, by hand."
     )
+
+
+def start_in_order(
+    supervisor: Supervisor,
+    echo: Echo,
+    services: list[str],
+    engines: list[str],
+    wait: Callable[[list[str]], None],
+    provision: Callable[[], None],
+) -> list[str]:
+    """Start what is stopped, in three steps, each waited for (`wait`) before the next:
+    ZooKeeper, Kafka and the rest (`services`); once Kafka serves (`provision` makes the
+    topics and users), the engines; once the engines run, Airflow. Returns what it started.
+
+    Airflow last: started beside the engines, its five processes (each importing Airflow,
+    tens of seconds of CPU) starved the engines' Python workers on two cores, which Spark
+    gives 10 s to connect back. Each engine's query then failed and restarted five times,
+    and the stack took longer to start than both starts one after the other."""
+    started = _start_stopped(supervisor, echo, exclude=[*engines, render.AIRFLOW_PROGRAM])
+    echo("waiting for ZooKeeper and Kafka")
+    wait(services)
+    provision()
+    started += _start_stopped(supervisor, echo, only=engines)
+    wait(engines)
+    echo("the engines run; starting Airflow")
+    started += _start_stopped(supervisor, echo, only=[render.AIRFLOW_PROGRAM])
+    wait([render.AIRFLOW_PROGRAM])
+    return started
 
 
 def _start_stopped(

@@ -62,6 +62,8 @@ class Program:
 
 # The keeper of this machine's warm spares (twinstream.engine.spare_keeper).
 SPARES_PROGRAM = "spares"
+# Airflow (`airflow standalone`: its scheduler, DAG processor, triggerer and API server).
+AIRFLOW_PROGRAM = "airflow"
 
 
 def new_cluster_id() -> str:
@@ -446,7 +448,7 @@ def programs(
             )
     result.append(
         Program(
-            name="airflow",
+            name=AIRFLOW_PROGRAM,
             command=[sys.executable, "-m", "twinstream.stack.launch", "airflow"],
             priority=30,
             # The settings alone, nothing of the pipelines file: a pipeline added or removed
@@ -455,6 +457,8 @@ def programs(
             environment=env,
             startsecs=10,
             stopwaitsecs=60,
+            # `up` starts it once the engines run (core.up says why).
+            autostart=False,
         )
     )
     return result

@@ -182,27 +182,29 @@ def test_airflow_db_is_migrated_once_then_skipped_by_its_stamp(settings, monkeyp
 
 
 def test_up_starts_the_engines_apart_and_without_waiting_for_each():
-    """`up` starts what is stopped but the engines first, the engines once Kafka serves
-    their topics; each start returns at once (wait_until_healthy watches them)."""
+    """`_start_stopped` starts what is stopped among the programs asked for, and each start
+    returns at once (wait_until_healthy watches them)."""
     supervisor = fake_supervisor(
-        {"zookeeper": "RUNNING", "airflow": "EXITED", "engine-a": "STOPPED", "engine-b": "FATAL"}
+        {"zookeeper": "EXITED", "airflow": "EXITED", "engine-a": "STOPPED", "engine-b": "FATAL"}
     )
     engines = ["engine-a", "engine-b"]
-    assert core._start_stopped(supervisor, lambda _line: None, exclude=engines) == ["airflow"]
+    later = [*engines, "airflow"]
+    assert core._start_stopped(supervisor, lambda _line: None, exclude=later) == ["zookeeper"]
     assert core._start_stopped(supervisor, lambda _line: None, only=engines) == engines
-    assert supervisor.started == [("airflow", False), ("engine-a", False), ("engine-b", False)]
+    assert supervisor.started == [("zookeeper", False), ("engine-a", False), ("engine-b", False)]
 
 
 def test_supervisord_starts_the_engines_only_when_up_asks(settings):
-    """autostart=false for the engines and the keeper of their warm spares alone:
-    supervisord still restarts them on exit."""
+    """autostart=false for the engines, the keeper of their warm spares and Airflow
+    alone (`up` starts Airflow once the engines run): supervisord still restarts them on
+    exit."""
     from twinstream.stack import render
 
     conf = render.supervisord_conf(settings, Layout.of(settings), "/usr/bin")
     sections = {block.split("]", 1)[0]: block for block in conf.split("[program:")[1:]}
     assert any(name.startswith("engine-") for name in sections), sorted(sections)
     for name, block in sections.items():
-        engine = name.startswith("engine-") or name == "spares"
+        engine = name.startswith("engine-") or name in ("spares", "airflow")
         assert f"autostart={'false' if engine else 'true'}" in block, name
         assert "autorestart=true" in block, name
 
@@ -236,3 +238,45 @@ def test_up_names_each_engine_that_runs_older_code_than_its_files_and_restarts_n
     assert "engine b (hostmetrics)" in text
     assert "`twinstream deploy PIPELINE`" in text
     assert core.stale_engines(pipelines, lambda p, e: answers["a"]) == []
+
+
+def test_up_starts_airflow_only_once_the_engines_run():
+    """ZooKeeper and Kafka first, the engines once Kafka is provisioned, Airflow once the
+    engines are healthy: each step waited for before the next starts."""
+    supervisor = fake_supervisor(
+        {
+            "zookeeper": "STOPPED",
+            "kafka-1": "STOPPED",
+            "airflow": "STOPPED",
+            "engine-a": "STOPPED",
+            "engine-b": "STOPPED",
+        }
+    )
+    steps: list[object] = []
+    real_start = supervisor.start
+
+    def start(name: str, wait: bool = True) -> None:
+        steps.append(("start", name))
+        real_start(name, wait)
+
+    supervisor.start = start
+    started = core.start_in_order(
+        supervisor,
+        lambda _line: None,
+        services=["zookeeper", "kafka-1"],
+        engines=["engine-a", "engine-b"],
+        wait=lambda names: steps.append(("wait", tuple(names))),
+        provision=lambda: steps.append("provision"),
+    )
+    assert steps == [
+        ("start", "zookeeper"),
+        ("start", "kafka-1"),
+        ("wait", ("zookeeper", "kafka-1")),
+        "provision",
+        ("start", "engine-a"),
+        ("start", "engine-b"),
+        ("wait", ("engine-a", "engine-b")),
+        ("start", "airflow"),
+        ("wait", ("airflow",)),
+    ]
+    assert started == ["zookeeper", "kafka-1", "engine-a", "engine-b", "airflow"]
