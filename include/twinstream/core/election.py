@@ -41,9 +41,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    ConnectionLoss,
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+)
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import KeeperState
+from kazoo.retry import KazooRetry, RetryFailedError
 from kazoo.security import ACL, Permissions, make_acl
 
 from twinstream.platform.connections import ZooKeeperConnection
@@ -110,6 +117,10 @@ ROOT = "/twinstream"
 # (AUTH_FAILED: a SASL handshake cut short, see Election._revive). Any other state is a
 # session kazoo is keeping or reconnecting (after an expired one, it makes a new one).
 _STARTABLE = (KeeperState.CLOSED, KeeperState.AUTH_FAILED)
+# How often a claim of the nodes tries through dropped connections, waiting 0.1 s, then
+# twice as long each time up to 2 s: about 30 s in all, by when a session of the stack's
+# (at most 30 s) has expired and the election's own handling takes over.
+CLAIM_TRIES = 20
 
 
 def owner_acl(zk: ZooKeeperConnection) -> ACL:
@@ -342,15 +353,31 @@ class Election:
         nobody else may delete either node to make it anew."""
         if self._root_acl is None or self._claimed:
             return
-        if not self._client.exists(ROOT):
-            with contextlib.suppress(NodeExistsError):
-                self._client.create(ROOT, acl=self._root_acl)
-        check_owned(self._client, ROOT, self._root_acl)
+        root_acl = self._root_acl
         home = posixpath.dirname(self._path)
-        # Not allowed even to look at a node someone else made: check_owned says so.
-        with contextlib.suppress(NodeExistsError, NoAuthError):
-            self._client.ensure_path(home, acl=self._root_acl)
-        check_owned(self._client, home, self._root_acl)
+
+        def claim_nodes() -> None:
+            if not self._client.exists(ROOT):
+                with contextlib.suppress(NodeExistsError):
+                    self._client.create(ROOT, acl=root_acl)
+            check_owned(self._client, ROOT, root_acl)
+            # Not allowed even to look at a node someone else made: check_owned says so.
+            with contextlib.suppress(NodeExistsError, NoAuthError):
+                self._client.ensure_path(home, acl=root_acl)
+            check_owned(self._client, home, root_acl)
+
+        # A connection dropped meanwhile (a process starved of CPU misses its pings) is
+        # tried again while kazoo reconnects within the session: a publisher adapter started
+        # beside four engines' JVMs on two cores exited on one. Every step is idempotent.
+        retry = KazooRetry(max_tries=CLAIM_TRIES, delay=0.1, max_delay=2.0, sleep_func=self._sleep)
+        try:
+            retry(claim_nodes)
+        except RetryFailedError as exc:
+            raise ConnectionLoss(
+                f"election {self._identifier}: ZooKeeper did not answer {CLAIM_TRIES} tries "
+                f"(about 30 s) to claim {ROOT} and {home}: is it running "
+                "and reachable (`twinstream status`; TWINSTREAM_ZK_CONNECT names it)?"
+            ) from exc
         self._claimed = True
 
     def publish_standing(self, standing: Standing) -> None:

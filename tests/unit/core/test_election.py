@@ -5,7 +5,7 @@ import time
 
 import pytest
 from kazoo.client import KazooState
-from kazoo.exceptions import AuthFailedError, NoAuthError, NoNodeError
+from kazoo.exceptions import AuthFailedError, ConnectionLoss, NoAuthError, NoNodeError
 from kazoo.protocol.states import KeeperState
 from kazoo.security import make_acl, make_digest_acl
 
@@ -571,3 +571,69 @@ def test_a_short_session_is_stopped_and_closed_after_its_work():
         work()
     assert client.stopped
     assert client.closed
+
+
+class DroppingClient(FakeClient):
+    """A client whose connection drops `drops` times while the nodes are claimed: each
+    drop raises ConnectionLoss, as kazoo does while it reconnects within the session."""
+
+    def __init__(self, ours, drops):
+        super().__init__()
+        self.ours = ours
+        self.drops = drops
+        self.made: list[str] = []
+
+    def _maybe_drop(self):
+        if self.drops > 0:
+            self.drops -= 1
+            raise ConnectionLoss()
+
+    def exists(self, path):
+        self._maybe_drop()
+        return object() if path in self.made else None
+
+    def create(self, path, acl=None):
+        self._maybe_drop()
+        self.made.append(path)
+
+    def ensure_path(self, path, acl=None):
+        self._maybe_drop()
+        self.made.append(path)
+
+    def get_acls(self, path):
+        self._maybe_drop()
+        return self.ours, None
+
+
+def claiming(client, sleeps):
+    return Election(
+        client,
+        "/twinstream/p/election",
+        "/twinstream/p/epoch",
+        "a",
+        on_elected=lambda epoch: None,
+        on_step_down=lambda reason: None,
+        on_connection=lambda ok: None,
+        sleep=sleeps.append,
+        root_acl=client.ours,
+    )
+
+
+def test_a_claim_goes_on_through_dropped_connections_and_then_holds():
+    ours = [make_acl("sasl", "twinstream", all=True)]
+    client, sleeps = DroppingClient(ours, drops=3), list[float]()
+    election = claiming(client, sleeps)
+    election.claim()
+    assert client.made == ["/twinstream", "/twinstream/p"]
+    assert len(sleeps) == 3  # one wait per drop, by the election's own sleep
+    client.drops = 1
+    election.claim()  # claimed once: never asked again, so no drop meets it
+    assert client.drops == 1
+
+
+def test_a_claim_zookeeper_never_answers_says_so_and_names_the_check():
+    ours = [make_acl("sasl", "twinstream", all=True)]
+    client, sleeps = DroppingClient(ours, drops=10**9), list[float]()
+    with pytest.raises(ConnectionLoss, match=r"did not answer 20 tries.*twinstream status"):
+        claiming(client, sleeps).claim()
+    assert 25 < sum(sleeps) < 45, sum(sleeps)
