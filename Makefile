@@ -31,7 +31,7 @@ help:
 	@echo "             on a test stack of their own (tests/chaos collected, all skipped)"
 	@echo "make chaos   tests/chaos: the scenarios of minutes (100 kill -9 failovers, a broker"
 	@echo "             killed, ZooKeeper down 30 s and its leader killed, a 3-minute outbound"
-	@echo "             outage, double kills, a warm spare, a restore through Airflow, the drill,"
+	@echo "             outage, a double kill, a warm spare, a restore through Airflow, the drill,"
 	@echo "             two pipelines, standbys behind and far ahead, damaged snapshots, deploys)"
 	@echo "make clean   stop the stack and delete its state (.twinstream/) and the virtualenv"
 
