@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -225,10 +225,7 @@ class EngineProcess:
         """SIGKILL, and back once Spark's JVM has exited too: a caller that then deletes the
         engine's folder, as when its disk is lost, raced the JVM still writing into it
         (`Directory not empty` in a persist/restore benchmark)."""
-        self.remember_tree()
-        os.kill(self.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        wait_gone(self.tree)
+        kill9_at_once([self])
 
     def terminate(self) -> None:
         """Ask the engine to shut down (SIGTERM, thawed first), without waiting."""
@@ -901,3 +898,17 @@ def percentile(values: Iterable[float], q: float) -> float:
     if not ordered:
         raise ValueError("no values")
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def kill9_at_once(engines: Sequence[EngineProcess]) -> None:
+    """SIGKILL to every one of `engines` before waiting for any, then back once each and its
+    JVM have exited. Killed one after the other, the second could take over in between: the
+    first one's wait for its JVM's exit took long enough on two busy cores for the second's
+    election to see the first one's session end, and a double kill became two kills."""
+    for engine in engines:
+        engine.remember_tree()
+    for engine in engines:
+        os.kill(engine.pid, signal.SIGKILL)
+    for engine in engines:
+        engine.proc.wait(timeout=30)
+        wait_gone(engine.tree)

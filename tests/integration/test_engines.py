@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Producer
 
 from devkit import hostile
-from devkit.harness import EngineProcess, Pipeline, wait_for
+from devkit.harness import EngineProcess, Pipeline, kill9_at_once, wait_for
 from devkit.pace import bound
 from pipelines.hostmetrics.generate import synthetic
 from tests.integration.engines import (
@@ -55,8 +55,7 @@ def test_both_engines_killed_at_once_the_gap_is_recomputed_and_published_once(
     load = pipeline.load(20_000, rate=1000)
     wait_for(lambda: published(a) >= 2000, 60, "the active publishing under load")
     wait_for(lambda: processed(b) > published(a) + 1000, 60, "the standby far ahead")
-    for engine in (a, b):
-        engine.kill9()
+    kill9_at_once([a, b])
     killed = time.monotonic()
     killed_at = time.time()
     b = pipeline.start("b", TWINSTREAM_TRIGGER_INTERVAL_MS="100")
