@@ -2,7 +2,7 @@
 chaos` only (`chaos_only`: TWINSTREAM_CHAOS_FULL=1), a scenario of minutes (146 s on two
 cores at pace 2.26: a pair's start, a handover, an audit and a restart). In `make test`:
 the drill's tasks are tests/unit/ops/test_drill.py's, a kill -9 handover
-tests/integration/test_engines.py's and the audit tests/integration/test_partitions.py's."""
+tests/integration/test_engines.py's and the audit's report tests/unit/ops/test_audit.py's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The retention guard against real Kafka, run by `dag.test()` on a pipeline of its own.
 (The output audit through SparkSubmitOperator and Great Expectations runs on the three
-partitions test_partitions.py's quarantine run publishes: its test of the audit.)"""
+partitions tests/chaos/test_partitions.py's quarantine run publishes, in `make chaos`.)"""
 
 from __future__ import annotations
 
