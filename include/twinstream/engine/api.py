@@ -64,6 +64,9 @@ class ServerInfo(BaseModel):
     # The shape of the pipeline's keyed state (Keyed.state, Spark DDL); "" for a transform,
     # whose state Spark keeps: a deploy whose new version keeps another shape rebuilds it.
     state_shape: str = ""
+    # This engine's process was a warm spare that became it (twinstream.engine.spare): it
+    # skipped a JVM's and a Spark session's start; False: it started cold.
+    from_spare: bool = False
 
 
 class QuarantinedOffset(BaseModel):
@@ -103,6 +106,9 @@ class TakeoverInfo(BaseModel):
     # engine sees it (None until it has published; the previous active's failure to its
     # session's expiry comes before and is not in it).
     first_commit_s: float | None = None
+    # The engine that took over runs in a warm spare's process (it had been started from one
+    # after a loss), not in one that started cold.
+    from_spare: bool = False
 
 
 class LagTrend(BaseModel):

@@ -53,6 +53,7 @@ from twinstream.engine.positions import (
 )
 from twinstream.engine.readiness import InSync, Redundancy
 from twinstream.engine.recovery import Recovery
+from twinstream.engine.spare_keeper import read_status
 from twinstream.engine.status import pipeline_info
 from twinstream.engine.takeover import Takeover
 from twinstream.engine.timeline import Timeline
@@ -151,8 +152,10 @@ class Engine:
         self._batch_ends: tuple[int, dict[int, int] | None] = (-2, None)
         # Serialises start, stop, persist and restore; status reads never wait for it.
         self._lock = threading.RLock()
-        # A warm spare's session when the engine adopted one (twinstream.engine.spare).
+        # A warm spare's session when the engine adopted one (twinstream.engine.spare): this
+        # process was that spare.
         self._spark: SparkSession | None = spark
+        self.from_spare = spark is not None
         self._warmed = False
         self._query: StreamingQuery | None = None
         # stopped, running, restoring, persisting, recovering (twinstream.engine.lifecycle).
@@ -774,6 +777,7 @@ class Engine:
             code_on_disk=on_disk,
             stale=stale,
             state_shape=self.definition.state_shape,
+            from_spare=self.from_spare,
         )
 
     def standing(self, processed: dict[int, int] | None = None) -> Standing:
@@ -869,6 +873,7 @@ class Engine:
         )
         self.meters.standbys(cover)
         self.meters.code(str(self.clients.version), self.code()[1])
+        self.meters.spares(self.from_spare, read_status(self.settings.spares_dir))
         agreement = self.agreement.status()
         self.meters.agreement(
             state=agreement.state,
@@ -891,6 +896,7 @@ class Engine:
             lag_s=self.sync.lag_s,
             cover=cover,
             read_up_to=self._query_position(),
+            from_spare=self.from_spare,
         )
 
     def metrics(self) -> str:

@@ -16,13 +16,19 @@ take over: down, behind, or barred by a disagreement) says so on its active:
 An engine that runs other code than its pipeline's files hold (changed since it started):
 
     max by (pipeline, engine) (twinstream_code_stale) == 1
+
+A machine with no warm spare left, so that its next lost engine starts cold (each engine
+there reports its machine's spares; `engine_from_spare` says whether it was one):
+
+    max by (instance) (twinstream_spares{status="warm"}) == 0
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Gauge
 
@@ -32,6 +38,8 @@ if TYPE_CHECKING:
     from twinstream.engine.readiness import Cover
 
 AGREEMENT_STATES = ("agrees", "disagrees", "unchecked", "shadow")
+# A spare's states as its keeper reports them (twinstream.engine.spare.SpareState's values).
+SPARE_STATUSES = ("warming", "warm", "offered", "adopted")
 ROLES = ("none", "standby", "active")
 
 
@@ -148,10 +156,30 @@ class EngineMetrics(Metrics):
             "twinstream_code_stale",
             "1 while the pipeline's code on disk differs from the code this engine runs",
         )
+        self._from_spare = self._gauge(
+            "twinstream_engine_from_spare",
+            "1 when this engine's process was a warm spare that became it "
+            "(twinstream.engine.spare), 0 when it started cold",
+        )
+        self._spares = Gauge(
+            "twinstream_spares",
+            "This machine's spares by status, as its keeper last wrote them (none while no "
+            "keeper runs: TWINSTREAM_SPARES=0, or a Spark master that is not local)",
+            [*labels, "status"],
+            registry=self.registry,
+        )
         self._digest_seconds = self._gauge(
             "twinstream_digest_seconds",
             "Seconds spent digesting output rows for the agreement check, since the start",
         )
+
+    def spares(self, from_spare: bool, keeper: Sequence[Mapping[str, Any]] | None) -> None:
+        """Whether this engine was a spare, and its machine's spares by status (`keeper`:
+        twinstream.engine.spare_keeper.read_status's rows; None: no keeper runs)."""
+        self._from_spare.set(1 if from_spare else 0)
+        counts = Counter(str(row.get("status")) for row in keeper or ())
+        for status in SPARE_STATUSES:
+            self._spares.labels(**self._labels, status=status).set(counts.get(status, 0))
 
     def batch(self, seconds: float) -> None:
         self._batch_seconds.inc(seconds)

@@ -42,9 +42,11 @@ def pipeline_info(
     cover: Cover | None = None,
     now: float | None = None,
     read_up_to: dict[int, int] | None = None,
+    from_spare: bool = False,
 ) -> PipelineInfo:
     """The engine's pipeline as GET /pipeline answers it; `quarantined` maps record ids
-    (twinstream.core.rows.record_id) to reasons."""
+    (twinstream.core.rows.record_id) to reasons; `from_spare`: the engine's process was a
+    warm spare (its takeovers say so)."""
     return PipelineInfo(
         state=state,
         reason=reason,
@@ -83,6 +85,7 @@ def pipeline_info(
                 at=datetime.fromtimestamp(t.at, UTC).isoformat(timespec="milliseconds"),
                 fence_and_read_s=round(t.fence_and_read_s, 3),
                 first_commit_s=None if t.first_commit_s is None else round(t.first_commit_s, 3),
+                from_spare=from_spare,
             )
             for t in status.takeovers
         ],

@@ -240,6 +240,8 @@ class TakeoverView(BaseModel):
     at: str
     fence_and_read_s: float
     first_commit_s: float | None
+    # The engine that took over runs in a warm spare's process (twinstream.engine.spare).
+    from_spare: bool = False
 
 
 class SnapshotView(BaseModel):

@@ -175,9 +175,10 @@ def history(pipeline: PipelineView) -> Text:
     if pipeline.takeovers:
         t = pipeline.takeovers[0]
         first = "not yet" if t.first_commit_s is None else f"{t.first_commit_s:.2f} s"
+        process = "a warm spare" if t.from_spare else "started cold"
         lines.append(
-            f"  last takeover: engine {t.engine_id} at epoch {t.epoch}, {t.at}; fenced and "
-            f"read in {t.fence_and_read_s:.2f} s, first commit after {first}\n"
+            f"  last takeover: engine {t.engine_id} ({process}) at epoch {t.epoch}, {t.at}; "
+            f"fenced and read in {t.fence_and_read_s:.2f} s, first commit after {first}\n"
         )
     else:
         lines.append("  last takeover: none that a running engine remembers\n")

@@ -267,3 +267,40 @@ def test_an_engine_says_which_code_it_runs_and_when_the_files_changed_since(tmp_
     # Code that cannot be found on disk is not called a change.
     on_disk[0] = ""
     assert engine.server().stale is False
+
+
+def test_an_engine_that_was_a_warm_spare_says_so_in_server_takeovers_and_metrics(tmp_path):
+    """An engine given a warm spare's session (its process was that spare) says so in GET
+    /server, on each takeover it remembers, and in /metrics beside its machine's spares as
+    their keeper last wrote them; one started cold says that too."""
+    from typing import Any
+
+    from prometheus_client import generate_latest
+
+    from tests.unit.fakes import engine_clients
+    from twinstream.engine.app import Engine
+    from twinstream.engine.spare_keeper import write_status
+    from twinstream.platform.settings import load_settings
+
+    settings = load_settings(pipeline="hostmetrics", zk_password="unit-test", state_dir=tmp_path)
+    clients: Any = engine_clients()
+    clients.election.return_value.zk_state = "CONNECTED"
+    definition = mock.MagicMock(name="pipeline")
+    definition.state_shape = ""
+    cold = Engine(settings, "a", definition, clients)
+    warm = Engine(settings, "b", definition, clients, spark=mock.MagicMock(name="spark"))
+    assert (cold.server().from_spare, warm.server().from_spare) == (False, True)
+
+    warm.gate.take_over(3, fence=mock.MagicMock, last_committed=lambda: {0: -1})
+    assert [t.from_spare for t in warm.pipeline().takeovers] == [True]
+
+    write_status(
+        settings.spares_dir,
+        [{"status": "warm"}, {"status": "warming"}, {"status": "adopted", "engine_id": "b"}],
+    )
+    warm.pipeline()  # a status read refreshes the gauges, as GET /metrics does
+    text = generate_latest(warm.meters.registry).decode()
+    labels = 'engine="b",pipeline="hostmetrics"'
+    assert f"twinstream_engine_from_spare{{{labels}}} 1.0" in text
+    for status, count in (("warm", 1), ("warming", 1), ("adopted", 1), ("offered", 0)):
+        assert f'twinstream_spares{{{labels},status="{status}"}} {count}.0' in text

@@ -16,6 +16,7 @@ from tests.unit.fakes import disagreement, pipeline_info, server_info
 from twinstream.engine import snapshot
 from twinstream.engine.client import EngineClient
 from twinstream.ops.overview import FAIL, WARN, covers, latest_audit, overview
+from twinstream.ops.status_view import history
 from twinstream.platform import registry
 from twinstream.platform.settings import Settings, load_settings
 
@@ -201,6 +202,27 @@ def test_takeovers_are_merged_from_every_engine_newest_first(tmp_path: Path):
         (6, "b"),
         (5, "a"),
     ]
+
+
+def test_the_last_takeover_says_whether_its_engine_was_a_warm_spare(tmp_path: Path):
+    def took(epoch: int, from_spare: bool) -> dict[str, Any]:
+        return {
+            "epoch": epoch,
+            "at": "2026-11-26T10:00:00+00:00",
+            "fence_and_read_s": 0.1,
+            "from_spare": from_spare,
+        }
+
+    for from_spare, said in ((True, "engine a (a warm spare)"), (False, "engine a (started cold)")):
+        answers = {
+            "a": (ACTIVE[0], {**ACTIVE[1], "takeovers": [took(7, from_spare)]}),
+            "b": standby({0: 100}, 5),
+            "c": ACTIVE,
+            "d": standby({0: 100}, 5),
+        }
+        seen = overview(pipelines(tmp_path), fake_engines(answers), with_history=False)
+        assert seen.pipelines[0].takeovers[0].from_spare is from_spare
+        assert f"last takeover: {said} at epoch 7" in history(seen.pipelines[0]).plain
 
 
 def test_snapshots_show_age_and_whether_kafka_still_holds_what_they_replay(tmp_path: Path):

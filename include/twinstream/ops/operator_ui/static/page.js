@@ -300,14 +300,16 @@ function pipelineSection(p) {
     ? el(
         "table",
         { class: "small" },
-        el("thead", {}, el("tr", {}, ...["epoch", "engine", "won at (UTC)", "fence + read", "first commit after"].map((h) => el("th", {}, h)))),
+        el("thead", {}, el("tr", {}, ...["epoch", "engine", "won at (UTC)", "fence + read", "first commit after", "engine process"].map((h) => el("th", {}, h)))),
         el(
           "tbody",
           {},
           p.takeovers.map((t) =>
-            el("tr", {}, el("td", {}, t.epoch), el("td", {}, t.engine_id), el("td", {}, t.at.replace("T", " ").replace("+00:00", "")),
+            el("tr", { "data-takeover": t.epoch, "data-from-spare": t.from_spare ? "yes" : "no" }, el("td", {}, t.epoch), el("td", {}, t.engine_id), el("td", {}, t.at.replace("T", " ").replace("+00:00", "")),
               el("td", { class: "n" }, `${t.fence_and_read_s.toFixed(2)} s`),
-              el("td", { class: "n" }, t.first_commit_s === null ? "not yet" : `${t.first_commit_s.toFixed(2)} s`)),
+              el("td", { class: "n" }, t.first_commit_s === null ? "not yet" : `${t.first_commit_s.toFixed(2)} s`),
+              // Whether the engine that took over had been started from a warm spare.
+              el("td", {}, t.from_spare ? "a warm spare" : "started cold")),
           ),
         ),
       )
