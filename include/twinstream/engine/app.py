@@ -873,7 +873,6 @@ class Engine:
         )
         self.meters.standbys(cover)
         self.meters.code(str(self.clients.version), self.code()[1])
-        self.meters.spares(self.from_spare, read_status(self.settings.spares_dir))
         agreement = self.agreement.status()
         self.meters.agreement(
             state=agreement.state,
@@ -902,6 +901,9 @@ class Engine:
     def metrics(self) -> str:
         """Prometheus' text format."""
         self.pipeline()  # refreshes the gauges
+        # The machine's spares only here: a file read every GET /pipeline (the page polls it
+        # each second) would serve no one.
+        self.meters.spares(self.from_spare, read_status(self.settings.spares_dir))
         return self.meters.render().decode()
 
     def timeline(self) -> TimelineInfo:

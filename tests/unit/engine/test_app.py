@@ -275,8 +275,6 @@ def test_an_engine_that_was_a_warm_spare_says_so_in_server_takeovers_and_metrics
     their keeper last wrote them; one started cold says that too."""
     from typing import Any
 
-    from prometheus_client import generate_latest
-
     from tests.unit.fakes import engine_clients
     from twinstream.engine.app import Engine
     from twinstream.engine.spare_keeper import write_status
@@ -298,8 +296,7 @@ def test_an_engine_that_was_a_warm_spare_says_so_in_server_takeovers_and_metrics
         settings.spares_dir,
         [{"status": "warm"}, {"status": "warming"}, {"status": "adopted", "engine_id": "b"}],
     )
-    warm.pipeline()  # a status read refreshes the gauges, as GET /metrics does
-    text = generate_latest(warm.meters.registry).decode()
+    text = warm.metrics()  # GET /metrics
     labels = 'engine="b",pipeline="hostmetrics"'
     assert f"twinstream_engine_from_spare{{{labels}}} 1.0" in text
     for status, count in (("warm", 1), ("warming", 1), ("adopted", 1), ("offered", 0)):
