@@ -266,12 +266,37 @@ def pipeline(stack_env, tmp_path, request: pytest.FixtureRequest) -> Iterator[Pi
         p.discard()
 
 
+@pytest.fixture(scope="module")
+def module_pipeline(
+    stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pipeline]:
+    """A pipeline of the module's own on the stack, shared by its tests so that every test
+    after the first finds its engines warm; discarded (by pid) after the module's last test.
+    A test that needs its engines in some state brings them there itself, so that it also
+    runs alone or out of order."""
+    p = Pipeline(stack_env, tmp_path_factory.mktemp("module-pipeline"))
+    try:
+        yield p
+    finally:
+        p.discard()
+
+
+def _test_pipeline(item: pytest.Item) -> Pipeline | None:
+    """The pipeline with engines of its own that a test used: its `pipeline` fixture's, or
+    a Pipeline among its fixtures' values (`module_pipeline`, or a fixture made from it)."""
+    p = getattr(item, "twinstream_pipeline", None)
+    if isinstance(p, Pipeline):
+        return p
+    values = getattr(item, "funcargs", {}).values()
+    return next((v for v in values if isinstance(v, Pipeline)), None)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     """A failed test with engines of its own reports what each engine logged: CI keeps only
     its printout, and the temporary folder with the logs is gone by the time anyone looks."""
     report = yield
-    p = getattr(item, "twinstream_pipeline", None)
+    p = _test_pipeline(item)
     if report.failed and p is not None:
         for path in sorted(p.workdir.glob("engine-*.log")):
             report.sections.append((f"twinstream log {path.name}", engine_log_tail(path)))

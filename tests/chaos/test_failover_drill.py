@@ -2,7 +2,11 @@
 chaos` only (`chaos_only`: TWINSTREAM_CHAOS_FULL=1), a scenario of minutes (146 s on two
 cores at pace 2.26: a pair's start, a handover, an audit and a restart). In `make test`:
 the drill's tasks are tests/unit/ops/test_drill.py's, a kill -9 handover
-tests/integration/test_engines.py's and the audit's report tests/unit/ops/test_audit.py's."""
+tests/integration/test_engines.py's and the audit's report tests/unit/ops/test_audit.py's.
+
+The module's two tests share one pipeline (`module_pipeline`), its engines stopped by pid
+after the last; each puts the engines in the state it needs (`a` alone, or `a` active with
+`b` its in-sync standby), so either runs alone or out of order."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from devkit.harness import Pipeline, wait_for
+from devkit.harness import EngineProcess, Pipeline, wait_for
 from devkit.pace import bound
 from tests.integration.engines import (
     LONG_SESSIONS,
@@ -32,15 +36,25 @@ def _in_sync_standby(engine: Any) -> bool:
     return bool(server.get("role") == "standby" and info.get("in_sync"))
 
 
+def running(pipeline: Pipeline, engine_id: str) -> EngineProcess:
+    """The pipeline's engine `engine_id`, started if it is not running."""
+    engine = pipeline.engines.get(engine_id)
+    if engine is None or engine.proc.poll() is not None:
+        engine = pipeline.start(engine_id, **LONG_SESSIONS)
+        pipeline.wait_running(engine)
+    return engine
+
+
 @pytest.mark.chaos_only
-def test_the_drill_refuses_without_a_standby_then_hands_over_audits_and_puts_the_engine_back(
-    pipeline: Pipeline, dag_run_env
+def test_the_drill_refuses_without_a_standby_and_stops_nothing(
+    module_pipeline: Pipeline, dag_run_env
 ):
+    pipeline = module_pipeline
     dag_run_env(pipeline)
-    # Before there is a standby the drill refuses, and stops nothing. (Folded in here: a
-    # test of its own cost a pipeline and an engine start, ~30 s of make test.)
-    a = pipeline.start("a", **LONG_SESSIONS)
-    pipeline.wait_running(a)
+    b = pipeline.engines.get("b")
+    if b is not None and b.proc.poll() is None:
+        b.stop()
+    a = running(pipeline, "a")
     wait_for(lambda: a.role() == "active", 30, "a active")
     refused = load_dag("failover_drill").test()
     assert task_states(refused)["plan"] == "failed"
@@ -48,8 +62,16 @@ def test_the_drill_refuses_without_a_standby_then_hands_over_audits_and_puts_the
     assert a.role() == "active"
     assert a.get("/pipeline")["state"] == "running"
 
-    b = pipeline.start("b", **LONG_SESSIONS)
-    pipeline.wait_running(b)
+
+@pytest.mark.chaos_only
+def test_the_drill_hands_over_audits_and_puts_the_engine_back_exactly_once(
+    module_pipeline: Pipeline, dag_run_env
+):
+    pipeline = module_pipeline
+    dag_run_env(pipeline)
+    a = running(pipeline, "a")
+    wait_for(lambda: a.role() == "active", 30, "a active")
+    b = running(pipeline, "b")
     assert b.role() == "standby", b.role()
     pipeline.warm_up(a, b)
     wait_for(lambda: _in_sync_standby(b), 120, "b an in-sync standby")

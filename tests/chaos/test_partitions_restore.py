@@ -100,7 +100,7 @@ def assert_per_key_order(pipeline: Pipeline, outputs: list[Record]) -> None:
 
 
 @pytest.mark.chaos_only
-def test_three_partitions_on_shared_storage_kill_9_and_a_lost_engine_restored_through_airflow(
+def test_a_lost_engine_over_three_partitions_is_restored_by_airflow_and_leads_exactly_once(
     stack_env, tmp_path, dag_run_env
 ):
     # Checkpoints and snapshots by `file://` URLs, as on HDFS or S3 (twinstream.platform.storage):

@@ -1,7 +1,10 @@
 """Persist from a standby and restore-and-resync, on real ZooKeeper, Kafka and Spark, with
 the Airflow DAGs run by `dag.test()`.
 
-Each test runs a pipeline of its own with engine processes it starts and stops by pid.
+The module's tests share one pipeline of their own (`module_pipeline`, through `pair`):
+its engines, started and stopped by pid, are warm for every test after the first. Each
+test asks `pair` for both engines running, so any of them runs alone or out of order, only
+slower (an engine's start).
 """
 
 from __future__ import annotations
@@ -94,20 +97,36 @@ def _standby(pipeline: Pipeline) -> EngineProcess:
     return found
 
 
-def test_persisting_the_standby_never_pauses_the_output_and_survives_a_takeover(
-    pipeline: Pipeline,
-):
-    pipeline.start_pair()
+@pytest.fixture
+def pair(module_pipeline: Pipeline) -> Pipeline:
+    """The module's pipeline with both engines running, one active and one standby: started
+    the first time, and an engine an earlier test killed started again."""
+    p = module_pipeline
+    if not p.engines:
+        p.start_pair()
+        return p
+    dead = [e for e, proc in p.engines.items() if proc.proc.poll() is not None]
+    p.wait_running(*[p.start(e) for e in dead])
+    wait_for(p.active, 60, "one engine active")
+    p.wait_processed(p.produced - 1, *p.engines.values())
+    return p
 
-    def longest_pause_of_the_output(during: Callable[[Stalls], None]) -> float:
-        """While LOAD events arrive at 1,000/s, until the last one is published."""
-        load = pipeline.load(LOAD, rate=1000)
-        stalls = Stalls(pipeline, pipeline.produced - 1)
-        during(stalls)
-        pipeline.join_load(load, timeout_s=180)
-        pipeline.wait_published(pipeline.produced - 1)
-        return stalls.result()
 
+def longest_pause_of_the_output(pipeline: Pipeline, during: Callable[[Stalls], None]) -> float:
+    """While LOAD events arrive at 1,000/s, until the last one is published."""
+    load = pipeline.load(LOAD, rate=1000)
+    stalls = Stalls(pipeline, pipeline.produced - 1)
+    during(stalls)
+    pipeline.join_load(load, timeout_s=180)
+    pipeline.wait_published(pipeline.produced - 1)
+    return stalls.result()
+
+
+def test_persisting_the_standby_never_pauses_the_output(pair: Pipeline):
+    """Three persists from whichever engine is the in-sync standby, under 1,000 events/s:
+    the output keeps the rhythm it has without them, and each persist is a valid snapshot,
+    later ones further on."""
+    pipeline = pair
     manifests: list[dict[str, Any]] = []
 
     def persist_three_times(stalls: Stalls) -> None:
@@ -123,23 +142,37 @@ def test_persisting_the_standby_never_pauses_the_output_and_survives_a_takeover(
             wait_for(reached, 120, f"msg_id {target} published")
             manifests.append(persist(_standby(pipeline)))
 
-    rhythm = longest_pause_of_the_output(lambda _stalls: None)
-    longest = longest_pause_of_the_output(persist_three_times)
+    before = {i.snapshot_id for i in snapshot.list_snapshots(pipeline.settings.snapshot_dir)}
+    rhythm = longest_pause_of_the_output(pipeline, lambda _stalls: None)
+    longest = longest_pause_of_the_output(pipeline, persist_three_times)
     print(f"the output's longest pause: {rhythm:.2f} s without persists, {longest:.2f} s with")
     # Batches on two shared cores take a few seconds each and vary: same rhythm means no
     # pause longer than half as much again as without persists, or one batch more.
     assert longest <= max(1.5 * rhythm, rhythm + 3.0), (longest, rhythm)
     offsets = [m["next_offset"] for m in manifests]
     assert offsets == sorted(offsets), offsets
-    valid = [i for i in snapshot.list_snapshots(pipeline.settings.snapshot_dir) if i.valid]
-    assert sorted(i.snapshot_id for i in valid) == sorted(m["snapshot_id"] for m in manifests)
-    active = wait_for(pipeline.active, 30, "an active engine")
+    valid = [
+        i.snapshot_id
+        for i in snapshot.list_snapshots(pipeline.settings.snapshot_dir)
+        if i.valid and i.snapshot_id not in before
+    ]
+    assert sorted(valid) == sorted(m["snapshot_id"] for m in manifests)
+
+
+def test_the_active_refuses_to_persist_naming_why(pair: Pipeline):
+    """A persist is taken from a standby only, so that the active never pauses: the active
+    refuses one (409) and says it is the active."""
+    active = wait_for(pair.active, 30, "an active engine")
     refused = active.post("/pipeline/persist")
     assert refused.status_code == 409
     assert "active" in refused.json()["reason"]
 
-    # The active dies while the standby is persisting: the takeover waits for nothing and
-    # the persist completes.
+
+def test_a_takeover_during_a_persist_waits_for_nothing_and_the_persist_completes(pair: Pipeline):
+    """The active is killed -9 while its standby persists under load: the standby takes
+    over, the persist completes as the newest snapshot, and every inbound offset is
+    published exactly once, as the reference computes it."""
+    pipeline = pair
     load = pipeline.load(6_000, rate=1000)
     standby = _standby(pipeline)
     active = wait_for(pipeline.active, 30, "an active engine")
