@@ -30,9 +30,11 @@ help:
 	@echo "make test    install everything; make check, then every test of tests/integration"
 	@echo "             on a test stack of their own (tests/chaos collected, all skipped)"
 	@echo "make chaos   tests/chaos: the scenarios of minutes (100 kill -9 failovers, a broker"
-	@echo "             killed, ZooKeeper down 30 s and its leader killed, a 3-minute outbound"
-	@echo "             outage, a double kill, a warm spare, a restore through Airflow, the drill,"
-	@echo "             two pipelines, standbys behind and far ahead, damaged snapshots, deploys)"
+	@echo "             killed, ZooKeeper down 30 s and its leader killed, the inbound leader lost,"
+	@echo "             a 3-minute outbound outage, a double kill under supervisord, a warm spare,"
+	@echo "             a quarantine and an audit over three partitions, a restore through Airflow,"
+	@echo "             the drill, two pipelines, three engines, standbys behind and far ahead,"
+	@echo "             damaged snapshots, a standalone cluster, up after down, deploys)"
 	@echo "make clean   stop the stack and delete its state (.twinstream/) and the virtualenv"
 
 # The Python packages, the jars and, for the targets that drive a browser, Debian's
