@@ -332,9 +332,8 @@ class Election:
         not running (never started, stopped) or kazoo gave up on it (`_STARTABLE`): kazoo's
         `start` on a client that is reconnecting closes it first, joining its handler's
         threads, one of which may be running a state listener that waits for the caller
-        (an engine's POST /pipeline/start, entered while its session was SUSPENDED, hung
-        for good in a fresh-clone `make test`, 2026-11-27). A reconnecting client is left
-        to reconnect: the election waits for it."""
+        (an engine's POST /pipeline/start entered while its session is SUSPENDED would hang
+        for good). A reconnecting client is left to reconnect: the election waits for it."""
         self._stop.clear()
         if self._client.client_state in _STARTABLE:
             self._client.start(timeout=30)
@@ -558,11 +557,10 @@ class Election:
         `start`, never `restart`: kazoo's `stop` queues a close request for the connection
         thread, and on a client it gave up on that thread has already ended, so the request
         waits in the queue and the next session sends it the moment it connects. Each new
-        session then closed itself within ~0.1 s and the next restart queued another: an
-        engine under load churned through 148 sessions in 70 s and never stood for election
-        again (bench.keys, 2026-11-27), while ZooKeeper logged every one authenticated.
-        (The same close-after-reset ordering is python-zk/kazoo#688, where it made stop()
-        wait forever.)"""
+        session would then close itself within ~0.1 s and the next restart queue another:
+        an engine under load would churn through sessions and never stand for election
+        again, while ZooKeeper logs every one authenticated. (The same close-after-reset
+        ordering is python-zk/kazoo#688, where it made stop() wait forever.)"""
         if self._stop.is_set() or self._client.client_state not in _STARTABLE:
             return
         log.warning(
