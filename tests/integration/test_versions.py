@@ -3,7 +3,7 @@ on its GET /server and /metrics and in a header of every record it publishes; a 
 the pipeline's files while it runs is seen, never taken on silently (issue 51, point 1).
 A standby on new code beside the active on the old is a shadow: what differs is reported,
 and it is neither barred nor restored for it (issue 51, point 3). The deploy that brings
-every engine to the new code: tests/chaos/test_deploys.py."""
+every engine to the new code: tests/integration/test_deploys.py."""
 
 from __future__ import annotations
 

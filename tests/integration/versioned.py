@@ -1,5 +1,6 @@
-"""Pipelines of two versions for the versions' and deploys' tests: the example under a
-declared version 1, and a version 2 with the same state and another output."""
+"""Pipelines of three versions for the versions' and deploys' tests: the example under a
+declared version 1, a version 2 with the same state and another output, and a version 3
+whose state has another shape (a count of each host's records beside its window)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,29 @@ class StepV2(HostStep):
 
 pipeline = dataclasses.replace(
     example, version="2", keyed=dataclasses.replace(example.keyed, step=StepV2())
+)
+"""
+
+
+# Version 3: the state gains a member (each host's count of records), so its shape changes
+# and the first engine of the version must rebuild it by a replay; each value says the count.
+RESHAPED = """import dataclasses
+
+from pipelines.hostmetrics.pipeline import STATE, HostStep, pipeline as example
+
+
+class StepV3(HostStep):
+    def __call__(self, state, record):
+        seen = 0 if state is None else state[3]
+        new_state, out = super().__call__(None if state is None else state[:3], record)
+        value = out["value"][:-1] + f', "n": {seen + 1}}}'
+        return (*new_state, seen + 1), {"host": out["host"], "value": value}
+
+
+pipeline = dataclasses.replace(
+    example,
+    version="3",
+    keyed=dataclasses.replace(example.keyed, step=StepV3(), state=STATE + ", seen BIGINT"),
 )
 """
 
