@@ -130,7 +130,6 @@ class VersionedPipeline:
     package: str
     folder: Path
     references: dict[str, str]  # version -> the module of a package holding its code
-    deploys: list[Deployed]
 
     def write(self, code: str, n: int) -> str:
         """Version `n`'s code and its test on disk, as the owner writes them; its version
@@ -168,9 +167,7 @@ class VersionedPipeline:
         ends = p.inbound_ends()
         # The active knows every partition published (the harness's own wait).
         p.wait_caught_up(wait_for(p.active, 30, "an active"), field="published", timeout_s=120)
-        done = Deployed(record, lines, versions, assert_tiled_once(p, ends))
-        self.deploys.append(done)
-        return done
+        return Deployed(record, lines, versions, assert_tiled_once(p, ends))
 
     def assert_rows_by_version(
         self, wanted: set[tuple[int, int]], version_at: Callable[[int, int], str]
@@ -212,7 +209,7 @@ def versioned(stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFactor
     v1 = f"1+{digest(folder)}"
     try:
         p.start_pair()
-        yield VersionedPipeline(p, package, folder, {v1: f"{package}.pipeline"}, [])
+        yield VersionedPipeline(p, package, folder, {v1: f"{package}.pipeline"})
     finally:
         p.discard()
 
