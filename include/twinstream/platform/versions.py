@@ -2,8 +2,10 @@
 
 Guarantee: two engines report the same version only if they loaded the same declared
 version from byte-identical code, every ``.py`` file of the folder that holds the pipeline's
-module (its package: ``pipelines/<name>/``); a change the owner did not declare still changes
-the digest. Reading the code on disk never changes what an engine runs: an engine's version
+module (its package: ``pipelines/<name>/``) but its tests; a change the owner did not declare
+still changes the digest. Its tests (pytest's ``test_*.py``, ``*_test.py`` and
+``conftest.py``) are not what an engine runs: a test added beside the code is no new version
+to deploy. Reading the code on disk never changes what an engine runs: an engine's version
 is fixed when it loads its pipeline, and a later digest of the disk only says whether the
 two still match.
 
@@ -43,11 +45,22 @@ class CodeVersion:
 UNVERSIONED = CodeVersion("", "")
 
 
+def is_test(path: Path) -> bool:
+    """A file pytest collects or configures from, which no engine imports."""
+    return (
+        path.name == "conftest.py" or path.name.startswith("test_") or path.stem.endswith("_test")
+    )
+
+
 def digest(folder: Path) -> str:
-    """The digest of every .py file under `folder` (their paths relative to it and their
-    bytes, in path order; caches left out)."""
+    """The digest of every .py file under `folder` but its tests (their paths relative to
+    it and their bytes, in path order; caches left out)."""
     sha = hashlib.sha256()
-    files = sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts and p.is_file())
+    files = sorted(
+        p
+        for p in folder.rglob("*.py")
+        if "__pycache__" not in p.parts and p.is_file() and not is_test(p)
+    )
     for path in files:
         sha.update(path.relative_to(folder).as_posix().encode())
         sha.update(b"\0")

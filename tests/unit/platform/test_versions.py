@@ -1,5 +1,5 @@
 """A pipeline's version: its declared name and a digest of its code, which changes with any
-change of its folder's Python files and nothing else."""
+change of its folder's Python files (but its tests) and nothing else."""
 
 from __future__ import annotations
 
@@ -43,6 +43,10 @@ def test_the_digest_changes_with_the_code_and_nothing_else(tmp_path):
     (tmp_path / "__pycache__").mkdir()
     (tmp_path / "__pycache__" / "a.cpython-311.py").write_text("cache")
     (tmp_path / "notes.txt").write_text("not code")
+    assert digest(tmp_path) == first
+    # Its tests are not what an engine runs: adding or changing one is no new version.
+    for test in ("test_a.py", "a_test.py", "conftest.py", "sub/test_b.py"):
+        (tmp_path / test).write_text("def test(): pass\n")
     assert digest(tmp_path) == first
     (tmp_path / "sub" / "b.py").write_text("y = 3\n")
     assert digest(tmp_path) != first
