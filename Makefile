@@ -137,7 +137,7 @@ typecheck: install
 	$(BIN)/mypy
 
 unit: install
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest tests/unit pipelines
 
 dags: install
 	$(BIN)/pytest tests/dags
@@ -167,7 +167,7 @@ check: system-deps
 	@typecheck=$$(mktemp); beside=$$(mktemp); built=0; \
 	  if [ -n "$(BESIDE)" ]; then $(MAKE) --no-print-directory $(BESIDE) >"$$beside" 2>&1 & built=$$!; fi; \
 	  $(BIN)/mypy >"$$typecheck" 2>&1 & mypy=$$!; \
-	  status=0; $(BIN)/pytest --durations=15 tests/unit tests/dags || status=$$?; \
+	  status=0; $(BIN)/pytest --durations=15 tests/unit tests/dags pipelines || status=$$?; \
 	  typed=0; wait $$mypy || typed=$$?; \
 	  echo "== mypy"; cat "$$typecheck"; rm -f "$$typecheck"; \
 	  made=0; if [ $$built -ne 0 ]; then wait $$built || made=$$?; fi; \
