@@ -16,6 +16,13 @@ opens), and only on the operator's word (`--yes`: at once); before that the new 
 runs beside the old as a shadow whose differences are shown. The old active is then
 restarted on the new version like any later engine, as a standby.
 
+The output never waits for a deploy: should the active be lost while the new version's
+first engine is its only standby, that engine takes over as in any failover, before the
+switch. The deploy then records that cutover as it would its own (read from the progress
+topic, marked unplanned) and restarts the engines left on the old version from the
+snapshot the first engine took as soon as it ran the new version, which exists for this:
+the active is never persisted.
+
 A deploy is a sequence of steps, each awaited with a deadline and a progress line; a step
 that fails stops the deploy with the reason and what to do, leaving every engine that was
 not yet touched on the old version and the active leading: the output never stops because
@@ -40,7 +47,7 @@ from twinstream.engine.client import EngineClient
 from twinstream.ops.deploy_log import DeployLog, Record, zookeeper_log
 from twinstream.ops.drill import EpochTail, Takeover, stop_and_measure
 from twinstream.ops.operate import OperateError, observe, persist_from, sync_check
-from twinstream.ops.overview import EngineView
+from twinstream.ops.overview import WORKING, EngineView
 from twinstream.platform.settings import CommonSettings, Connections, TaskSettings
 
 log = logging.getLogger(__name__)
@@ -193,6 +200,9 @@ def await_in_sync(d: Deployment, engine_id: str, since: str) -> None:
         d.echo(f"  {check.message}")
         if check.done:
             return
+        if d.engines[engine_id].server().role == "active":
+            d.echo(f"  engine {engine_id}: leads now (the active was lost)")
+            return
         if d.clock() > deadline:
             raise DeployError(f"engine {engine_id}: not in sync within {d.wait_s:.0f} s")
         d.sleep(d.poll_s)
@@ -237,8 +247,30 @@ def start_first(d: Deployment, engine_id: str, target: Target, record: Record) -
             f"applies from inbound offset {positions_text(at)}"
         )
     record.first_engine = engine_id
+    await_running(d, engine_id)
+    # Taken at once, not after the catch-up: should the active be lost before the switch,
+    # this engine leads, and the engines left on the old version need a snapshot of the
+    # new version that a standby took (the active is never persisted).
+    record.snapshot = persist_new(d, engine_id, target)
     await_in_sync(d, engine_id, f"version {target.version} started")
     return record
+
+
+def await_running(d: Deployment, engine_id: str) -> None:
+    """Poll until the engine's query runs (its admin API answers a moment before), so
+    that it can be persisted; DeployError when it fails or the deploy's wait is over."""
+    deadline = d.clock() + d.wait_s
+    while True:
+        info = d.engines[engine_id].pipeline()
+        if info.state in WORKING:
+            return
+        if info.state != "stopped" or info.reason != NOT_STARTED or d.clock() > deadline:
+            raise DeployError(
+                f"engine {engine_id}: {info.state} ({info.reason}) instead of running its "
+                "query; the deploy stopped there. Its log says why"
+            )
+        d.echo(f"  engine {engine_id}: starting its query")
+        d.sleep(d.poll_s)
 
 
 def persist_new(d: Deployment, source: str, target: Target) -> str:
@@ -343,8 +375,17 @@ def switch(d: Deployment, p: Plan, target: Target) -> tuple[Takeover, dict[int, 
 def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
     """Deploy `target` on every engine of the pipeline (see the module's guarantee)."""
     seen = views(d)
-    p = plan(seen, target)
     last = d.deploys.last()
+    if (
+        last is not None
+        and last[1].version == target.version
+        and last[1].cutover
+        and all(v.pipeline_version == target.version for v in seen)
+    ):
+        # Done already (a lead passed before the switch finished it, or a run again).
+        d.echo(f"already deployed on every engine of {d.pipeline}: {last[1].text()}")
+        return last[1]
+    p = plan(seen, target)
     if rollback:
         if last is None:
             raise DeployError(
@@ -388,6 +429,8 @@ def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
             f"the state's shape changed (now {target.state_shape}): the first engine "
             "replays the retained input from a window back (TWINSTREAM_WINDOW_RETENTION_MS)"
         )
+    # From here on, the progress topic tells who published what (a lead may pass early).
+    d.progress.mark()
     current = list(p.current)
     stale = list(p.stale)
     if not record.start:
@@ -405,17 +448,21 @@ def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
             "from: another start would compute other rows. Declare a new version (the "
             "pipeline's `version`) and deploy again"
         )
-    for engine_id in stale:
+    for i, engine_id in enumerate(stale):
+        if (leader := _new_leads(d, target)) is not None:
+            return _lead_passed(d, node, record, target, leader, [*stale[i:], p.active])
         record.snapshot = persist_new(d, current[0], target)
         d.deploys.update(node, record)
         start_later(d, engine_id, record.snapshot, target)
         current.append(engine_id)
-    if len(current) == 1:
+    if len(current) == 1 and _new_leads(d, target) is None:
         # The old active restarts from a snapshot of the version after the switch; the only
         # standby of it leads by then, and the active is never persisted: take it now.
         record.snapshot = persist_new(d, current[0], target)
         d.deploys.update(node, record)
         await_in_sync(d, current[0], f"snapshot {record.snapshot}")
+    if (leader := _new_leads(d, target)) is not None:
+        return _lead_passed(d, node, record, target, leader, [p.active])
 
     for line in summary(d, target):
         d.echo(line)
@@ -443,6 +490,40 @@ def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
         record.snapshot = persist_new(d, source, target)
     start_later(d, p.active, record.snapshot, target)
     d.deploys.update(node, record)
+    d.echo(f"deployed {target.version} on every engine of {d.pipeline}: {record.text()}")
+    return record
+
+
+def _new_leads(d: Deployment, target: Target) -> str | None:
+    """The engine that leads on the new version before the switch (the active was lost
+    and a standby of the new version won the election), or None."""
+    for v in views(d):
+        if v.problem is None and v.role == "active" and v.pipeline_version == target.version:
+            return v.engine_id
+    return None
+
+
+def _lead_passed(
+    d: Deployment, node: str, record: Record, target: Target, leader: str, old: list[str]
+) -> Record:
+    """The lead passed to the new version before the switch: the cutover recorded as the
+    progress topic shows it (unplanned), then every engine left on the old version
+    restarted on the new one from the newest snapshot of it."""
+    record.cutover = cutover(d.progress.since(), target.version, {})
+    record.switched_at = d.now().isoformat()
+    record.unplanned = True
+    d.deploys.update(node, record)
+    d.echo(
+        f"engine {leader}, on version {target.version}, leads before the switch: the active "
+        f"was lost and it took over, as in any failover. Cutover: {record.text()}"
+    )
+    for engine_id in old:
+        if engine_id == leader:
+            continue
+        seen = {v.engine_id: v for v in views(d)}
+        if engine_id in seen and seen[engine_id].pipeline_version == target.version:
+            continue
+        start_later(d, engine_id, record.snapshot, target)
     d.echo(f"deployed {target.version} on every engine of {d.pipeline}: {record.text()}")
     return record
 

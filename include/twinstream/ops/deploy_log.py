@@ -37,6 +37,9 @@ class Record:
     switched_at: str = ""
     takeover_s: float | None = None
     rolled_back: bool = False
+    # The lead passed before the switch: the active was lost while the new version's
+    # standby was the one to take over (twinstream.ops.deploy.run).
+    unplanned: bool = False
 
     def as_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -58,6 +61,7 @@ class Record:
             parts.append(
                 f"version {self.previous} up to msg_id {positions_text(self.cutover)}, "
                 f"{self.version} after"
+                + (" (unplanned: the active was lost)" if self.unplanned else "")
             )
         else:
             parts.append("not switched")

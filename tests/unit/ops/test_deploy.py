@@ -281,20 +281,22 @@ def test_standbys_go_first_one_at_a_time_then_the_switch_then_the_old_active():
         # b: the first engine of version 2, on its own checkpoint (the shape is unchanged).
         "stop b",
         "start b",
-        # c: from a snapshot b (version 2) took, its own checkpoint set aside first.
+        # At once: the snapshot the old engines would need if b took over early.
         "persist b -> snap-b-0",
+        # c: from a snapshot b (version 2) took, its own checkpoint set aside first.
+        "persist b -> snap-b-1",
         "stop c",
         "set aside c",
         "start c",
-        "restore c snap-b-0",
+        "restore c snap-b-1",
         # Every standby runs version 2: the switch; b leads.
         "stop pipeline a",
         # a: from a snapshot of c, the standby of version 2 left.
-        "persist c -> snap-c-1",
+        "persist c -> snap-c-2",
         "stop a",
         "set aside a",
         "start a",
-        "restore a snap-c-1",
+        "restore a snap-c-2",
     ]
     assert {e.engine_id: (e.role, e.version) for e in stack.engines.values()} == {
         "a": ("standby", NEW),
@@ -322,13 +324,15 @@ def test_with_one_standby_its_snapshot_is_taken_before_the_switch_for_the_old_ac
     assert stack.calls == [
         "stop b",
         "start b",
-        # The active is never persisted: b's snapshot is taken while b is a standby.
         "persist b -> snap-b-0",
+        # The active is never persisted: b's snapshot is taken while b is a standby, once
+        # it has caught up (the old active then has little to catch up on).
+        "persist b -> snap-b-1",
         "stop pipeline a",
         "stop a",
         "set aside a",
         "start a",
-        "restore a snap-b-0",
+        "restore a snap-b-1",
     ]
     lines = "\n".join(d.lines)  # type: ignore[attr-defined]
     # The shadow's summary, with an example of both versions' rows, before the switch.
@@ -337,6 +341,50 @@ def test_with_one_standby_its_snapshot_is_taken_before_the_switch_for_the_old_ac
     assert "12 of 40 ranges differ" in lines
     assert "old: v1" in lines
     assert "new: v2" in lines
+
+
+def test_an_active_lost_before_the_switch_passes_the_lead_and_the_deploy_completes_it():
+    # The active is lost while b, the new version's first engine, catches up: b takes over
+    # as in any failover. The deploy records that cutover (unplanned) and restarts a, back
+    # on the old version, from the snapshot b took as soon as it ran the new version.
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby")
+    d = deployment(stack)
+    persist = stack.engines["b"].persist
+
+    def lose_the_active_after_the_first_snapshot() -> Manifest:
+        manifest = persist()
+        a = stack.engines["a"]
+        a.role, a.state = "none", "stopped"
+        stack.elect()
+        a.role, a.state = "standby", "running"  # a is back, a standby of the old version
+        return manifest
+
+    stack.engines["b"].persist = lose_the_active_after_the_first_snapshot  # type: ignore[method-assign]
+    record = deploy.run(d, TARGET)
+    assert stack.calls == [
+        "stop b",
+        "start b",
+        "persist b -> snap-b-0",
+        # No switch and no persist of the active b: a restarts from b's first snapshot.
+        "stop a",
+        "set aside a",
+        "start a",
+        "restore a snap-b-0",
+    ]
+    assert {e.engine_id: (e.role, e.version) for e in stack.engines.values()} == {
+        "a": ("standby", NEW),
+        "b": ("active", NEW),
+    }
+    assert record.unplanned
+    assert record.cutover == {0: 510, 1: 490}
+    assert "(unplanned: the active was lost)" in record.text()
+    lines = "\n".join(d.lines)  # type: ignore[attr-defined]
+    assert "engine b, on version 2+bbbbbbbbbbbb, leads before the switch" in lines
+    # The DAG's switch task after it (or the CLI again): nothing left, not an error.
+    again = deploy.run(deployment(stack, d.deploys), TARGET)  # type: ignore[arg-type]
+    assert again == record
 
 
 def test_no_switch_without_the_operators_word():
@@ -360,7 +408,7 @@ def test_no_switch_without_the_operators_word():
     log = d.deploys
     again = deploy.run(deployment(stack, log), TARGET)  # type: ignore[arg-type]
     assert again.start == record.start
-    assert stack.calls[:2] == ["persist b -> snap-b-1", "stop pipeline a"]
+    assert stack.calls[:2] == ["persist b -> snap-b-2", "stop pipeline a"]
 
 
 def test_failing_tests_restart_nothing():
