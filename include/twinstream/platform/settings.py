@@ -622,6 +622,11 @@ class StackLayout(BaseSettings):
     # of kafka_ports + 200 (9292, 9293, 9294).
     kafka_broker_ports: PortList = []
     airflow_port: Port = 8080
+    # The niceness Airflow runs at, and with it every DAG task and Spark job it starts
+    # (`setpriority`, inherited): the engines, at 0, keep the cores first. At 10 a task
+    # gets about a tenth of a busy core's share beside an engine's thread, which is what
+    # it should: an audit or a persist can wait a minute, an output cannot. 0: no change.
+    airflow_niceness: int = Field(default=10, ge=0, le=19)
     # Whether a DAG Airflow sees for the first time starts paused (Airflow's
     # dags_are_paused_at_creation). False: the housekeeping DAGs run on their schedules, as
     # the README's "What runs by itself" says. The tests' stack sets it: they trigger DAGs

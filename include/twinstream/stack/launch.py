@@ -132,6 +132,16 @@ def migrate_airflow_db(settings: Settings, echo: Callable[[str], None] = print) 
     return True
 
 
+def lower_priority(niceness: int) -> None:
+    """This process, and so every process it starts (Airflow's scheduler, workers, task
+    processes and their Spark JVMs, which inherit it), at `niceness` below the engines:
+    on two cores the first audits and persists after `make up` otherwise ran beside four
+    starting engines as their equals (load 38, engines' Python workers too slow to
+    connect back to Spark, issue 52). Lowering one's own priority needs no privilege."""
+    if niceness > 0:
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] not in ("airflow", "airflow-db", *SPARK):
@@ -153,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     env = airflow_environment(settings, os.environ)
     Layout.of(settings).airflow_home.mkdir(parents=True, exist_ok=True)
     airflow = str(Path(sys.executable).parent / "airflow")
+    lower_priority(settings.airflow_niceness)
     # Replace this process so that supervisord's pid is Airflow's own.
     os.execve(airflow, [airflow, "standalone"], env)  # noqa: S606 - fixed argv, no shell
 

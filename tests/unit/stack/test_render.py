@@ -1,3 +1,4 @@
+import os
 import re
 import shlex
 
@@ -424,3 +425,28 @@ def test_launch_replaces_itself_with_the_rendered_spark_master_or_worker(tmp_pat
     assert env["SPARK_LOCAL_IP"] == "spark-worker"
     with pytest.raises(SystemExit, match=r"airflow\|spark-master\|spark-worker"):
         launch.main(["spark"])
+
+
+@pytest.mark.parametrize(("niceness", "expected"), [("", 10), ("0", None), ("15", 15)])
+def test_airflow_and_everything_it_starts_run_below_the_engines(
+    tmp_path, monkeypatch, niceness, expected
+):
+    """`launch airflow` lowers its own priority before it becomes `airflow standalone`, so
+    that every task and Spark job Airflow starts inherits it (issue 52)."""
+    from twinstream.stack import launch
+
+    monkeypatch.setenv("TWINSTREAM_STATE_DIR", str(tmp_path))
+    if niceness:
+        monkeypatch.setenv("TWINSTREAM_AIRFLOW_NICENESS", niceness)
+    calls: list[tuple[object, ...]] = []
+    monkeypatch.setattr("os.setpriority", lambda *args: calls.append(("setpriority", *args)))
+
+    def execve(*args):
+        calls.append(("execve", args[1][1]))
+        raise SystemExit(0)
+
+    monkeypatch.setattr("os.execve", execve)
+    with pytest.raises(SystemExit):
+        launch.main(["airflow"])
+    lowered = [] if expected is None else [("setpriority", os.PRIO_PROCESS, 0, expected)]
+    assert calls == [*lowered, ("execve", "standalone")]
