@@ -219,7 +219,7 @@ def loaded(d: Deployment, engine_id: str, target: Target) -> None:
         )
 
 
-def start_first(d: Deployment, engine_id: str, target: Target, record: Record) -> Record:
+def start_first(d: Deployment, engine_id: str, target: Target, record: Record, node: str) -> Record:
     """The first engine of the new version: restarted on its own checkpoint (state shape
     unchanged) or rebuilt by a replay of the retained input; where the new logic begins is
     returned in the record."""
@@ -252,6 +252,9 @@ def start_first(d: Deployment, engine_id: str, target: Target, record: Record) -
     # this engine leads, and the engines left on the old version need a snapshot of the
     # new version that a standby took (the active is never persisted).
     record.snapshot = persist_new(d, engine_id, target)
+    # Recorded before the catch-up, which may take minutes: a deploy stopped during it and
+    # run again continues from this start instead of restarting the engine for another.
+    d.deploys.update(node, record)
     await_in_sync(d, engine_id, f"version {target.version} started")
     return record
 
@@ -438,7 +441,7 @@ def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
         # starting point of its own; every standby starts again from this deploy's.
         stale, current = stale + current, []
         first = stale.pop(0)
-        record = start_first(d, first, target, record)
+        record = start_first(d, first, target, record, node)
         d.deploys.update(node, record)
         current.append(first)
     elif not current:

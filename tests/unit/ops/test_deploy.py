@@ -387,6 +387,33 @@ def test_an_active_lost_before_the_switch_passes_the_lead_and_the_deploy_complet
     assert again == record
 
 
+def test_a_deploy_stopped_while_its_first_engine_catches_up_continues_from_its_start():
+    stack = Stack()
+    stack.add("a", "active")
+    b = stack.add("b", "standby")
+    log = MemoryLog()
+    level = b.pipeline
+
+    def behind() -> PipelineInfo:
+        # On the new version, b stays behind: the deploy's wait runs out.
+        info = level()
+        lagging = info.state == "running" and b.version == NEW
+        return info.model_copy(update={"in_sync": False}) if lagging else info
+
+    b.pipeline = behind  # type: ignore[method-assign]
+    with pytest.raises(DeployError, match="not in sync"):
+        deploy.run(deployment(stack, log, wait_s=0.0), TARGET)
+    # The start and the first snapshot were recorded before the wait, not after it.
+    assert log.records[0].start == {0: 100, 1: 90}
+    assert log.records[0].snapshot == "snap-b-0"
+    b.pipeline = level  # type: ignore[method-assign]
+    stack.calls.clear()
+    again = deploy.run(deployment(stack, log), TARGET)
+    assert "stop b" not in stack.calls  # continued: b is not restarted for another start
+    assert again.start == {0: 100, 1: 90}
+    assert again.cutover == {0: 510, 1: 490}
+
+
 def test_no_switch_without_the_operators_word():
     stack = Stack()
     stack.add("a", "active")
