@@ -218,15 +218,23 @@ def main() -> int:
     load = SteadyLoad(settings, args.rate, args.hosts).start()
     marks: list[tuple[float, str]] = []
     deploys: list[dict[str, Any]] = []
+
+    def done(figures: dict[str, Any]) -> None:
+        # Written after each deploy, marked incomplete: a run stopped before its end (a
+        # catch-up of many minutes on a loaded machine) still leaves what it measured.
+        deploys.append(figures)
+        partial = {"rate_per_s": args.rate, "hosts": args.hosts, "complete": False}
+        write_figures(args.output, "deploy", {**partial, "deploys": deploys}, echo=False)
+
     try:
         warm_up(engines, time.monotonic(), args.settle)
         with code(VERSION_2):
-            deploys.append(one_deploy(stack, watch, "deploy", False, marks, t0, args.wait))
-        deploys.append(one_deploy(stack, watch, "rollback", True, marks, t0, args.wait))
+            done(one_deploy(stack, watch, "deploy", False, marks, t0, args.wait))
+        done(one_deploy(stack, watch, "rollback", True, marks, t0, args.wait))
         if args.shape:
             with code(SHAPE_CHANGED):
-                deploys.append(one_deploy(stack, watch, "shape", False, marks, t0, args.wait))
-            deploys.append(one_deploy(stack, watch, "shape rollback", True, marks, t0, args.wait))
+                done(one_deploy(stack, watch, "shape", False, marks, t0, args.wait))
+            done(one_deploy(stack, watch, "shape rollback", True, marks, t0, args.wait))
     finally:
         sent = load.stop()
         print(f"waiting for all {sent:,} events of the run to be published", flush=True)
@@ -238,6 +246,7 @@ def main() -> int:
     figures: dict[str, Any] = {
         "rate_per_s": args.rate,
         "hosts": args.hosts,
+        "complete": True,
         "messages": sent,
         "deploys": deploys,
         "longest_output_gap_s": summary([d["longest_output_gap_s"] for d in deploys]),
