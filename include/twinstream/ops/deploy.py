@@ -47,7 +47,7 @@ from twinstream.engine.client import EngineClient
 from twinstream.ops.deploy_log import DeployLog, Record, zookeeper_log
 from twinstream.ops.drill import EpochTail, Takeover, stop_and_measure
 from twinstream.ops.operate import OperateError, observe, persist_from, sync_check
-from twinstream.ops.overview import WORKING, EngineView
+from twinstream.ops.overview import EngineView
 from twinstream.platform.settings import CommonSettings, Connections, TaskSettings
 
 log = logging.getLogger(__name__)
@@ -247,11 +247,14 @@ def start_first(d: Deployment, engine_id: str, target: Target, record: Record, n
             f"applies from inbound offset {positions_text(at)}"
         )
     record.first_engine = engine_id
-    await_running(d, engine_id)
-    # Taken at once, not after the catch-up: should the active be lost before the switch,
-    # this engine leads, and the engines left on the old version need a snapshot of the
-    # new version that a standby took (the active is never persisted).
-    record.snapshot = persist_new(d, engine_id, target)
+    if record.rebuilt == CHECKPOINT:
+        # Taken at once, not after the catch-up: should the active be lost before the
+        # switch, this engine leads, and the engines left on the old version need a
+        # snapshot of the new version that a standby took (the active is never persisted).
+        # A replaying engine is restoring until in sync: it can neither be persisted nor
+        # win the election before then.
+        await_running(d, engine_id)
+        record.snapshot = persist_new(d, engine_id, target)
     # Recorded before the catch-up, which may take minutes: a deploy stopped during it and
     # run again continues from this start instead of restarting the engine for another.
     d.deploys.update(node, record)
@@ -265,7 +268,7 @@ def await_running(d: Deployment, engine_id: str) -> None:
     deadline = d.clock() + d.wait_s
     while True:
         info = d.engines[engine_id].pipeline()
-        if info.state in WORKING:
+        if info.state == "running":
             return
         if info.state != "stopped" or info.reason != NOT_STARTED or d.clock() > deadline:
             raise DeployError(
@@ -512,6 +515,15 @@ def _lead_passed(
     """The lead passed to the new version before the switch: the cutover recorded as the
     progress topic shows it (unplanned), then every engine left on the old version
     restarted on the new one from the newest snapshot of it."""
+    if not record.snapshot:
+        raise DeployError(
+            f"engine {leader}, on version {target.version}, leads before the switch (the "
+            "active was lost), and no snapshot of the version exists yet for the engines "
+            f"left on the old version ({', '.join(old)}): they stay standbys on it, and the "
+            "output goes on. Restore them on the new code with snapshot 'cold' "
+            "(restore_and_resync), a replay from a window back: until a window has passed "
+            "their rows may differ from the leader's, which the agreement check shows"
+        )
     record.cutover = cutover(d.progress.since(), target.version, {})
     record.switched_at = d.now().isoformat()
     record.unplanned = True

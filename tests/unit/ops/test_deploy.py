@@ -89,6 +89,7 @@ class FakeEngine:
         self.checkpoint: dict[int, int] | None = {0: 100, 1: 90}
         self.shape = SHAPE
         self.starting = False
+        self.behind = 0
 
     def server(self) -> ServerInfo:
         return server_info(
@@ -128,6 +129,14 @@ class FakeEngine:
             # Its API answers before its query starts: one look sees it not started.
             self.starting = False
             return pipeline_info(state="stopped", reason="not started")
+        if self.state == "restoring":
+            # Behind for a few looks (the restore's own reply is one), then in sync, and so
+            # running from the next.
+            self.behind -= 1
+            caught_up = self.behind < 0
+            if caught_up:
+                self.state = "running"
+            return pipeline_info(state="restoring", in_sync=caught_up, lag=0 if caught_up else 9)
         return pipeline_info(
             state=self.state,
             in_sync=self.state == "running",
@@ -150,6 +159,7 @@ class FakeEngine:
 
     def persist(self) -> Manifest:
         assert self.role == "standby", "the active is never persisted"
+        assert self.state == "running", "only a running standby persists (not a restoring one)"
         snapshot_id = f"snap-{self.engine_id}-{len(self.stack.snapshots)}"
         self.stack.snapshots[snapshot_id] = self.version
         self.stack.calls.append(f"persist {self.engine_id} -> {snapshot_id}")
@@ -171,7 +181,11 @@ class FakeEngine:
     def restore(self, snapshot: str) -> RestoreReport:
         self.stack.calls.append(f"restore {self.engine_id} {snapshot}")
         assert snapshot == "cold" or self.stack.snapshots[snapshot] == self.version
-        self.state, self.role, self.checkpoint = "running", "standby", {0: 0}
+        # A replay is restoring until in sync (then running, at the next look), as the
+        # engine is: neither persisted nor elected before.
+        self.state = "restoring" if snapshot == "cold" else "running"
+        self.behind = 3
+        self.role, self.checkpoint = "standby", {0: 0}
         self.stack.elect()
         start = {0: 40, 1: 30} if snapshot == "cold" else {0: 300, 1: 280}
         return RestoreReport(
