@@ -427,7 +427,7 @@ def test_launch_replaces_itself_with_the_rendered_spark_master_or_worker(tmp_pat
         launch.main(["spark"])
 
 
-@pytest.mark.parametrize(("niceness", "expected"), [("", 10), ("0", None), ("15", 15)])
+@pytest.mark.parametrize(("niceness", "expected"), [("", None), ("0", None), ("10", 10)])
 def test_airflow_and_everything_it_starts_run_below_the_engines(
     tmp_path, monkeypatch, niceness, expected
 ):
