@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from twinstream.core.agreement import PublishedRange
 from twinstream.core.rows import positions_text
-from twinstream.engine.api import EngineApi, ShadowInfo
+from twinstream.engine.api import EngineApi, PipelineInfo, ShadowInfo
 from twinstream.engine.client import EngineClient
 from twinstream.ops.deploy_log import DeployLog, Record, zookeeper_log
 from twinstream.ops.drill import EpochTail, Takeover, stop_and_measure
@@ -187,12 +187,7 @@ def await_in_sync(d: Deployment, engine_id: str, since: str) -> None:
     started = time.time()
     deadline = d.clock() + d.wait_s
     while True:
-        info = d.engines[engine_id].pipeline()
-        if info.state == "stopped" and info.reason == NOT_STARTED and d.clock() < deadline:
-            # Its admin API answers a moment before the engine starts its query.
-            d.echo(f"  engine {engine_id}: starting its query")
-            d.sleep(d.poll_s)
-            continue
+        _past_not_started(d, engine_id, deadline)
         try:
             check = sync_check(d.engines[engine_id], started, d.wait_s, time.time(), since)
         except OperateError as exc:
@@ -262,21 +257,26 @@ def start_first(d: Deployment, engine_id: str, target: Target, record: Record, n
     return record
 
 
-def await_running(d: Deployment, engine_id: str) -> None:
-    """Poll until the engine's query runs (its admin API answers a moment before), so
-    that it can be persisted; DeployError when it fails or the deploy's wait is over."""
-    deadline = d.clock() + d.wait_s
+def _past_not_started(d: Deployment, engine_id: str, deadline: float) -> PipelineInfo:
+    """The engine's pipeline once it is past "not started" (its admin API answers a
+    moment before it starts its query), or as it is at the deadline."""
     while True:
         info = d.engines[engine_id].pipeline()
-        if info.state == "running":
-            return
         if info.state != "stopped" or info.reason != NOT_STARTED or d.clock() > deadline:
-            raise DeployError(
-                f"engine {engine_id}: {info.state} ({info.reason}) instead of running its "
-                "query; the deploy stopped there. Its log says why"
-            )
+            return info
         d.echo(f"  engine {engine_id}: starting its query")
         d.sleep(d.poll_s)
+
+
+def await_running(d: Deployment, engine_id: str) -> None:
+    """Wait until the engine's query runs, so that it can be persisted; DeployError when
+    it fails or the deploy's wait is over."""
+    info = _past_not_started(d, engine_id, d.clock() + d.wait_s)
+    if info.state != "running":
+        raise DeployError(
+            f"engine {engine_id}: {info.state} ({info.reason}) instead of running its "
+            "query; the deploy stopped there. Its log says why"
+        )
 
 
 def persist_new(d: Deployment, source: str, target: Target) -> str:
@@ -444,8 +444,7 @@ def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
         # starting point of its own; every standby starts again from this deploy's.
         stale, current = stale + current, []
         first = stale.pop(0)
-        record = start_first(d, first, target, record, node)
-        d.deploys.update(node, record)
+        record = start_first(d, first, target, record, node)  # recorded by it
         current.append(first)
     elif not current:
         raise DeployError(
@@ -461,13 +460,15 @@ def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
         d.deploys.update(node, record)
         start_later(d, engine_id, record.snapshot, target)
         current.append(engine_id)
-    if len(current) == 1 and _new_leads(d, target) is None:
+    leader = _new_leads(d, target)
+    if leader is None and len(current) == 1:
         # The old active restarts from a snapshot of the version after the switch; the only
         # standby of it leads by then, and the active is never persisted: take it now.
         record.snapshot = persist_new(d, current[0], target)
         d.deploys.update(node, record)
         await_in_sync(d, current[0], f"snapshot {record.snapshot}")
-    if (leader := _new_leads(d, target)) is not None:
+        leader = _new_leads(d, target)
+    if leader is not None:
         return _lead_passed(d, node, record, target, leader, [p.active])
 
     for line in summary(d, target):
@@ -532,13 +533,10 @@ def _lead_passed(
         f"engine {leader}, on version {target.version}, leads before the switch: the active "
         f"was lost and it took over, as in any failover. Cutover: {record.text()}"
     )
+    on_target = {v.engine_id for v in views(d) if v.pipeline_version == target.version}
     for engine_id in old:
-        if engine_id == leader:
-            continue
-        seen = {v.engine_id: v for v in views(d)}
-        if engine_id in seen and seen[engine_id].pipeline_version == target.version:
-            continue
-        start_later(d, engine_id, record.snapshot, target)
+        if engine_id not in on_target:
+            start_later(d, engine_id, record.snapshot, target)
     d.echo(f"deployed {target.version} on every engine of {d.pipeline}: {record.text()}")
     return record
 
