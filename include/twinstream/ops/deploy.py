@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from twinstream.core.agreement import PublishedRange
 from twinstream.core.rows import positions_text
 from twinstream.engine.api import EngineApi, PipelineInfo, ShadowInfo
-from twinstream.engine.client import EngineClient
+from twinstream.engine.client import EngineClient, EngineError
 from twinstream.ops.deploy_log import DeployLog, Record, zookeeper_log
 from twinstream.ops.drill import EpochTail, Takeover, stop_and_measure
 from twinstream.ops.operate import OperateError, observe, persist_from, sync_check
@@ -118,6 +118,11 @@ class Deployment:
     echo: Echo = print
     wait_s: float = 600.0
     poll_s: float = 1.0
+    # The switch waits up to this long for a standby of the new version that holds every
+    # msg_id the active has published (`await_level`), looking every `level_poll_s`: a
+    # batch lasts a fraction of a second, and the switch should follow the one that levels.
+    level_wait_s: float = 120.0
+    level_poll_s: float = 0.2
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
@@ -366,9 +371,85 @@ def cutover(
     return last
 
 
+# Looks in a row at which a standby must hold all the active has published: one look can
+# fall on the moment its batch ends just after the active's; two show it keeping pace.
+LEVEL_LOOKS = 2
+
+
+def behind_active(published: Mapping[int, int], info: PipelineInfo) -> dict[int, int]:
+    """Per partition, how many msg_ids the active has published that a standby (`info`) has
+    not processed yet: empty when its buffer holds all of it, so that a takeover now would
+    publish at once instead of after its next batch."""
+    processed = info.processed_positions()
+    return {
+        p: last - processed.get(p, -1)
+        for p, last in sorted(published.items())
+        if processed.get(p, -1) < last
+    }
+
+
+def await_level(d: Deployment, active: str, standbys: Sequence[str]) -> str | None:
+    """Wait until a standby of the new version is level with the active: in sync, and its
+    buffer holds every msg_id the active has published at `LEVEL_LOOKS` looks in a row.
+    Returns that standby; None when the active no longer runs (lost: a standby of the new
+    version leads, as in any failover). "In sync" alone (a lag within TWINSTREAM_IN_SYNC_S of the
+    engine's own rate) let a switch follow a standby's snapshot, whose query restarts: its
+    first batches are slow and its lag seconds long, and in bench.deploy the output then
+    paused 6.5 s, not a takeover's 1.5 s. DeployError when none levels within
+    `level_wait_s`: the active leads on, the standbys stay on the new version, and the
+    deploy run again switches."""
+    deadline = d.clock() + d.level_wait_s
+    in_a_row = dict.fromkeys(standbys, 0)
+    last_said = -1.0
+    while True:
+        try:
+            seen = d.engines[active].pipeline()
+        except EngineError as exc:
+            d.echo(f"  engine {active}: does not answer ({exc})")
+            return None
+        if seen.state != "running":
+            return None
+        published = seen.published_positions()
+        lines = []
+        for engine_id in standbys:
+            info = d.engines[engine_id].pipeline()
+            behind = behind_active(published, info)
+            level = info.state == "running" and info.in_sync and not behind
+            in_a_row[engine_id] = in_a_row[engine_id] + 1 if level else 0
+            if in_a_row[engine_id] >= LEVEL_LOOKS:
+                d.echo(
+                    f"  engine {engine_id}: holds every msg_id {active} published "
+                    f"({positions_text(published)}) at {LEVEL_LOOKS} looks in a row: switching"
+                )
+                return engine_id
+            lines.append(
+                f"engine {engine_id}: {info.state}, "
+                + ("in sync" if info.in_sync else f"not in sync (lag {info.lag})")
+                + (
+                    f", {sum(behind.values()):,} msg_ids behind what {active} published "
+                    f"({positions_text(behind)})"
+                    if behind
+                    else f", holds all {active} published"
+                )
+            )
+        if d.clock() >= deadline:
+            raise DeployError(
+                f"no standby of the new version caught up with what {active} publishes "
+                f"within {d.level_wait_s:.0f} s ({'; '.join(lines)}), so a switch would pause "
+                "the output for its catch-up, longer than a takeover; nothing was switched: "
+                f"{active} leads and the standbys run the new version. Run the deploy again "
+                "when they keep pace (a lower inbound rate, or the platform's own jobs done)"
+            )
+        if d.clock() - last_said >= d.poll_s:
+            last_said = d.clock()
+            d.echo(f"  waiting to switch until a standby is level: {'; '.join(lines)}")
+        d.sleep(d.level_poll_s)
+
+
 def switch(d: Deployment, p: Plan, target: Target) -> tuple[Takeover, dict[int, int]]:
-    """Stop the active's pipeline: a standby on the new version takes over at a
-    transaction boundary. Returns the takeover and the cutover per partition."""
+    """Stop the active's pipeline (once a standby is level with it: `await_level`): a
+    standby on the new version takes over at a transaction boundary. Returns the takeover
+    and the cutover per partition."""
     standbys = {e: d.engines[e] for e in d.engines if e != p.active}
     d.progress.mark()
     with d.tail() as tail:
@@ -483,6 +564,8 @@ def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
         )
         return record
 
+    if await_level(d, p.active, current) is None and (leader := _new_leads(d, target)):
+        return _lead_passed(d, node, record, target, leader, [p.active])
     takeover, cut = switch(d, p, target)
     record.cutover = cut
     record.switched_at = d.now().isoformat()

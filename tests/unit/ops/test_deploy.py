@@ -90,6 +90,9 @@ class FakeEngine:
         self.shape = SHAPE
         self.starting = False
         self.behind = 0
+        # Looks at which a running standby's rows trail what the active published (a query
+        # restarted by a snapshot, its first batches slow); -1: it never catches up.
+        self.trailing = 0
 
     def server(self) -> ServerInfo:
         return server_info(
@@ -137,11 +140,16 @@ class FakeEngine:
             if caught_up:
                 self.state = "running"
             return pipeline_info(state="restoring", in_sync=caught_up, lag=0 if caught_up else 9)
+        processed = {0: 500, 1: 480}
+        if self.role == "standby" and self.trailing:
+            self.trailing -= self.trailing > 0
+            processed = {0: 460, 1: 480}
         return pipeline_info(
             state=self.state,
             in_sync=self.state == "running",
             lag=0,
             published={0: 500, 1: 480},
+            processed=processed,
             agreement=AgreementInfo(state="shadow" if shadow else "unchecked", shadow=shadow),
         )
 
@@ -355,6 +363,51 @@ def test_with_one_standby_its_snapshot_is_taken_before_the_switch_for_the_old_ac
     assert "12 of 40 ranges differ" in lines
     assert "old: v1" in lines
     assert "new: v2" in lines
+
+
+def trail(engine: FakeEngine, looks: int) -> bool:
+    """The operator's yes, after which `engine` trails the active for `looks` looks."""
+    engine.trailing = looks
+    return True
+
+
+def test_the_switch_waits_until_a_standby_holds_all_the_active_published_twice_in_a_row():
+    stack = Stack()
+    stack.add("a", "active")
+    b = stack.add("b", "standby")
+    switched_at: list[int] = []
+    original_stop = FakeEngine.stop
+
+    def stop(engine: FakeEngine) -> Any:
+        switched_at.append(b.trailing)
+        return original_stop(engine)
+
+    d = deployment(stack)
+    # In sync (its lag within seconds of its rate) but 40 msg_ids short of what a published
+    # at its first looks after the snapshot restarted its query: a switch then waits for
+    # its next batch, seconds on a restarted query.
+    d.confirm = lambda question: trail(b, 5)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(FakeEngine, "stop", stop)
+        deploy.run(d, TARGET)
+    assert switched_at == [0], "the active was stopped before b held what it had published"
+    lines = "\n".join(d.lines)  # type: ignore[attr-defined]
+    assert "in sync, 40 msg_ids behind what a published (40)" in lines
+    assert "engine b: holds every msg_id a published (0:500, 1:480) at 2 looks in a row" in lines
+    assert stack.engines["b"].role == "active"
+
+
+def test_a_standby_that_never_keeps_pace_stops_the_deploy_before_the_switch():
+    stack = Stack()
+    stack.add("a", "active")
+    b = stack.add("b", "standby")
+    d = deployment(stack)
+    d.confirm = lambda question: trail(b, -1)
+    with pytest.raises(DeployError, match=r"no standby of the new version caught up") as err:
+        deploy.run(d, TARGET)
+    assert "Run the deploy again" in str(err.value)
+    assert "stop pipeline a" not in stack.calls
+    assert (stack.engines["a"].role, stack.engines["b"].version) == ("active", NEW)
 
 
 def test_an_active_lost_before_the_switch_passes_the_lead_and_the_deploy_completes_it():
