@@ -14,6 +14,10 @@ as its progress record says, and the output values meet the pipeline's own expec
 (`twinstream.contract`). The result is kept as JSON and as GX Data Docs in
 `<state>/audit/<pipeline>/`.
 
+**Below the engines.** The Spark job runs at `TWINSTREAM_JOB_NICENESS` (10), its JVM
+inheriting the niceness from the task's thread: an audit can wait a minute, an output
+cannot. Airflow's own servers keep `TWINSTREAM_AIRFLOW_NICENESS` (0).
+
 **Where an audit ends** (the `up_to` Param, in each inbound partition, never inside a
 published transaction):
 
@@ -66,7 +70,12 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, task, task_group
 
-from twinstream.ops.audit import CURSOR_ID_PATTERN, TOPIC_NAME_PATTERN, UP_TO_PATTERN
+from twinstream.ops.audit import (
+    CURSOR_ID_PATTERN,
+    TOPIC_NAME_PATTERN,
+    UP_TO_PATTERN,
+    below_the_engines,
+)
 from twinstream.platform import registry
 from twinstream.platform.settings import REPO_ROOT, TaskSettings, load
 
@@ -167,6 +176,8 @@ def audit_output_topic() -> None:
             conf={"spark.ui.enabled": "false", "spark.driver.memory": "1g"},
             application_args=job_args(pipeline),
             name="twinstream-audit",
+            # Below the engines (TWINSTREAM_JOB_NICENESS): its JVM inherits the niceness.
+            pre_execute=below_the_engines(SETTINGS.job_niceness),
         )
         audit_output >> verdict(pipeline)
         # Not after the job: the engines' word needs no Spark, and a failed job does not

@@ -119,6 +119,9 @@ def test_the_audit_submits_the_spark_job_with_the_kafka_connector(dags):
     assert submit.application.endswith("spark_jobs/audit_output.py")
     assert submit._conn_id == "spark_default"
     assert submit.driver_class_path.endswith("spark-kafka/*")
+    # Its JVM runs below the engines: the task's thread is niced before the submit.
+    assert submit._pre_execute_hook is not None
+    assert submit._pre_execute_hook.__qualname__.startswith("below_the_engines")
     # The job leaves the verdict to a task of its own: a finding fails without a retry.
     assert "each_pipeline.audit_output" in dag.task_dict["each_pipeline.verdict"].upstream_task_ids
     job_args = dag.task_dict["each_pipeline.job_args"].python_callable

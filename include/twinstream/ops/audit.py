@@ -780,6 +780,19 @@ def job_args(pipeline: str, params: Mapping[str, Any], run_id: str) -> list[str]
     return [*args, "--up-to", str(up_to), "--run-id", run_id]
 
 
+def below_the_engines(niceness: int) -> Callable[[Any], None]:
+    """The audit job's `pre_execute`: the task's thread, and so the spark-submit it starts
+    and the Spark JVM under it (children inherit it), at `niceness` below the engines
+    (TWINSTREAM_JOB_NICENESS): the audit can wait a minute, an output cannot."""
+
+    def pre_execute(context: Any) -> None:
+        from twinstream.stack.launch import lower_priority
+
+        lower_priority(niceness)
+
+    return pre_execute
+
+
 def audit_verdict(audit_dir: Path, params: Mapping[str, Any], run_id: str) -> dict[str, Any]:
     """The `verdict` task: the report the job wrote for this run (its cursor's), recorded
     as the run's `verdict` (twinstream.ops.audit_runs); a finding fails the task at once

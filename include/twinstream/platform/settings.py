@@ -602,6 +602,12 @@ class Housekeeping(BaseSettings):
     # engines are not gaps yet); by default an audit ends at what the engines committed.
     audit_interval_s: int = Field(default=600, ge=60)
     audit_inflight_msgs: int = Field(default=20_000, ge=0)
+    # The niceness of the Spark jobs the DAGs start (the audit's), below the engines: on
+    # two cores each audit's JVM took a third of a core for minutes, every
+    # audit_interval_s, as the engines' equal (their batches then took 85 s at 300 events/s
+    # and ZooKeeper sessions were lost). Airflow's own servers keep TWINSTREAM_AIRFLOW_NICENESS:
+    # the page must answer at once. A job can wait; an output cannot.
+    job_niceness: int = Field(default=10, ge=0, le=19)
 
 
 class StackLayout(BaseSettings):

@@ -137,8 +137,10 @@ def lower_priority(niceness: int) -> None:
     processes and their Spark JVMs, which inherit it), at `niceness` below the engines:
     on two cores the first audits and persists after `make up` otherwise ran beside four
     starting engines as their equals (load 38, engines' Python workers too slow to
-    connect back to Spark, issue 52). Lowering one's own priority needs no privilege."""
-    if niceness > 0:
+    connect back to Spark, issue 52). Lowering one's own priority needs no privilege;
+    one already lower is kept. Linux sets it for the calling thread, whose children
+    inherit it: call it on the thread that starts them."""
+    if niceness > os.getpriority(os.PRIO_PROCESS, 0):
         os.setpriority(os.PRIO_PROCESS, 0, niceness)
 
 

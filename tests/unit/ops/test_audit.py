@@ -22,6 +22,7 @@ from twinstream.ops.audit import (
     UpTo,
     UpToError,
     Validation,
+    below_the_engines,
     choose_ends,
     cursor_file,
     failed_expectations,
@@ -509,3 +510,26 @@ def test_each_versions_outputs_are_checked_against_its_own_kept_expectations(tmp
     alone, none = version_suites([None], "2+bbbbbbbbbbbb", "x INT", new, lambda v: None)
     assert [s.name for s in alone] == [SUITE_VALUES]
     assert none == []
+
+
+def test_the_audit_job_starts_below_the_engines_and_never_above_a_lower_priority():
+    """The pre_execute hook nices the task's thread, so the spark-submit it starts and the
+    JVM under it inherit the niceness; a thread already lower stays lower. Run on a thread
+    of its own: Linux sets a niceness per thread, and pytest's must stay as it is."""
+    import subprocess
+    import sys
+    import threading
+
+    seen: list[str] = []
+
+    def task(first: int, then: int) -> None:
+        below_the_engines(first)(None)
+        below_the_engines(then)(None)
+        child = [sys.executable, "-c", "import os; print(os.nice(0))"]
+        seen.append(subprocess.run(child, capture_output=True, text=True, check=True).stdout)
+
+    for first, then in ((10, 0), (12, 10)):
+        thread = threading.Thread(target=task, args=(first, then))
+        thread.start()
+        thread.join(30)
+    assert [int(s) for s in seen] == [10, 12]
