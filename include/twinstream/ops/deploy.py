@@ -92,6 +92,12 @@ class DeployError(OperateError):
     """The deploy stopped; the message says where, why, and what to do."""
 
 
+class StandbysBehind(DeployError):
+    """The plan's only objection: a running standby is not in sync (yet). Under load a
+    level standby's lag swings about the in-sync bound, so the deploy waits it out
+    (`planned`) before it refuses."""
+
+
 @dataclass
 class Deployment:
     """What a deploy works with: the pipeline's engines (id -> admin API), their processes,
@@ -172,7 +178,10 @@ def plan(seen: Sequence[EngineView], target: Target) -> Plan:
         if v.problem is not None or v.state != "running" or not v.in_sync or v.disagrees
     ]
     if unready:
-        raise DeployError(
+        behind = all(
+            v.problem is None and v.state == "running" and not v.disagrees for v in unready
+        )
+        raise (StandbysBehind if behind else DeployError)(
             "every standby must be running, in sync and not disagreeing before a deploy "
             "takes one out of the election: "
             + "; ".join(v.describe() for v in unready)
@@ -459,6 +468,22 @@ def switch(d: Deployment, p: Plan, target: Target) -> tuple[Takeover, dict[int, 
     return takeover, cutover(ranges, target.version, takeover.before())
 
 
+def planned(d: Deployment, seen: list[EngineView], target: Target) -> tuple[list[EngineView], Plan]:
+    """The plan of the engines as `seen`, looking again up to `level_wait_s` (a line a
+    look) while standbys run but are not in sync; any other objection at once. The
+    engines as last seen, and the plan."""
+    deadline = d.clock() + d.level_wait_s
+    while True:
+        try:
+            return seen, plan(seen, target)
+        except StandbysBehind as exc:
+            if d.clock() >= deadline:
+                raise
+            d.echo(f"  waiting for the standbys to be in sync: {exc}")
+            d.sleep(d.poll_s)
+        seen = views(d)
+
+
 def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
     """Deploy `target` on every engine of the pipeline (see the module's guarantee)."""
     seen = views(d)
@@ -472,7 +497,7 @@ def run(d: Deployment, target: Target, *, rollback: bool = False) -> Record:
         # Done already (a lead passed before the switch finished it, or a run again).
         d.echo(f"already deployed on every engine of {d.pipeline}: {last[1].text()}")
         return last[1]
-    p = plan(seen, target)
+    seen, p = planned(d, seen, target)
     if rollback:
         if last is None:
             raise DeployError(

@@ -93,6 +93,9 @@ class FakeEngine:
         # Looks at which a running standby's rows trail what the active published (a query
         # restarted by a snapshot, its first batches slow); -1: it never catches up.
         self.trailing = 0
+        # Looks at which a running engine is not in sync (its lag swings about the bound
+        # under load); -1: never in sync.
+        self.unsynced = 0
 
     def server(self) -> ServerInfo:
         return server_info(
@@ -140,14 +143,16 @@ class FakeEngine:
             if caught_up:
                 self.state = "running"
             return pipeline_info(state="restoring", in_sync=caught_up, lag=0 if caught_up else 9)
+        synced = self.state == "running" and not self.unsynced
+        self.unsynced -= self.unsynced > 0
         processed = {0: 500, 1: 480}
         if self.role == "standby" and self.trailing:
             self.trailing -= self.trailing > 0
             processed = {0: 460, 1: 480}
         return pipeline_info(
             state=self.state,
-            in_sync=self.state == "running",
-            lag=0,
+            in_sync=synced,
+            lag=0 if synced else 1396,
             published={0: 500, 1: 480},
             processed=processed,
             agreement=AgreementInfo(state="shadow" if shadow else "unchecked", shadow=shadow),
@@ -569,6 +574,25 @@ def test_a_standby_not_in_sync_is_not_taken_out_of_the_election():
     stack.add("b", "standby").state = "restoring"
     with pytest.raises(DeployError, match="every standby must be running, in sync"):
         deploy.run(deployment(stack), TARGET)
+
+
+def test_a_running_standby_out_of_sync_for_a_moment_is_waited_for_and_never_for_ever():
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby").unsynced = 3
+    d = deployment(stack)
+    deploy.run(d, TARGET)
+    lines = "\n".join(d.lines)  # type: ignore[attr-defined]
+    assert "waiting for the standbys to be in sync: every standby must be running" in lines
+    assert "not in sync (lag 1396)" in lines
+    assert stack.engines["b"].role == "active"
+
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby").unsynced = -1
+    with pytest.raises(deploy.StandbysBehind, match="every standby must be running, in sync"):
+        deploy.run(deployment(stack), TARGET)
+    assert stack.calls == []
 
 
 def test_the_cutover_is_the_old_versions_last_msg_id_per_partition_and_never_interleaves():
