@@ -54,7 +54,7 @@ VERSION_2 = """
 # bench.deploy's version (removed when the run ends).
 import dataclasses as _bench  # noqa: E402
 
-pipeline = _bench.replace(pipeline, version="bench-2")
+pipeline = _bench.replace(pipeline, version="bench-2-{run}")
 """
 
 SHAPE_CHANGED = """
@@ -64,7 +64,7 @@ import dataclasses as _bench  # noqa: E402
 
 pipeline = _bench.replace(
     pipeline,
-    version="bench-3",
+    version="bench-3-{run}",
     keyed=_bench.replace(pipeline.keyed, state=pipeline.keyed.state + ", bench_note STRING"),
 )
 """
@@ -228,11 +228,15 @@ def main() -> int:
 
     try:
         warm_up(engines, time.monotonic(), args.settle)
-        with code(VERSION_2):
+        # A version of this run's own: a run stopped before its switch leaves a deploy of
+        # its version recorded, which a later deploy of that version would continue (and
+        # refuse once no standby runs it), so every run declares a new one.
+        run = time.strftime("%Y%m%dT%H%M%S")
+        with code(VERSION_2.format(run=run)):
             done(one_deploy(stack, watch, "deploy", False, marks, t0, args.wait))
         done(one_deploy(stack, watch, "rollback", True, marks, t0, args.wait))
         if args.shape:
-            with code(SHAPE_CHANGED):
+            with code(SHAPE_CHANGED.format(run=run)):
                 done(one_deploy(stack, watch, "shape", False, marks, t0, args.wait))
             done(one_deploy(stack, watch, "shape rollback", True, marks, t0, args.wait))
     finally:
