@@ -6,6 +6,7 @@ set aside; the switch only on the operator's word; the old active last (issue 51
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,9 @@ class Stack:
     calls: list[str] = field(default_factory=list)
     snapshots: dict[str, str] = field(default_factory=dict)  # id -> version
     epoch: int = 7
+    # msg_ids the active publishes between two looks at it (0.2 s apart while the switch
+    # waits): 40 is 200 events/s.
+    rate: int = 0
 
     def add(self, engine_id: str, role: str, version: str = OLD) -> FakeEngine:
         engine = FakeEngine(self, engine_id, role, version)
@@ -90,8 +94,13 @@ class FakeEngine:
         self.shape = SHAPE
         self.starting = False
         self.behind = 0
-        # Looks at which a running standby's rows trail what the active published (a query
-        # restarted by a snapshot, its first batches slow); -1: it never catches up.
+        # What it has published (the active) or processed: partition 0 moves by the stack's
+        # `rate` at each look at the active.
+        self.position = {0: 500, 1: 480}
+        # A running standby's rows trail the active's by `near` msg_ids of partition 0, and
+        # by 400 at its next `trailing` looks (a query restarted by a snapshot, its first
+        # batches slow); trailing -1: at every look.
+        self.near = 0
         self.trailing = 0
         # Looks at which a running engine is not in sync (its lag swings about the bound
         # under load); -1: never in sync.
@@ -145,16 +154,21 @@ class FakeEngine:
             return pipeline_info(state="restoring", in_sync=caught_up, lag=0 if caught_up else 9)
         synced = self.state == "running" and not self.unsynced
         self.unsynced -= self.unsynced > 0
-        processed = {0: 500, 1: 480}
-        if self.role == "standby" and self.trailing:
-            self.trailing -= self.trailing > 0
-            processed = {0: 460, 1: 480}
+        if self.role == "active":
+            self.position[0] += self.stack.rate
+        active = next((e for e in self.stack.engines.values() if e.role == "active"), None)
+        if self.role == "standby" and active is not None:
+            short = self.near
+            if self.trailing:
+                self.trailing -= self.trailing > 0
+                short = 400
+            self.position = {0: active.position[0] - short, 1: active.position[1]}
         return pipeline_info(
             state=self.state,
             in_sync=synced,
             lag=0 if synced else 1396,
-            published={0: 500, 1: 480},
-            processed=processed,
+            published=dict(self.position),
+            processed=dict(self.position),
             agreement=AgreementInfo(state="shadow" if shadow else "unchecked", shadow=shadow),
         )
 
@@ -370,35 +384,44 @@ def test_with_one_standby_its_snapshot_is_taken_before_the_switch_for_the_old_ac
     assert "new: v2" in lines
 
 
-def trail(engine: FakeEngine, looks: int) -> bool:
-    """The operator's yes, after which `engine` trails the active for `looks` looks."""
-    engine.trailing = looks
+def trail(stack: Stack, engine: FakeEngine, looks: int, near: int) -> bool:
+    """The operator's yes, after which the active publishes 200 msg_ids a second and
+    `engine` trails it by 400 for `looks` looks (-1: for ever), then by `near`."""
+    stack.rate, engine.trailing, engine.near = 40, looks, near
     return True
 
 
-def test_the_switch_waits_until_a_standby_holds_all_the_active_published_twice_in_a_row():
+def test_the_switch_waits_until_a_standby_keeps_within_a_second_of_the_active():
     stack = Stack()
     stack.add("a", "active")
     b = stack.add("b", "standby")
-    switched_at: list[int] = []
+    trailing_when_stopped: list[int] = []
     original_stop = FakeEngine.stop
 
     def stop(engine: FakeEngine) -> Any:
-        switched_at.append(b.trailing)
+        trailing_when_stopped.append(b.trailing)
         return original_stop(engine)
 
     d = deployment(stack)
-    # In sync (its lag within seconds of its rate) but 40 msg_ids short of what a published
-    # at its first looks after the snapshot restarted its query: a switch then waits for
-    # its next batch, seconds on a restarted query.
-    d.confirm = lambda question: trail(b, 5)
+    # In sync (its lag within seconds of its rate), but 2 s of a's output behind at its
+    # first looks after the snapshot restarted its query: a switch then waits for its
+    # catch-up. Then 0.6 s behind, short of what a publishes at every look (its batches end
+    # after a's), yet holding what a had published a second before: its takeover's own
+    # fence and read cover that batch.
+    d.confirm = lambda question: trail(stack, b, 8, near=120)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(FakeEngine, "stop", stop)
         deploy.run(d, TARGET)
-    assert switched_at == [0], "the active was stopped before b held what it had published"
+    assert trailing_when_stopped == [0], "a was stopped while b was 2 s behind it"
     lines = "\n".join(d.lines)  # type: ignore[attr-defined]
-    assert "in sync, 40 msg_ids behind what a published (40)" in lines
-    assert "engine b: holds every msg_id a published (0:500, 1:480) at 2 looks in a row" in lines
+    assert "in sync, 400 msg_ids short of what a had published 0.0 s ago (400)" in lines
+    # Compared with where a was a second before, it is 2 s behind still: no switch.
+    assert re.search(r"160 msg_ids short of what a had published 1\.\d s ago", lines), lines
+    assert re.search(
+        r"engine b: holds every msg_id a had published 1\.\d s ago \(0:\d+, 1:480\) at 2 "
+        "looks in a row: switching",
+        lines,
+    ), lines
     assert stack.engines["b"].role == "active"
 
 
@@ -407,10 +430,10 @@ def test_a_standby_that_never_keeps_pace_stops_the_deploy_before_the_switch():
     stack.add("a", "active")
     b = stack.add("b", "standby")
     d = deployment(stack)
-    d.confirm = lambda question: trail(b, -1)
-    with pytest.raises(DeployError, match=r"no standby of the new version caught up") as err:
+    d.confirm = lambda question: trail(stack, b, -1, near=0)
+    with pytest.raises(DeployError, match=r"no standby of the new version kept within 1 s") as e:
         deploy.run(d, TARGET)
-    assert "Run the deploy again" in str(err.value)
+    assert "Run the deploy again" in str(e.value)
     assert "stop pipeline a" not in stack.calls
     assert (stack.engines["a"].role, stack.engines["b"].version) == ("active", NEW)
 
