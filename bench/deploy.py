@@ -86,11 +86,11 @@ class GapWatch(threading.Thread):
                 parts.append(TopicPartition(topic, p, high))
         self._consumer.assign(parts)
         self.arrivals: list[float] = []
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def run(self) -> None:
         try:
-            while not self._stop.is_set():
+            while not self._stopping.is_set():
                 got = [m for m in self._consumer.consume(1000, 0.05) if m.error() is None]
                 if got:
                     self.arrivals.append(time.monotonic())
@@ -98,7 +98,7 @@ class GapWatch(threading.Thread):
             self._consumer.close()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         self.join(timeout=30)
 
     def longest(self, since: float, until: float) -> float:
