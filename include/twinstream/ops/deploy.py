@@ -473,9 +473,9 @@ def await_level(d: Deployment, active: str, standbys: Sequence[str]) -> str | No
 
 
 def switch(d: Deployment, p: Plan, target: Target) -> tuple[Takeover, dict[int, int]]:
-    """Stop the active's pipeline (once a standby is level with it: `await_level`): a
-    standby on the new version takes over at a transaction boundary. Returns the takeover
-    and the cutover per partition."""
+    """Stop the active's pipeline: a standby on the new version takes over at a
+    transaction boundary. `run` calls it once `await_level` found a standby level with
+    the active. Returns the takeover and the cutover per partition."""
     standbys = {e: d.engines[e] for e in d.engines if e != p.active}
     d.progress.mark()
     with d.tail() as tail:
