@@ -36,6 +36,7 @@ from twinstream.engine import spare
 from twinstream.engine.api import Conflict, create_app
 from twinstream.engine.app import Engine, engine_session_args
 from twinstream.engine.clients import EngineClients
+from twinstream.engine.spark import pin_code
 from twinstream.platform import registry, storage
 from twinstream.platform.settings import EngineSettings, SettingsError, load
 
@@ -280,6 +281,14 @@ def serve(engine_id: str, no_start: bool, spark: SparkSession | None = None) -> 
         pipeline = registry.load(settings)
         # Read right after the import: the version of the code the engine runs.
         version = registry.code_version(settings, pipeline)
+        # The code the engine runs is the code it imported, whatever is written on disk later.
+        pinned = pin_code(registry.module_spec(settings)[0], registry.module_folder(settings))
+        logging.getLogger(__name__).info(
+            "engine %s pipeline %s: its Python workers run the code of %s as loaded",
+            engine_id,
+            settings.pipeline,
+            ", ".join(pinned),
+        )
         logging.getLogger(__name__).info(
             "engine %s pipeline %s: version %s", engine_id, settings.pipeline, version
         )

@@ -145,3 +145,35 @@ def stop_session(spark: SparkSession, timeout_s: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout_s)
+
+
+def pin_code(module: str, folder: Path) -> list[str]:
+    """Every module of the pipeline's package (`module`'s top-level one) imported so far
+    from under `folder` (the one whose code its version digests) pickled by value from now
+    on: the engine's Python workers then run the functions and classes this process
+    loaded, never the module as it is on disk when a worker starts. Returns the modules'
+    names, sorted.
+
+    By reference (cloudpickle's default for an importable module), a worker imports the
+    module from disk each time it starts, and Spark starts workers during a query's life:
+    once the owner writes the next version over the file, the engine still leading on
+    the old one ran whatever the file then held. Seen in make test's rollback: the active,
+    on version 2, failed its batch (`Can't get attribute 'StepV2'` on version 1's file) and
+    lost the lead; had the names matched, it would have published the other version's
+    rows under its own. A module the pipeline imports later, inside a function, is not
+    covered: import helpers at the top of the pipeline's module."""
+    from pyspark import cloudpickle
+
+    root = folder.resolve()
+    # Its package by name too: a module at the top of a project whose folder also holds
+    # the virtualenv and the platform must not pin pyspark's or the platform's modules.
+    top = module.partition(":")[0].split(".")[0]
+    pinned = []
+    for name, loaded in list(sys.modules.items()):
+        origin = getattr(loaded, "__file__", None)
+        if name.split(".")[0] != top or origin is None:
+            continue
+        if Path(origin).resolve().is_relative_to(root):
+            cloudpickle.register_pickle_by_value(loaded)  # type: ignore[no-untyped-call]
+            pinned.append(name)
+    return sorted(pinned)

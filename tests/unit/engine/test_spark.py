@@ -4,6 +4,8 @@ while a JVM is writing one."""
 
 from __future__ import annotations
 
+import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from twinstream.engine.spark import (
     class_archive,
     cluster_conf,
     driver_java_options,
+    pin_code,
 )
 from twinstream.platform.settings import Settings, SettingsError, load_settings
 
@@ -73,3 +76,54 @@ def test_more_spark_settings_are_spark_key_value_pairs(monkeypatch) -> None:
     monkeypatch.setenv("TWINSTREAM_SPARK_CONF", "executor.memory=2g")
     with pytest.raises(SettingsError, match=r"spark\.<key>=<value>"):
         load_settings()
+
+
+def test_a_pinned_pipeline_runs_as_loaded_in_a_worker_after_its_file_changed(
+    tmp_path: Path,
+) -> None:
+    """A Python worker started after the owner wrote the next version over the pipeline's
+    file still runs the code the engine loaded (pickled by value), where by reference it
+    imported the file as it is now (the names it needs gone: AttributeError)."""
+    import contextlib
+    import subprocess
+    import sys
+    import uuid
+
+    from pyspark import cloudpickle
+
+    # What a worker does with a pickled command: load it, and call it.
+    worker_code = "import pickle, sys; print(pickle.load(sys.stdin.buffer).apply(21))"
+    name = f"pinned_{uuid.uuid4().hex[:8]}"
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "pipeline.py").write_text(
+        "class StepV2:\n    def apply(self, x):\n        return x * 2\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module(f"{name}.pipeline")
+        # Its package's modules under its folder; none of another package under it.
+        (tmp_path / "bystander.py").write_text("")
+        importlib.import_module("bystander")
+        assert pin_code(f"{name}.pipeline:pipeline", tmp_path) == [name, f"{name}.pipeline"]
+        payload = cloudpickle.dumps(module.StepV2())
+        # Version 1, as a rollback writes it: no StepV2.
+        (folder / "pipeline.py").write_text(
+            "class Step:\n    def apply(self, x):\n        return x\n"
+        )
+        worker = subprocess.run(
+            [sys.executable, "-c", worker_code],
+            input=payload,
+            capture_output=True,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            check=False,
+        )
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("bystander", None)
+        for pinned in [m for m in sys.modules if m.split(".")[0] == name]:
+            with contextlib.suppress(ValueError):  # not pinned: the test fails below
+                cloudpickle.unregister_pickle_by_value(sys.modules.pop(pinned))
+    assert worker.returncode == 0, worker.stderr.decode()
+    assert worker.stdout.decode().strip() == "42"
