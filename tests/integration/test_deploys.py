@@ -17,6 +17,7 @@ first) or in any order.
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,9 @@ class Processes:
 def deployment(
     p: Pipeline, log: deploy_log.ZooKeeperDeployLog, lines: list[str]
 ) -> deploy.Deployment:
-    """`twinstream deploy --yes`'s steps on the harness's engines."""
+    """`twinstream deploy --yes`'s steps on the harness's engines; each line it says kept
+    with the seconds since it began (a failure shows where the deploy's time went)."""
+    began = time.monotonic()
     return deploy.Deployment(
         pipeline=p.settings.pipeline,
         engines=Engines(p),
@@ -101,7 +104,7 @@ def deployment(
         replay_problem=lambda: deploy.replay_problem(p.settings),
         tail=lambda: KafkaEpochTail(p.settings),
         confirm=lambda question: True,
-        echo=lines.append,
+        echo=lambda line: lines.append(f"{time.monotonic() - began:7.1f} s  {line}"),
         wait_s=240,
     )
 
@@ -148,10 +151,10 @@ class VersionedPipeline:
         """Deploy the code on disk (--yes, or --rollback) while RATE events/s arrive; once
         the new version has published, the load stops and everything is published."""
         p = self.p
+        lines: list[str] = []
         load = p.load(10**6, rate=RATE)
         try:
             wait_for(lambda: load.sent > 500, 60, "input flowing")
-            lines: list[str] = []
             with deploy_log.zookeeper_log(p.settings) as log:
                 record = deploy.run(
                     deployment(p, log, lines), deploy.target_on_disk(p.settings), rollback=rollback
@@ -163,6 +166,7 @@ class VersionedPipeline:
             wait_for(lambda: len(p.outputs()) > published, 60, "output after the deploy")
         finally:
             p.stop_load(load)
+            print("\n".join(lines))  # where the deploy's time went (pytest -s, a failure)
         versions = {e: engine.get("/server")["pipeline_version"] for e, engine in p.engines.items()}
         ends = p.inbound_ends()
         # The active knows every partition published (the harness's own wait).
@@ -249,8 +253,8 @@ def test_a_deploy_switches_the_lead_to_the_new_version_at_one_msg_id_per_partiti
     assert v1 != v2
     assert "ranges differ" in deployed.said, deployed.said  # the shadow's, before the switch
     assert record.rebuilt == "checkpoint"
-    assert sorted(record.cutover) == [0, 1]
-    assert record.takeover_s is not None
+    assert sorted(record.cutover) == [0, 1], deployed.said
+    assert record.takeover_s is not None, deployed.said
     assert record.takeover_s < bound(10), (record.takeover_s, bound(10))
     assert set(deployed.versions.values()) == {v2}, deployed.versions
     print(f"deployed {v2}: takeover {record.takeover_s:.2f} s, cutover {record.cutover}")
@@ -273,9 +277,9 @@ def test_a_rollback_under_load_returns_the_lead_to_the_version_before_exactly_on
     forward, back = deployed.record, rolled_back.record
     v1, v2 = forward.previous, forward.version
     assert (back.version, back.previous, back.rolled_back) == (v1, v2, True)
-    assert sorted(back.cutover) == [0, 1]
+    assert sorted(back.cutover) == [0, 1], rolled_back.said
     assert all(back.cutover[q] > forward.cutover[q] for q in (0, 1)), (forward, back)
-    assert back.takeover_s is not None
+    assert back.takeover_s is not None, rolled_back.said
     assert back.takeover_s < bound(10), (back.takeover_s, bound(10))
     assert set(rolled_back.versions.values()) == {v1}, rolled_back.versions
 
@@ -303,9 +307,9 @@ def test_a_deploy_that_changes_the_states_shape_replays_the_retained_input_exact
     assert record.rebuilt == "replay"
     assert record.start == {0: 0, 1: 0}, record.start  # a window back: every record
     assert "replays the retained input" in reshaped.said, reshaped.said
-    assert sorted(record.cutover) == [0, 1]
+    assert sorted(record.cutover) == [0, 1], reshaped.said
     assert all(record.cutover[q] > back.cutover[q] for q in (0, 1)), (back, record)
-    assert record.takeover_s is not None
+    assert record.takeover_s is not None, reshaped.said
     assert record.takeover_s < bound(10), (record.takeover_s, bound(10))
     assert set(reshaped.versions.values()) == {v3}, reshaped.versions
 

@@ -794,6 +794,11 @@ def pipeline_tests(settings: CommonSettings, skip: bool) -> str | None:
     return f"pytest {' '.join(t.name for t in tests)} exited {done.returncode}:\n{tail}"
 
 
+# How long a read of the progress topic since the mark waits for a record or a partition's
+# end before it gives up on the rest (KafkaProgressMarks.since).
+PROGRESS_IDLE_S = 30.0
+
+
 class KafkaProgressMarks:
     """ProgressMarks over the pipeline's progress topic, read_committed."""
 
@@ -811,8 +816,12 @@ class KafkaProgressMarks:
 
         ranges = []
         topic = self._settings.progress_topic
+        # The read ends at every partition's end (its EOF); the idle bound only ends one
+        # that never reaches it. At 2 s a fresh consumer's first fetch on a loaded machine
+        # (its TLS and SASL login, its fetch session) came after it: the read returned
+        # nothing, and a lead passed before the switch was recorded with no cutover.
         for record in read_committed(
-            self._settings, topic, self._ends, idle_timeout_s=2.0, partition=None
+            self._settings, topic, self._ends, idle_timeout_s=PROGRESS_IDLE_S, partition=None
         ):
             try:
                 value = json.loads(record.raw)
