@@ -282,15 +282,13 @@ def serve(engine_id: str, no_start: bool, spark: SparkSession | None = None) -> 
         # Read right after the import: the version of the code the engine runs.
         version = registry.code_version(settings, pipeline)
         # The code the engine runs is the code it imported, whatever is written on disk later.
-        pinned = pin_code(registry.module_spec(settings)[0], registry.module_folder(settings))
+        pinned = pin_code(registry.module_spec(settings)[0])
         logging.getLogger(__name__).info(
-            "engine %s pipeline %s: its Python workers run the code of %s as loaded",
+            "engine %s pipeline %s: version %s; its Python workers run %s as loaded",
             engine_id,
             settings.pipeline,
+            version,
             ", ".join(pinned),
-        )
-        logging.getLogger(__name__).info(
-            "engine %s pipeline %s: version %s", engine_id, settings.pipeline, version
         )
         if spark is not None and not _adopt_session(spark, settings, engine_id, pipeline):
             from twinstream.engine.spark import stop_session

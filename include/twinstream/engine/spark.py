@@ -147,12 +147,12 @@ def stop_session(spark: SparkSession, timeout_s: float = 30.0) -> None:
         proc.wait(timeout_s)
 
 
-def pin_code(module: str, folder: Path) -> list[str]:
-    """Every module of the pipeline's package (`module`'s top-level one) imported so far
-    from under `folder` (the one whose code its version digests) pickled by value from now
-    on: the engine's Python workers then run the functions and classes this process
-    loaded, never the module as it is on disk when a worker starts. Returns the modules'
-    names, sorted.
+def pin_code(module: str) -> list[str]:
+    """Every module of the pipeline's package (`module[:attribute]`'s top-level one)
+    imported so far from under the folder of `module` (already imported; the folder whose
+    code its version digests) pickled by value from now on: the engine's Python workers
+    then run the functions and classes this process loaded, never the module as it is on
+    disk when a worker starts. Returns the modules' names, sorted.
 
     By reference (cloudpickle's default for an importable module), a worker imports the
     module from disk each time it starts, and Spark starts workers during a query's life:
@@ -164,16 +164,17 @@ def pin_code(module: str, folder: Path) -> list[str]:
     covered: import helpers at the top of the pipeline's module."""
     from pyspark import cloudpickle
 
-    root = folder.resolve()
+    name = module.partition(":")[0]
+    root = Path(sys.modules[name].__file__ or "").resolve().parent
     # Its package by name too: a module at the top of a project whose folder also holds
     # the virtualenv and the platform must not pin pyspark's or the platform's modules.
-    top = module.partition(":")[0].split(".")[0]
+    top = name.split(".")[0]
     pinned = []
-    for name, loaded in list(sys.modules.items()):
+    for loaded_name, loaded in list(sys.modules.items()):
         origin = getattr(loaded, "__file__", None)
-        if name.split(".")[0] != top or origin is None:
+        if loaded_name.split(".")[0] != top or origin is None:
             continue
         if Path(origin).resolve().is_relative_to(root):
             cloudpickle.register_pickle_by_value(loaded)  # type: ignore[no-untyped-call]
-            pinned.append(name)
+            pinned.append(loaded_name)
     return sorted(pinned)

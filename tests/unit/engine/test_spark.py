@@ -103,10 +103,10 @@ def test_a_pinned_pipeline_runs_as_loaded_in_a_worker_after_its_file_changed(
     sys.path.insert(0, str(tmp_path))
     try:
         module = importlib.import_module(f"{name}.pipeline")
-        # Its package's modules under its folder; none of another package under it.
+        # Its package's modules under its folder; none of another package beside it.
         (tmp_path / "bystander.py").write_text("")
         importlib.import_module("bystander")
-        assert pin_code(f"{name}.pipeline:pipeline", tmp_path) == [name, f"{name}.pipeline"]
+        assert pin_code(f"{name}.pipeline:pipeline") == [name, f"{name}.pipeline"]
         payload = cloudpickle.dumps(module.StepV2())
         # Version 1, as a rollback writes it: no StepV2.
         (folder / "pipeline.py").write_text(
