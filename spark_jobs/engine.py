@@ -36,6 +36,7 @@ from twinstream.engine import spare
 from twinstream.engine.api import Conflict, create_app
 from twinstream.engine.app import Engine, engine_session_args
 from twinstream.engine.clients import EngineClients
+from twinstream.engine.priority import raise_priority
 from twinstream.engine.spark import pin_code
 from twinstream.platform import registry, storage
 from twinstream.platform.settings import EngineSettings, SettingsError, load
@@ -187,9 +188,10 @@ def run_spare(path: Path) -> tuple[str, SparkSession] | None:
     os.environ.clear()
     os.environ.update(adoption.env)
     _configure_logging(adoption.engine_id)
-    spare.raise_priority()
+    # Still at the spare's low priority: the engine raises itself once it is in sync or
+    # leads (twinstream.engine.priority), so that its catch-up never slows the active.
     logging.getLogger(__name__).info(
-        "spare %s adopted as engine %s (warm for %.0f s)",
+        "spare %s adopted as engine %s (warm for %.0f s); it catches up niced",
         path,
         adoption.engine_id,
         time.monotonic() - started,
@@ -295,6 +297,8 @@ def serve(engine_id: str, no_start: bool, spark: SparkSession | None = None) -> 
 
             # The same pid, a JVM of its own: the asker's supervisor still has the engine.
             stop_session(spark)
+            # A cold engine is never niced (exec keeps the spare's niceness).
+            raise_priority()
             os.execv(sys.executable, [sys.executable, __file__, "--engine-id", engine_id, "--cold"])  # noqa: S606 - this very program, the same argv a supervisor gives
         engine = Engine(
             settings,

@@ -51,6 +51,7 @@ from twinstream.engine.positions import (
 from twinstream.engine.positions import (
     lag as inbound_lag,
 )
+from twinstream.engine.priority import CatchUpPriority
 from twinstream.engine.readiness import InSync, Redundancy
 from twinstream.engine.recovery import Recovery
 from twinstream.engine.spare_keeper import read_status
@@ -156,6 +157,8 @@ class Engine:
         # process was that spare.
         self._spark: SparkSession | None = spark
         self.from_spare = spark is not None
+        # An adopted spare catches up at its low priority (twinstream.engine.priority).
+        self.priority = CatchUpPriority(self.from_spare, settings.catch_up_niced_s)
         self._warmed = False
         self._query: StreamingQuery | None = None
         # stopped, running, restoring, persisting, recovering (twinstream.engine.lifecycle).
@@ -807,6 +810,9 @@ class Engine:
                 time.monotonic() - self._restore_started,
                 self.sync.describe(lag),
             )
+        raised = self.priority.update(self.sync.value, self.gate.status().role == "active")
+        if raised is not None:
+            self.log.info("raised to the engines' CPU priority: %s", raised)
         self._look_at_standbys()
         if self.lifecycle.state not in (State.RUNNING, State.RESTORING, State.PERSISTING):
             return

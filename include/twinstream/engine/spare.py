@@ -427,37 +427,6 @@ pipeline's module that may change on disk before it is adopted), the framework's
 plan: the file source, validation, a transform, `foreachBatch`."""
 
 
-def raise_priority() -> int:
-    """Every thread of this process and of its children (Spark's JVM) back to niceness 0:
-    a spare warms below the engines (its supervisor starts it niced), an adopted one is an
-    engine. Linux keeps a niceness per thread, and threads started later inherit their
-    creator's. Returns how many threads were raised; where that is not allowed (raising
-    needs root or CAP_SYS_NICE) they stay, and it is logged."""
-    import psutil
-
-    raised = 0
-    me = psutil.Process()
-    for process in (me, *me.children(recursive=True)):
-        try:
-            threads = [t.id for t in process.threads()]
-        except psutil.Error:
-            continue
-        for tid in threads:
-            try:
-                if os.getpriority(os.PRIO_PROCESS, tid) > 0:
-                    os.setpriority(os.PRIO_PROCESS, tid, 0)
-                    raised += 1
-            except ProcessLookupError:
-                continue  # a thread that ended meanwhile
-            except PermissionError:
-                log.warning(
-                    "the adopted engine keeps its spare's low CPU priority: raising it needs "
-                    "root or CAP_SYS_NICE (or start spares without `nice`)"
-                )
-                return raised
-    return raised
-
-
 def _read_line(conn: socket.socket) -> bytes:
     chunks: list[bytes] = []
     size = 0

@@ -516,6 +516,11 @@ class EngineTuning(BaseSettings):
     # a low CPU priority, past their JVM's start, Spark session and a warm-up, that a
     # restarted engine asks to become it instead of starting cold. 0: every start is cold.
     spares: int = Field(default=1, ge=0)
+    # How long an adopted spare may catch up at its low priority before it is raised to the
+    # engines' own anyway (twinstream.engine.priority): it is raised at once when in sync or
+    # leading. On two cores a catch-up at the active's priority paused its output 7-9 s. 0:
+    # raised on adoption.
+    catch_up_niced_s: float = Field(default=120.0, ge=0)
     # The engine's JVM heap (its Spark driver's memory: spark.driver.memory).
     engine_heap: str = Field(default="1g", pattern=r"^\d+[kmg]$")
     # Where an engine's Spark runs: local[n] in the engine's own JVM (the default), a

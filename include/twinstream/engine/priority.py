@@ -1,0 +1,95 @@
+"""An engine's CPU priority: the active's output before a standby's catch-up.
+
+Guarantee: an engine adopted from a warm spare (a restart, a deploy's restart on a new
+version, the replacement of a killed engine) keeps the spare's low priority
+(`SPARE_NICENESS`) while it catches up, and is raised to the engines' own (niceness 0) once,
+at the first of: it is in sync, it leads, or `niced_s` have passed since its adoption (so
+that a standby starved on a busy machine still catches up). Once raised it is never lowered
+again, and an engine started cold is never lowered at all.
+
+Why: on two cores a restarted standby's catch-up batches (20,000 records each) took the
+cores from the active as its equal, and the active's output paused 7-9 s during every
+deploy (bench.deploy, README "Change a running pipeline"). A catch-up can wait; an output
+cannot. The cost is a slower catch-up while the machine is busy, bounded by `niced_s`.
+
+Linux keeps a niceness per thread and a new thread inherits its creator's: the raise walks
+every thread of this process and of its children (Spark's JVM, its Python workers).
+Raising needs root or CAP_SYS_NICE; without it the engine stays niced and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+def raise_priority() -> int:
+    """Every thread of this process and of its children (Spark's JVM) back to niceness 0.
+    Returns how many threads were raised; where that is not allowed (raising needs root or
+    CAP_SYS_NICE) they stay, and it is logged."""
+    import psutil
+
+    raised = 0
+    me = psutil.Process()
+    for process in (me, *me.children(recursive=True)):
+        try:
+            threads = [t.id for t in process.threads()]
+        except psutil.Error:
+            continue
+        for tid in threads:
+            try:
+                if os.getpriority(os.PRIO_PROCESS, tid) > 0:
+                    os.setpriority(os.PRIO_PROCESS, tid, 0)
+                    raised += 1
+            except ProcessLookupError:
+                continue  # a thread that ended meanwhile
+            except PermissionError:
+                log.warning(
+                    "the engine keeps its spare's low CPU priority: raising it needs root or "
+                    "CAP_SYS_NICE (or start spares without `nice`)"
+                )
+                return raised
+    return raised
+
+
+class CatchUpPriority:
+    """When an engine that may be niced is raised (the module's guarantee). `update` is the
+    engine's main loop's, once a second; `niced` is a read."""
+
+    def __init__(
+        self,
+        niced: bool,
+        niced_s: float,
+        *,
+        raise_: Callable[[], int] = raise_priority,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        # niced_s 0: raised at the first update, as an adopted spare was before.
+        self._niced = niced
+        self._until = clock() + niced_s
+        self._raise = raise_
+        self._clock = clock
+
+    @property
+    def niced(self) -> bool:
+        return self._niced
+
+    def update(self, in_sync: bool, leads: bool) -> str | None:
+        """Raise the engine when it is time; why it was raised (for the log), else None."""
+        if not self._niced:
+            return None
+        if leads:
+            why = "it leads"
+        elif in_sync:
+            why = "it is in sync"
+        elif self._clock() >= self._until:
+            why = "its catch-up took longer than TWINSTREAM_CATCH_UP_NICED_S"
+        else:
+            return None
+        self._niced = False
+        threads = self._raise()
+        return f"{why} ({threads} threads raised to niceness 0)"
