@@ -101,9 +101,10 @@ class GapWatch(threading.Thread):
         self._stopping.set()
         self.join(timeout=30)
 
-    def longest(self, since: float, until: float) -> float:
+    def longest(self, since: float, until: float) -> tuple[float, float]:
+        """The longest time between two arrivals in the window, and when it began."""
         times = [since, *(t for t in self.arrivals if since <= t <= until), until]
-        return max(b - a for a, b in itertools.pairwise(times))
+        return max((b - a, a) for a, b in itertools.pairwise(times))
 
 
 @contextlib.contextmanager
@@ -129,10 +130,10 @@ def one_deploy(
     """Deploy what is on disk now (--yes); the figures."""
     engines: list[str] = []
     level_at: dict[str, float] = {}
-    lines: list[str] = []
+    lines: list[tuple[float, str]] = []
 
     def echo(line: str) -> None:
-        lines.append(line)
+        lines.append((time.monotonic(), line))
         print(f"  {line}", flush=True)
         # sync_check's line: "engine b: running, lag 12, ... : in sync".
         if line.strip().endswith(": in sync") and not level_at:
@@ -175,6 +176,9 @@ def one_deploy(
     if record.rebuilt == deploy.REPLAY:
         # From where the replay began to the cutover: what the first engine computed again.
         replayed = sum(record.cutover.get(p, s) - s + 1 for p, s in record.start.items())
+    gap, gap_at = watch.longest(started, ended)
+    # What the deploy was doing when the output paused longest: its last line before.
+    during = [line for at, line in lines if at <= gap_at]
     figures = {
         "what": what,
         "version": record.version,
@@ -182,7 +186,9 @@ def one_deploy(
         "rebuilt": record.rebuilt,
         "engines": engines,
         "deploy_s": round(ended - started, 1),
-        "longest_output_gap_s": round(watch.longest(started, ended), 3),
+        "longest_output_gap_s": round(gap, 3),
+        "longest_gap_began_s": round(gap_at - started, 1),
+        "longest_gap_during": during[-1].strip() if during else "the deploy's start",
         "takeover_s": record.takeover_s,
         "start": record.start,
         "cutover": record.cutover,
