@@ -11,6 +11,7 @@ import pytest
 from tests.unit.fakes import engine_clients
 from twinstream.engine.app import Engine
 from twinstream.engine.lifecycle import State
+from twinstream.engine.priority import Priority
 from twinstream.platform.settings import load_settings
 
 
@@ -30,6 +31,8 @@ def engine(tmp_path: Path) -> Engine:
     definition = mock.MagicMock(name="pipeline")
     definition.state_shape = "count BIGINT"
     e = Engine(settings, "a", definition, engine_clients())
+    # Never the test process's own threads' niceness (twinstream.engine.priority).
+    e.priority = Priority(False, 0, raise_=lambda: 0, lower=lambda _niceness: 0)
     e.lifecycle.move(State.RUNNING, "")
     e._query = mock.MagicMock(name="query")
     e._spark = mock.MagicMock(name="spark")

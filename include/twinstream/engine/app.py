@@ -51,7 +51,7 @@ from twinstream.engine.positions import (
 from twinstream.engine.positions import (
     lag as inbound_lag,
 )
-from twinstream.engine.priority import CatchUpPriority
+from twinstream.engine.priority import Priority
 from twinstream.engine.readiness import InSync, Redundancy
 from twinstream.engine.recovery import Recovery
 from twinstream.engine.spare_keeper import read_status
@@ -158,7 +158,7 @@ class Engine:
         self._spark: SparkSession | None = spark
         self.from_spare = spark is not None
         # An adopted spare catches up at its low priority (twinstream.engine.priority).
-        self.priority = CatchUpPriority(self.from_spare, settings.catch_up_niced_s)
+        self.priority = Priority(self.from_spare, settings.catch_up_niced_s)
         self._warmed = False
         self._query: StreamingQuery | None = None
         # stopped, running, restoring, persisting, recovering (twinstream.engine.lifecycle).
@@ -403,6 +403,9 @@ class Engine:
             self.log.warning("%s", reason)
 
     def close(self) -> None:
+        # The process ends: a standby's query, Spark and JVM shut down below the engines
+        # that go on (twinstream.engine.priority).
+        self.priority.ending(leads=self.gate.role == "active")
         self._stop("engine shutting down")
         self.zk.stop()
         self.zk.close()

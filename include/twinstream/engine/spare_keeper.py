@@ -43,7 +43,8 @@ STATUS_FILE = "status.json"
 
 def spare_command(socket_path: Path) -> list[str]:
     """A spare engine process listening on `socket_path` once warm, niced: its JVM inherits
-    the priority, and once adopted it raises its threads' (twinstream.engine.spare)."""
+    the priority, and once adopted it raises its threads' when in sync or leading
+    (twinstream.engine.priority)."""
     return [
         "nice",
         "-n",

@@ -27,6 +27,13 @@ def test_close_stops_the_query_and_every_client(engine):
     assert engine.lifecycle.state == "stopped"
 
 
+def test_a_closing_standby_shuts_down_below_the_engines_that_go_on(engine):
+    engine.priority = mock.MagicMock(name="priority")
+    engine.gate._role = "standby"
+    engine.close()
+    engine.priority.ending.assert_called_once_with(leads=False)
+
+
 def test_close_goes_on_when_the_jvm_already_stopped_the_spark_context(engine, caplog):
     engine._query.stop.side_effect = RuntimeError(
         "An error occurred while calling o114.stop.\n"

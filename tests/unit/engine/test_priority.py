@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from twinstream.engine.priority import CatchUpPriority, raise_priority
+from twinstream.engine.priority import Priority, raise_priority
 
 
 class Clock:
@@ -16,9 +16,7 @@ class Clock:
         return self.now
 
 
-def priority(
-    niced: bool = True, niced_s: float = 120.0
-) -> tuple[CatchUpPriority, list[int], Clock]:
+def priority(niced: bool = True, niced_s: float = 120.0) -> tuple[Priority, list[int], Clock]:
     calls: list[int] = []
     clock = Clock()
 
@@ -26,7 +24,7 @@ def priority(
         calls.append(1)
         return 7
 
-    return CatchUpPriority(niced, niced_s, raise_=raise_, clock=clock), calls, clock
+    return Priority(niced, niced_s, raise_=raise_, clock=clock), calls, clock
 
 
 def test_an_adopted_engine_stays_niced_while_it_catches_up() -> None:
@@ -78,6 +76,17 @@ def test_an_engine_started_cold_is_never_touched() -> None:
     assert calls == []
 
 
+def test_an_ending_standby_is_lowered_and_an_ending_active_is_not() -> None:
+    lowered: list[int] = []
+    standby = Priority(False, 0, raise_=lambda: 0, lower=lambda n: lowered.append(n) or 3)
+    assert standby.ending(leads=False) == 3
+    assert lowered == [10]
+    assert standby.niced
+    active = Priority(False, 0, raise_=lambda: 0, lower=lambda n: lowered.append(n) or 3)
+    assert active.ending(leads=True) == 0
+    assert lowered == [10]
+
+
 def test_raise_priority_raises_a_niced_thread_of_this_process() -> None:
     import threading
 
@@ -104,3 +113,31 @@ def test_raise_priority_raises_a_niced_thread_of_this_process() -> None:
         assert seen["after"] == 0
     else:  # raising needs root or CAP_SYS_NICE: it stays, and says so
         assert seen["after"] == 5
+
+
+def test_lower_priority_lowers_every_thread_and_raises_none() -> None:
+    import subprocess
+    import sys
+
+    # In a child process of its own: this one's niceness must not change.
+    code = (
+        "import os, threading\n"
+        "from twinstream.engine.priority import lower_priority\n"
+        "seen = {}\n"
+        "go, done = threading.Event(), threading.Event()\n"
+        "def lower_already():\n"
+        "    os.setpriority(os.PRIO_PROCESS, 0, 15)\n"
+        "    go.set(); done.wait(10)\n"
+        "    seen['niced'] = os.getpriority(os.PRIO_PROCESS, 0)\n"
+        "t = threading.Thread(target=lower_already); t.start(); go.wait(10)\n"
+        "lowered = lower_priority(10)\n"
+        "done.set(); t.join(10)\n"
+        "print(lowered, os.getpriority(os.PRIO_PROCESS, 0), seen['niced'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    lowered, main, niced = (int(x) for x in out)
+    assert lowered >= 1
+    assert main == 10  # the main thread, at 0, went down
+    assert niced == 15  # the thread already below stayed where it was
