@@ -78,11 +78,16 @@ def test_an_engine_started_cold_is_never_touched() -> None:
 
 def test_an_ending_standby_is_lowered_and_an_ending_active_is_not() -> None:
     lowered: list[int] = []
-    standby = Priority(False, 0, raise_=lambda: 0, lower=lambda n: lowered.append(n) or 3)
+
+    def lower(niceness: int) -> int:
+        lowered.append(niceness)
+        return 3
+
+    standby = Priority(False, 0, raise_=lambda: 0, lower=lower)
     assert standby.ending(leads=False) == 3
     assert lowered == [10]
     assert standby.niced
-    active = Priority(False, 0, raise_=lambda: 0, lower=lambda n: lowered.append(n) or 3)
+    active = Priority(False, 0, raise_=lambda: 0, lower=lower)
     assert active.ending(leads=True) == 0
     assert lowered == [10]
 
