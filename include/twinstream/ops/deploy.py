@@ -129,6 +129,11 @@ class Deployment:
     # active (`await_level`), looking every `level_poll_s`: a batch lasts a fraction of a
     # second, and the switch should follow the one that levels.
     level_wait_s: float = 120.0
+    # An engine whose query died restarts it by itself after a backoff of seconds
+    # (twinstream.engine.recovery): on a busy machine a restarted engine's first Python
+    # worker may miss Spark's 10 s to connect back (bench.deploy, just after `make up`). A
+    # deploy waits through restarts for this long in a row before it stops.
+    recovering_grace_s: float = 60.0
     level_poll_s: float = 0.2
     # How far behind the active a standby may be and still be level: its takeover's fence
     # and read (about a second) cover a batch it is finishing, not a catch-up.
@@ -201,15 +206,26 @@ def plan(seen: Sequence[EngineView], target: Target) -> Plan:
 
 def await_in_sync(d: Deployment, engine_id: str, since: str) -> None:
     """Poll the engine until it is in sync (a progress line each poll), DeployError when it
-    fails, disagrees or the deploy's wait is over."""
+    fails, disagrees, restarts its query for longer than `recovering_grace_s`, or the
+    deploy's wait is over."""
     started = time.time()
     deadline = d.clock() + d.wait_s
+    recovering_since: float | None = None
     while True:
         _past_not_started(d, engine_id, deadline)
+        recovering_ok = recovering_since is None or (
+            d.clock() - recovering_since < d.recovering_grace_s
+        )
         try:
-            check = sync_check(d.engines[engine_id], started, d.wait_s, time.time(), since)
+            check = sync_check(
+                d.engines[engine_id], started, d.wait_s, time.time(), since, recovering_ok
+            )
         except OperateError as exc:
             raise DeployError(f"{exc}; the deploy stopped there") from exc
+        if not check.recovering:
+            recovering_since = None
+        elif recovering_since is None:
+            recovering_since = d.clock()
         d.echo(f"  {check.message}")
         if check.done:
             return
@@ -288,8 +304,15 @@ def _past_not_started(d: Deployment, engine_id: str, deadline: float) -> Pipelin
 
 def await_running(d: Deployment, engine_id: str) -> None:
     """Wait until the engine's query runs, so that it can be persisted; DeployError when
-    it fails or the deploy's wait is over."""
-    info = _past_not_started(d, engine_id, d.clock() + d.wait_s)
+    it fails, restarts its query for longer than `recovering_grace_s`, or the deploy's
+    wait is over."""
+    deadline = d.clock() + d.wait_s
+    info = _past_not_started(d, engine_id, deadline)
+    recovering_until = d.clock() + d.recovering_grace_s
+    while info.state == "recovering" and d.clock() < min(recovering_until, deadline):
+        d.echo(f"  engine {engine_id}: recovering ({info.reason})")
+        d.sleep(d.poll_s)
+        info = _past_not_started(d, engine_id, deadline)
     if info.state != "running":
         raise DeployError(
             f"engine {engine_id}: {info.state} ({info.reason}) instead of running its "

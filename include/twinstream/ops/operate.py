@@ -289,6 +289,8 @@ def start_restore(
 class SyncCheck:
     done: bool
     message: str
+    # The engine was restarting its own query (state recovering), and the caller let it.
+    recovering: bool = False
 
 
 def sync_check(
@@ -297,11 +299,14 @@ def sync_check(
     wait_s: float,
     now: float,
     since: str = "the restore",
+    recovering_ok: bool = False,
 ) -> SyncCheck:
     """One look at a restoring (or restarted) engine: done when in sync; OperateError when
     it failed, when its rows disagree with the published ones again, or when the wait is
     over. The message is the progress line for the sensor's log, with the engine's
-    agreement."""
+    agreement. `recovering_ok`: an engine restarting its own query (twinstream.engine.
+    recovery, after a backoff of seconds) is progress, not a failure; the caller bounds
+    how long it lets that last."""
     info = engine.pipeline()
     elapsed = now - started_at
     rate = info.events_per_s
@@ -311,6 +316,8 @@ def sync_check(
         f"{'-' if rate is None else rate} events/s, agreement {agreement.state} "
         f"({agreement.ranges_agreed} ranges agreed), {elapsed:.0f} s since {since}"
     )
+    if info.state == "recovering" and recovering_ok and elapsed <= wait_s:
+        return SyncCheck(False, f"{line}: {info.reason}", recovering=True)
     if info.state not in WORKING:
         raise OperateError(f"{line}: the pipeline is {info.state}: {info.reason}")
     if not agreement.eligible and not found_before(agreement, started_at):

@@ -32,6 +32,7 @@ from twinstream.ops.deploy_log import Record
 
 OLD, NEW = "1+aaaaaaaaaaaa", "2+bbbbbbbbbbbb"
 SHAPE = "count BIGINT"
+RECOVERING = "streaming query stopped: Python worker failed to connect back.; restarting in 2 s"
 
 
 @dataclass
@@ -48,6 +49,8 @@ class Stack:
     # msg_ids the active publishes between two looks at it (0.2 s apart while the switch
     # waits): 40 is 200 events/s.
     rate: int = 0
+    # Looks at which an engine started by the deploy restarts its own query (-1: always).
+    recovering_after_start: int = 0
 
     def add(self, engine_id: str, role: str, version: str = OLD) -> FakeEngine:
         engine = FakeEngine(self, engine_id, role, version)
@@ -75,6 +78,7 @@ class Stack:
         engine = self.engines[engine_id]
         engine.up, engine.version = True, self.disk
         engine.starting = engine.checkpoint is not None
+        engine.recovering = self.recovering_after_start
         if engine.checkpoint is None:
             engine.state = "stopped"  # no checkpoint: waits for a restore
         else:
@@ -105,6 +109,8 @@ class FakeEngine:
         # Looks at which a running engine is not in sync (its lag swings about the bound
         # under load); -1: never in sync.
         self.unsynced = 0
+        # Looks at which it restarts its own query (recovering); -1: at every look.
+        self.recovering = 0
 
     def server(self) -> ServerInfo:
         return server_info(
@@ -144,6 +150,9 @@ class FakeEngine:
             # Its API answers before its query starts: one look sees it not started.
             self.starting = False
             return pipeline_info(state="stopped", reason="not started")
+        if self.recovering and self.state == "running":
+            self.recovering -= self.recovering > 0
+            return pipeline_info(state="recovering", reason=RECOVERING)
         if self.state == "restoring":
             # Behind for a few looks (the restore's own reply is one), then in sync, and so
             # running from the next.
@@ -616,6 +625,29 @@ def test_a_running_standby_out_of_sync_for_a_moment_is_waited_for_and_never_for_
     with pytest.raises(deploy.StandbysBehind, match="every standby must be running, in sync"):
         deploy.run(deployment(stack), TARGET)
     assert stack.calls == []
+
+
+def test_a_restarted_engine_restarting_its_own_query_is_waited_for_within_a_grace():
+    """Spark gives a new Python worker 10 s to connect back: on a busy machine the restarted
+    engine's query fails at its start and restarts itself after 2 s (bench.deploy)."""
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby")
+    stack.recovering_after_start = 4
+    d = deployment(stack)
+    deploy.run(d, TARGET)
+    lines = "\n".join(d.lines)  # type: ignore[attr-defined]
+    assert "recovering, lag" in lines
+    assert "Python worker failed to connect back" in lines
+    assert stack.engines["b"].role == "active"
+
+    stack = Stack()
+    stack.add("a", "active")
+    stack.add("b", "standby")
+    stack.recovering_after_start = -1
+    with pytest.raises(DeployError, match=r"recovering .*connect back.*instead of running"):
+        deploy.run(deployment(stack), TARGET)
+    assert stack.engines["a"].role == "active"
 
 
 def test_the_cutover_is_the_old_versions_last_msg_id_per_partition_and_never_interleaves():

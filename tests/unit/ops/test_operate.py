@@ -745,3 +745,19 @@ def test_a_shadow_standby_is_neither_restored_nor_persisted_from():
     assert (todo, memory) == ([], {})
     with pytest.raises(operate.OperateError):
         operate.pick_standby([view("a", role="active"), b], leader="a")
+
+
+def test_sync_check_lets_a_query_restart_pass_only_when_the_caller_does():
+    engine = FakeEngine(state="recovering")
+    engine.info["reason"] = "streaming query stopped: Python worker failed to connect back."
+    with pytest.raises(OperateError, match="pipeline is recovering: streaming query stopped"):
+        operate.sync_check(engine, started_at=100.0, wait_s=60, now=110.0)
+    check = operate.sync_check(engine, 100.0, wait_s=60, now=110.0, recovering_ok=True)
+    assert check.recovering
+    assert not check.done
+    assert check.message.endswith(
+        ": streaming query stopped: Python worker failed to connect back."
+    )
+    # Never past the wait, whatever the caller lets.
+    with pytest.raises(OperateError, match="pipeline is recovering"):
+        operate.sync_check(engine, 100.0, wait_s=60, now=161.0, recovering_ok=True)
