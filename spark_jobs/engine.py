@@ -36,7 +36,7 @@ from twinstream.engine import spare
 from twinstream.engine.api import Conflict, create_app
 from twinstream.engine.app import Engine, engine_session_args
 from twinstream.engine.clients import EngineClients
-from twinstream.engine.priority import raise_priority
+from twinstream.engine.priority import raise_every_thread
 from twinstream.engine.spark import pin_code
 from twinstream.platform import registry, storage
 from twinstream.platform.settings import EngineSettings, SettingsError, load
@@ -298,7 +298,7 @@ def serve(engine_id: str, no_start: bool, spark: SparkSession | None = None) -> 
             # The same pid, a JVM of its own: the asker's supervisor still has the engine.
             stop_session(spark)
             # A cold engine is never niced (exec keeps the spare's niceness).
-            raise_priority()
+            raise_every_thread()
             os.execv(sys.executable, [sys.executable, __file__, "--engine-id", engine_id, "--cold"])  # noqa: S606 - this very program, the same argv a supervisor gives
         engine = Engine(
             settings,

@@ -813,7 +813,7 @@ class Engine:
                 time.monotonic() - self._restore_started,
                 self.sync.describe(lag),
             )
-        raised = self.priority.update(self.sync.value, self.gate.status().role == "active")
+        raised = self.priority.update(self.sync.value, self.gate.role == "active")
         if raised is not None:
             self.log.info("raised to the engines' CPU priority: %s", raised)
         self._look_at_standbys()

@@ -26,10 +26,9 @@ import os
 import time
 from collections.abc import Callable
 
-log = logging.getLogger(__name__)
+from twinstream.engine.spare import SPARE_NICENESS
 
-# How far below the engines an ending standby runs (as a warm spare does: `nice -n 10`).
-ENDING_NICENESS = 10
+log = logging.getLogger(__name__)
 
 
 def _threads() -> list[int]:
@@ -46,16 +45,18 @@ def _threads() -> list[int]:
     return found
 
 
-def raise_priority() -> int:
-    """Every thread of this process and of its children back to niceness 0. Returns how
-    many threads were raised; where that is not allowed (raising needs root or
-    CAP_SYS_NICE) they stay, and it is logged."""
-    raised = 0
+def _renice_every_thread(niceness: int, *, lowering: bool) -> int:
+    """Every thread of this process and of its children to `niceness`, only those above it
+    (`lowering`) or only those below (raising): a thread is never moved the other way.
+    Returns how many were moved. Raising needs root or CAP_SYS_NICE: where it is not
+    allowed the threads stay, and it is logged."""
+    moved = 0
     for tid in _threads():
         try:
-            if os.getpriority(os.PRIO_PROCESS, tid) > 0:
-                os.setpriority(os.PRIO_PROCESS, tid, 0)
-                raised += 1
+            now = os.getpriority(os.PRIO_PROCESS, tid)
+            if (now < niceness) if lowering else (now > niceness):
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+                moved += 1
         except ProcessLookupError:
             continue  # a thread that ended meanwhile
         except PermissionError:
@@ -63,24 +64,20 @@ def raise_priority() -> int:
                 "the engine keeps its spare's low CPU priority: raising it needs root or "
                 "CAP_SYS_NICE (or start spares without `nice`)"
             )
-            return raised
-    return raised
+            return moved
+    return moved
 
 
-def lower_priority(niceness: int) -> int:
-    """Every thread of this process and of its children down to `niceness` (none is
-    raised): for an engine that ends while it does not lead, whose query's, Spark's and
-    JVM's shutdown must not take the cores from the engines that go on. Lowering needs no
-    privilege. Returns how many threads were lowered."""
-    lowered = 0
-    for tid in _threads():
-        try:
-            if os.getpriority(os.PRIO_PROCESS, tid) < niceness:
-                os.setpriority(os.PRIO_PROCESS, tid, niceness)
-                lowered += 1
-        except ProcessLookupError:
-            continue
-    return lowered
+def raise_every_thread() -> int:
+    """Every thread of this process and of its children back to niceness 0; how many."""
+    return _renice_every_thread(0, lowering=False)
+
+
+def lower_every_thread(niceness: int) -> int:
+    """Every thread of this process and of its children down to `niceness`; how many. For
+    an engine that ends while it does not lead. (`twinstream.stack.launch.lower_priority`
+    lowers the calling thread alone, before it starts the processes that inherit it.)"""
+    return _renice_every_thread(niceness, lowering=True)
 
 
 class Priority:
@@ -92,8 +89,8 @@ class Priority:
         niced: bool,
         niced_s: float,
         *,
-        raise_: Callable[[], int] = raise_priority,
-        lower: Callable[[int], int] = lower_priority,
+        raise_: Callable[[], int] = raise_every_thread,
+        lower: Callable[[int], int] = lower_every_thread,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # niced_s 0: raised at the first update, as an adopted spare was before.
@@ -130,4 +127,4 @@ class Priority:
         if leads:
             return 0
         self._niced = True
-        return self._lower(ENDING_NICENESS)
+        return self._lower(SPARE_NICENESS)

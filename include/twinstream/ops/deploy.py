@@ -129,15 +129,15 @@ class Deployment:
     # active (`await_level`), looking every `level_poll_s`: a batch lasts a fraction of a
     # second, and the switch should follow the one that levels.
     level_wait_s: float = 120.0
+    level_poll_s: float = 0.2
+    # How far behind the active a standby may be and still be level: its takeover's fence
+    # and read (about a second) cover a batch it is finishing, not a catch-up.
+    level_s: float = 1.0
     # An engine whose query died restarts it by itself after a backoff of seconds
     # (twinstream.engine.recovery): on a busy machine a restarted engine's first Python
     # worker may miss Spark's 10 s to connect back (bench.deploy, just after `make up`). A
     # deploy waits through restarts for this long in a row before it stops.
     recovering_grace_s: float = 60.0
-    level_poll_s: float = 0.2
-    # How far behind the active a standby may be and still be level: its takeover's fence
-    # and read (about a second) cover a batch it is finishing, not a catch-up.
-    level_s: float = 1.0
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     now: Callable[[], datetime] = lambda: datetime.now(UTC)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from twinstream.engine.priority import Priority, raise_priority
+from twinstream.engine.priority import Priority, raise_every_thread
 
 
 class Clock:
@@ -92,7 +92,7 @@ def test_an_ending_standby_is_lowered_and_an_ending_active_is_not() -> None:
     assert lowered == [10]
 
 
-def test_raise_priority_raises_a_niced_thread_of_this_process() -> None:
+def test_raise_every_thread_raises_a_niced_thread_of_this_process() -> None:
     import threading
 
     seen: dict[str, int] = {}
@@ -109,7 +109,7 @@ def test_raise_priority_raises_a_niced_thread_of_this_process() -> None:
     thread.start()
     assert go.wait(10)
     try:
-        raised = raise_priority()
+        raised = raise_every_thread()
     finally:
         done.set()
         thread.join(10)
@@ -120,14 +120,14 @@ def test_raise_priority_raises_a_niced_thread_of_this_process() -> None:
         assert seen["after"] == 5
 
 
-def test_lower_priority_lowers_every_thread_and_raises_none() -> None:
+def test_lower_every_thread_lowers_every_thread_and_raises_none() -> None:
     import subprocess
     import sys
 
     # In a child process of its own: this one's niceness must not change.
     code = (
         "import os, threading\n"
-        "from twinstream.engine.priority import lower_priority\n"
+        "from twinstream.engine.priority import lower_every_thread\n"
         "seen = {}\n"
         "go, done = threading.Event(), threading.Event()\n"
         "def lower_already():\n"
@@ -135,7 +135,7 @@ def test_lower_priority_lowers_every_thread_and_raises_none() -> None:
         "    go.set(); done.wait(10)\n"
         "    seen['niced'] = os.getpriority(os.PRIO_PROCESS, 0)\n"
         "t = threading.Thread(target=lower_already); t.start(); go.wait(10)\n"
-        "lowered = lower_priority(10)\n"
+        "lowered = lower_every_thread(10)\n"
         "done.set(); t.join(10)\n"
         "print(lowered, os.getpriority(os.PRIO_PROCESS, 0), seen['niced'])\n"
     )
